@@ -1,0 +1,3 @@
+from neuronpack.cli.app import main
+
+main()

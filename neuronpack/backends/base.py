@@ -1,0 +1,57 @@
+"""The small protocol every compile backend implements, and the request the pipeline hands it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from neuronpack.progress import NullReporter, Reporter
+
+if TYPE_CHECKING:
+    from neuronpack.buckets import BucketPlan
+    from neuronpack.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Availability:
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    model_dir: Path  # resolved local HF checkpoint (already quantized when the recipe asks for it)
+    recipe: Recipe
+    plan: BucketPlan
+    staging: Path  # empty directory: the backend writes every artifact file here except neuronpack.json
+    reporter: Reporter = field(default_factory=NullReporter)
+    draft_dir: Path | None = None  # resolved speculation draft (converted EAGLE draft for kind "eagle")
+
+
+class Backend(Protocol):
+    name: str  # "torch" | "nxd" | "tnx"
+
+    def availability(self) -> Availability:
+        """Whether this backend can build here, and why not."""
+        ...
+
+    def versions(self) -> dict[str, str]:
+        """Toolchain versions that go into the key and manifest (no heavy imports)."""
+        ...
+
+    def target(self, recipe: Recipe) -> dict[str, Any]:
+        """What the compiled code is specific to (instance, device, CPU capability, compiler settings); torch-free."""
+        ...
+
+    def compile_config(self, request: BuildRequest) -> dict[str, Any]:
+        """The configuration handed to the compiler (shown by --dry-run, part of the key)."""
+        ...
+
+    def build(self, request: BuildRequest) -> dict[str, Any]:
+        """Compile into request.staging; return extra manifest information (e.g. per-bucket seconds)."""
+        ...
+
+    def validate_artifact(self, artifact_dir: Path, manifest: dict[str, Any]) -> None:
+        """Raise ArtifactError when the artifact cannot be loaded on this machine (missing file, mismatch)."""
+        ...

@@ -1,0 +1,229 @@
+"""A streaming safetensors writer: the shard layout is planned from tensor specs, so every header is written before
+its data and tensors are streamed to disk in row chunks. Peak memory is about one chunk, however large the model.
+
+Example::
+
+    specs = [TensorSpec("w", torch.int8, (4096, 4096)), TensorSpec("w_scale", torch.float32, (4096, 1))]
+
+    def chunks():
+        for start in range(0, 4096, 512):           # 512 rows at a time
+            yield "w", quantized_rows(start, start + 512)
+        yield "w_scale", scales
+
+    write_safetensors_sharded(out_dir, specs, chunks(), max_shard_bytes=2 * 2**30)
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+
+from neuronpack.checkpoint.safetensors_header import expected_nbytes
+from neuronpack.progress import NullReporter, Reporter
+
+if TYPE_CHECKING:
+    import torch
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 4 * 2**30
+
+
+class TensorSpec(NamedTuple):
+    """A tensor the writer will receive: its name, torch dtype and full shape."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class _Shard(NamedTuple):
+    filename: str
+    specs: list[TensorSpec]
+    header: bytes  # length prefix + JSON header padded to a multiple of 8
+
+
+def write_safetensors_sharded(
+    out_dir: Path,
+    specs: Sequence[TensorSpec],
+    chunks: Iterable[tuple[str, torch.Tensor]],
+    *,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    metadata: dict[str, str] | None = None,
+    reporter: Reporter = NullReporter(),
+) -> list[Path]:
+    """Stream tensors into safetensors shards in ``out_dir``; return the shard paths in order.
+
+    ``chunks`` yields ``(name, tensor)`` in ``specs`` order; a tensor may arrive as several consecutive row chunks
+    (concatenated along dim 0). One shard is written as ``model.safetensors``; several as
+    ``model-00001-of-0000N.safetensors`` plus ``model.safetensors.index.json``, the way transformers writes them.
+    A chunk with the wrong name, dtype or trailing shape, or a tensor with too few/many bytes, raises ValueError
+    (a programming error in the caller). ``metadata`` goes into every shard's ``__metadata__`` (``format: pt`` is
+    added when absent, as transformers requires it).
+
+    Example::
+
+        specs = [TensorSpec("lm_head.weight", torch.float16, (32000, 4096))]
+        rows = ((s.name, t) for t in big.split(1024))       # 1024-row chunks
+        write_safetensors_sharded(staging, specs, rows)     # -> [staging / "model.safetensors"]
+    """
+    out_dir = Path(out_dir)
+    if max_shard_bytes <= 0:
+        raise ValueError("max_shard_bytes must be positive")
+    _check_unique(specs)
+    metadata = {"format": "pt", **(metadata or {})}
+    shards = _plan_shards(specs, max_shard_bytes, metadata)
+    stream = _ChunkStream(chunks)
+    paths = []
+    with reporter.task("write safetensors", total=len(specs)) as task:
+        for shard in shards:
+            path = out_dir / shard.filename
+            with open(path, "wb") as fh:
+                fh.write(shard.header)
+                for spec in shard.specs:
+                    _write_tensor(fh, spec, stream)
+                    task.advance()
+            paths.append(path)
+    stream.expect_end()
+    if len(shards) > 1:
+        _write_index(out_dir, shards)
+    return paths
+
+
+def safetensors_dtype(dtype: torch.dtype) -> str:
+    """The safetensors dtype string of a torch dtype, e.g. ``safetensors_dtype(torch.bfloat16) == "BF16"``."""
+    table = _dtype_table()
+    if dtype not in table:
+        raise ValueError(f"torch dtype {dtype} has no safetensors equivalent")
+    return table[dtype]
+
+
+def _dtype_table() -> dict[torch.dtype, str]:
+    import torch
+
+    names = {
+        "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+        "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+        "uint16": "U16", "uint32": "U32", "uint64": "U64",
+        "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
+    }
+    return {getattr(torch, n): s for n, s in names.items() if hasattr(torch, n)}
+
+
+def _spec_nbytes(spec: TensorSpec) -> int:
+    return expected_nbytes(safetensors_dtype(spec.dtype), tuple(spec.shape))
+
+
+def _check_unique(specs: Sequence[TensorSpec]) -> None:
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise ValueError(f"tensor {spec.name!r} appears twice in specs")
+        seen.add(spec.name)
+
+
+def _plan_shards(specs: Sequence[TensorSpec], max_bytes: int, metadata: dict[str, str]) -> list[_Shard]:
+    """Greedy split in spec order (like transformers): start a new shard when the next tensor would not fit;
+    a tensor larger than max_bytes gets a shard of its own."""
+    groups: list[list[TensorSpec]] = []
+    size = 0
+    for spec in specs:
+        nbytes = _spec_nbytes(spec)
+        if not groups or (size + nbytes > max_bytes and groups[-1]):
+            groups.append([])
+            size = 0
+        groups[-1].append(spec)
+        size += nbytes
+    if not groups:
+        groups = [[]]
+    count = len(groups)
+    names = [SINGLE_FILE] if count == 1 else [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+    return [_Shard(name, group, _encode_header(group, metadata)) for name, group in zip(names, groups)]
+
+
+def _encode_header(specs: list[TensorSpec], metadata: dict[str, str]) -> bytes:
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for spec in specs:
+        nbytes = _spec_nbytes(spec)
+        header[spec.name] = {
+            "dtype": safetensors_dtype(spec.dtype),
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # the format pads the header with spaces so the data section is 8-aligned
+    return struct.pack("<Q", len(raw)) + raw
+
+
+class _ChunkStream:
+    """Wraps the caller's iterator with one chunk of look-ahead, so a tensor knows where it ends."""
+
+    def __init__(self, chunks: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._it = iter(chunks)
+        self._pending: tuple[str, torch.Tensor] | None = None
+
+    def peek(self) -> tuple[str, torch.Tensor] | None:
+        if self._pending is None:
+            self._pending = next(self._it, None)
+        return self._pending
+
+    def take(self) -> tuple[str, torch.Tensor]:
+        item = self.peek()
+        assert item is not None
+        self._pending = None
+        return item
+
+    def expect_end(self) -> None:
+        item = self.peek()
+        if item is not None:
+            raise ValueError(f"chunk for {item[0]!r} arrived after every spec was written (unknown or out of order)")
+
+
+def _write_tensor(fh: BinaryIO, spec: TensorSpec, stream: _ChunkStream) -> None:
+    want = _spec_nbytes(spec)
+    written = 0
+    while True:
+        # Stop as soon as the tensor is complete; only an empty tensor needs to look ahead (for its empty chunks).
+        if written == want and (want > 0 or not _next_is(stream, spec.name)):
+            return
+        item = stream.peek()
+        if item is None:
+            raise ValueError(f"chunks ended inside {spec.name!r}: got {written} of {want} bytes")
+        name, chunk = item
+        if name != spec.name:
+            raise ValueError(f"expected a chunk of {spec.name!r} ({written} of {want} bytes so far), got {name!r}")
+        stream.take()
+        _check_chunk(spec, chunk)
+        data = _as_bytes(chunk)
+        if written + len(data) > want:
+            raise ValueError(f"{spec.name!r}: chunks carry more than the {want} bytes of shape {tuple(spec.shape)}")
+        fh.write(data)
+        written += len(data)
+
+
+def _check_chunk(spec: TensorSpec, chunk: torch.Tensor) -> None:
+    if chunk.dtype != spec.dtype:
+        raise ValueError(f"{spec.name!r}: chunk dtype {chunk.dtype} != spec dtype {spec.dtype}")
+    # Row chunks concatenate along dim 0, so every other dimension must match the spec.
+    if len(spec.shape) >= 2 and tuple(chunk.shape[1:]) != tuple(spec.shape[1:]):
+        raise ValueError(f"{spec.name!r}: chunk shape {tuple(chunk.shape)} does not stack to {tuple(spec.shape)}")
+
+
+def _as_bytes(chunk: torch.Tensor) -> memoryview:
+    """The chunk's raw little-endian bytes without another copy (numpy has no bf16/fp8: view as uint8 first)."""
+    import torch
+
+    flat = chunk.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")
+
+
+def _write_index(out_dir: Path, shards: list[_Shard]) -> None:
+    total = sum(_spec_nbytes(spec) for shard in shards for spec in shard.specs)
+    weight_map = {spec.name: shard.filename for shard in shards for spec in shard.specs}
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=False) + "\n")

@@ -1,0 +1,100 @@
+"""Consoles, output formats, the rich progress reporter and the error boundary shared by every command."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from neuronpack.errors import NeuronpackError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+stderr = Console(stderr=True, highlight=False)
+stdout = Console(highlight=False, soft_wrap=True)
+
+
+class OutputFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("NEURONPACK_DEBUG", "") not in ("", "0", "false")
+
+
+def handle_errors(fn: F) -> F:
+    """Turn a NeuronpackError into one line on stderr and exit code 1 (traceback only with NEURONPACK_DEBUG=1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NeuronpackError as exc:
+            if debug_enabled():
+                raise
+            stderr.print(f"[bold red]error:[/] {exc.one_line()}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            stderr.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on stdout (machine-readable result)."""
+    sys.stdout.write(json.dumps(obj, indent=None, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+class _RichTask:
+    def __init__(self, progress: Progress | None, task_id: int | None) -> None:
+        self._progress = progress
+        self._id = task_id
+
+    def advance(self, amount: float = 1) -> None:
+        if self._progress is not None and self._id is not None:
+            self._progress.advance(self._id, amount)
+
+    def describe(self, description: str) -> None:
+        if self._progress is not None and self._id is not None:
+            self._progress.update(self._id, description=description)
+
+
+class RichReporter:
+    """Renders domain progress as rich bars on stderr; silent bars when quiet or stderr is not a terminal."""
+
+    def __init__(self, *, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.show_bars = not quiet and stderr.is_terminal
+        self.warnings: list[str] = []
+
+    @contextmanager
+    def task(self, description: str, total: float | None = None) -> Iterator[_RichTask]:
+        if not self.show_bars:
+            yield _RichTask(None, None)
+            return
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        with Progress(*columns, console=stderr, transient=False) as progress:
+            task_id = progress.add_task(description, total=total)
+            yield _RichTask(progress, task_id)
+            if total is not None:
+                progress.update(task_id, completed=total)
+
+    def info(self, message: str) -> None:
+        if not self.quiet:
+            stderr.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        stderr.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)

@@ -1,0 +1,7 @@
+"""Placeholder until this command lands (being written now)."""
+from neuronpack.errors import NeuronpackError
+
+
+def buckets_command() -> None:
+    """(in progress)"""
+    raise NeuronpackError("this command is not built yet")

@@ -1,0 +1,12 @@
+"""Placeholder until this command lands (being written now)."""
+from neuronpack.errors import NeuronpackError
+
+
+def serve_command() -> None:
+    """(in progress)"""
+    raise NeuronpackError("this command is not built yet")
+
+
+def generate_command() -> None:
+    """(in progress)"""
+    raise NeuronpackError("this command is not built yet")

@@ -1,0 +1,131 @@
+"""Symmetric weight quantization math (int8 and fp8 e4m3), on row chunks so large matrices never need a full copy.
+
+A quantized linear stores ``q = quantize(w / scale)`` and ``scale`` (float32). Symmetric: no zero point, and
+``deq = q * scale``. int8: ``scale = amax / 127``, ``q = round(w / scale)``. fp8 e4m3: ``scale = amax / 240``
+(Neuron's bound, not the format's 448), ``q = fp8(clamp(w / scale, -240, 240))``. Per-channel: one amax per output
+row (scale shape ``[out_features, 1]``); per-tensor: one amax for the whole matrix (scale shape ``[1]``).
+
+Example::
+
+    w = torch.randn(8, 16)
+    scale = channel_scales(w, "int8")            # [8, 1] float32
+    q = quantize_rows(w, scale, "int8")          # [8, 16] int8
+    err = (w - dequantize(q, scale)).abs()       # <= scale / 2 element-wise
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# Largest representable magnitude of each quantized dtype as Neuron uses it.
+QMAX = {"int8": 127.0, "fp8": 240.0}
+TORCH_DTYPE = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
+SAFETENSORS_DTYPE = {"int8": "I8", "fp8": "F8_E4M3"}
+# e4m3: 3 mantissa bits, so round-to-nearest is off by at most 2**-4 of the value for normal numbers; below the
+# smallest normal (2**-6) the spacing is a constant 2**-9, so the absolute error is at most 2**-10.
+FP8_REL_BOUND = 2.0**-4
+FP8_SUBNORMAL_ABS_BOUND = 2.0**-10
+
+
+def scale_from_amax(amax: torch.Tensor, dtype: str) -> torch.Tensor:
+    """float32 scale ``amax / qmax``; an all-zero row gets scale 1 so it quantizes to zeros instead of NaN.
+
+    Example::
+
+        scale_from_amax(torch.tensor([254.0, 0.0]), "int8")   # tensor([2., 1.])
+    """
+    amax = amax.to(torch.float32)
+    return torch.where(amax > 0, amax / QMAX[dtype], torch.ones_like(amax))
+
+
+def channel_scales(rows: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Per-output-channel scales of a row chunk: ``rows`` [R, C] -> [R, 1] float32."""
+    amax = rows.detach().abs().amax(dim=1, keepdim=True)  # [R, 1], in the input dtype (exact for bf16/fp16)
+    return scale_from_amax(amax, dtype)
+
+
+def chunk_amax(rows: torch.Tensor) -> float:
+    """Largest magnitude of a row chunk (used by the first pass of per-tensor quantization)."""
+    if rows.numel() == 0:
+        return 0.0
+    return float(rows.detach().abs().max().to(torch.float32))
+
+
+def quantize_rows(rows: torch.Tensor, scale: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Quantize a row chunk ``rows`` [R, C] with ``scale`` ([R, 1] or [1]) to int8 or float8_e4m3fn, same shape.
+
+    Example::
+
+        quantize_rows(torch.tensor([[1.0, -2.0]]), torch.tensor([[2.0 / 127]]), "int8")   # [[64, -127]]
+    """
+    qmax = QMAX[dtype]
+    scaled = rows.to(torch.float32) / scale  # [R, C] fp32 temporary: the only full-size float copy of the chunk
+    if dtype == "int8":
+        scaled.round_().clamp_(-qmax, qmax)
+    else:
+        scaled.clamp_(-qmax, qmax)
+    return scaled.to(TORCH_DTYPE[dtype])
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``q * scale`` in float32: what a runtime multiplies with. ``q`` [R, C], ``scale`` [R, 1] or [1]."""
+    return q.to(torch.float32) * scale
+
+
+def error_bound(rows: torch.Tensor, scale: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Element-wise worst-case |w - deq(q)| of the scheme (plus float32 round-off), shape of ``rows``.
+
+    int8 rounds to the nearest step of ``scale``: at most ``scale / 2``. fp8 e4m3 has 3 mantissa bits: at most
+    ``|w| / 16`` for normal values, ``scale * 2**-10`` in the subnormal range.
+    """
+    w = rows.to(torch.float32).abs()
+    fp32_slack = w * 2.0**-20 + scale * 2.0**-20
+    if dtype == "int8":
+        return scale / 2 + fp32_slack
+    return torch.maximum(w * FP8_REL_BOUND, scale * FP8_SUBNORMAL_ABS_BOUND) + fp32_slack
+
+
+@dataclass
+class ErrorAccumulator:
+    """Running sums over the chunks of one tensor (or a whole model) to get ||W - deq(Q)|| / ||W|| and SNR.
+
+    Example::
+
+        acc = ErrorAccumulator()
+        acc.add(w, dequantize(q, scale))
+        acc.relative_error, acc.snr_db
+    """
+
+    signal: float = 0.0  # sum of w**2
+    noise: float = 0.0  # sum of (w - deq)**2
+    max_abs_error: float = 0.0
+
+    def add(self, rows: torch.Tensor, deq: torch.Tensor) -> None:
+        w = rows.to(torch.float32)
+        diff = w - deq
+        # float64 sums: fp32 accumulation over hundreds of millions of elements loses digits.
+        self.signal += float(w.square().sum(dtype=torch.float64))
+        self.noise += float(diff.square().sum(dtype=torch.float64))
+        if diff.numel():
+            self.max_abs_error = max(self.max_abs_error, float(diff.abs().max()))
+
+    def merge(self, other: ErrorAccumulator) -> None:
+        self.signal += other.signal
+        self.noise += other.noise
+        self.max_abs_error = max(self.max_abs_error, other.max_abs_error)
+
+    @property
+    def relative_error(self) -> float:
+        return math.sqrt(self.noise / self.signal) if self.signal > 0 else 0.0
+
+    @property
+    def snr_db(self) -> float | None:
+        """10 log10(signal / noise); None when the quantization was exact (infinite SNR)."""
+        if self.noise <= 0:
+            return None
+        if self.signal <= 0:
+            return 0.0
+        return 10.0 * math.log10(self.signal / self.noise)

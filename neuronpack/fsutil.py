@@ -1,0 +1,110 @@
+"""Filesystem helpers shared by every command that writes output: atomic directories, input protection, fsync.
+
+Rule of the house: never write into an input directory, and never leave a half-written output behind.
+``atomic_output_dir`` builds in a hidden staging sibling and renames it into place only when the body succeeds.
+
+Example::
+
+    with atomic_output_dir(Path("out"), inputs=[model_dir]) as staging:
+        (staging / "config.json").write_text("{}")
+    # out/ now exists with config.json; on any exception nothing named out/ was created.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from neuronpack.errors import NeuronpackError, OutputExistsError
+
+STAGING_PREFIX = ".neuronpack-staging-"
+
+
+def check_output_path(out: Path, *, inputs: Iterable[Path] = (), overwrite: bool = False) -> Path:
+    """Refuse an output that exists (unless overwrite) or that lies inside / contains one of the inputs."""
+    out = Path(out).expanduser().absolute()
+    for inp in inputs:
+        inp = Path(inp).expanduser().resolve()
+        real_out = out.resolve()
+        if real_out == inp or inp in real_out.parents or real_out in inp.parents:
+            raise NeuronpackError(
+                "output directory overlaps an input",
+                where=f"{out} vs input {inp}",
+                fix="choose an --out outside the input directories",
+            )
+    if out.exists() and not overwrite:
+        raise OutputExistsError(
+            "output already exists", where=str(out), fix="remove it or choose another --out"
+        )
+    return out
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory below root (and root itself) so a rename publishes durable content."""
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_staging_dir(parent: Path, label: str = "") -> Path:
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{label}", dir=parent))
+
+
+@contextmanager
+def atomic_output_dir(
+    out: Path, *, inputs: Iterable[Path] = (), overwrite: bool = False, label: str = ""
+) -> Iterator[Path]:
+    """Yield an empty staging directory next to ``out``; publish it as ``out`` only if the body succeeds."""
+    out = check_output_path(out, inputs=inputs, overwrite=overwrite)
+    staging = make_staging_dir(out.parent, label or out.name + "-")
+    try:
+        yield staging
+        fsync_tree(staging)
+        if out.exists() and overwrite:
+            trash = make_staging_dir(out.parent, "trash-")
+            os.replace(out, trash / "old")
+            os.replace(staging, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a file via a temporary sibling and rename, so readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def dir_size(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())

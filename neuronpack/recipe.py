@@ -1,0 +1,225 @@
+"""Recipes: one validated model of a build, loaded from TOML (``recipes/*.toml``) plus ``--set`` overrides.
+
+Every section is optional with sensible defaults, so one recipe builds many checkpoints: MODEL on the command line
+stands in for ``[model] source``.
+
+Example::
+
+    recipe = load_recipe(Path("recipes/smollm2-135m-cpu.toml"), overrides=["target.batch_size=4"])
+    recipe.target.seq_len   # 1024
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from neuronpack.errors import RecipeError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+Framework = Literal["auto", "nxd", "tnx", "torch"]
+Instance = Literal["trn1", "trn2", "inf2", "cpu", "cuda"]
+NEURON_INSTANCES = ("trn1", "trn2", "inf2")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Section):
+    source: str | None = None  # local dir or hub id; MODEL on the command line overrides it
+    revision: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+class TargetSection(_Section):
+    framework: Framework = "auto"
+    instance: Instance | None = None  # None: trn1 for nxd/tnx, cpu for torch
+    tp_degree: int = Field(1, ge=1, le=512)
+    batch_size: int = Field(1, ge=1, le=1024)
+    seq_len: int = Field(2048, ge=1, le=1_048_576)
+    max_context_length: int | None = Field(None, ge=1)
+    nodes: int = Field(1, ge=1, le=64)  # multi-node NxDI: tp_degree is split evenly across nodes
+
+
+class BucketsSection(_Section):
+    enabled: bool = True
+    context: list[int] | Literal["auto"] = "auto"
+    token_generation: list[int] | Literal["auto"] = "auto"
+
+
+class SamplingSection(_Section):
+    on_device: bool = True
+    dynamic: bool = True
+    deterministic: bool = False
+    global_topk: int = Field(256, ge=1, le=4096)
+    do_sample: bool = False
+    top_k: int = Field(1, ge=1)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, gt=0.0)
+
+
+class QuantizationSection(_Section):
+    dtype: Literal["int8", "fp8"]
+    granularity: Literal["per-channel", "per-tensor"] = "per-channel"
+    skip: list[str] = []
+    include_lm_head: bool = False
+    kv_cache: bool = False
+
+
+class SpeculationSection(_Section):
+    kind: Literal["eagle", "draft"] = "eagle"
+    draft: str  # local dir or hub id of the draft (for eagle: converted with `neuronpack convert-eagle`)
+    length: int = Field(4, ge=1, le=32)  # num_speculative_tokens / speculation_length
+
+
+class LoraAdapter(_Section):
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+
+
+class LoraSection(_Section):
+    adapters: list[LoraAdapter] = Field(min_length=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    max_rank: int = Field(16, ge=1, le=512)
+    max_loras: int = Field(1, ge=1, le=64)
+
+
+class Recipe(_Section):
+    name: str | None = None
+    description: str | None = None
+    compiler: Literal["aoti", "export"] = "aoti"  # torch backend: AOTInductor, or export-only programs
+    model: ModelSection = ModelSection()
+    target: TargetSection = TargetSection()
+    buckets: BucketsSection = BucketsSection()
+    sampling: SamplingSection = SamplingSection()
+    quantization: QuantizationSection | None = None
+    speculation: SpeculationSection | None = None
+    lora: LoraSection | None = None
+    neuron_overrides: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        t = self.target
+        mcl = t.max_context_length or t.seq_len
+        if mcl > t.seq_len:
+            raise ValueError(f"target.max_context_length {mcl} is larger than target.seq_len {t.seq_len}")
+        for key, limit in (("context", mcl), ("token_generation", t.seq_len)):
+            values = getattr(self.buckets, key)
+            if isinstance(values, list):
+                if not values:
+                    raise ValueError(f'buckets.{key} is empty; give lengths or "auto"')
+                if max(values) > limit:
+                    raise ValueError(f"buckets.{key} has {max(values)}, larger than its maximum {limit}")
+                if min(values) < 1:
+                    raise ValueError(f"buckets.{key} has {min(values)}; buckets must be positive")
+        if t.tp_degree % t.nodes:
+            raise ValueError(f"target.tp_degree {t.tp_degree} is not divisible by target.nodes {t.nodes}")
+        if self.speculation is not None and self.lora is not None:
+            raise ValueError("speculation and lora cannot be combined (vLLM on Neuron does not support both)")
+        if self.speculation is not None and self.speculation.length >= t.seq_len:
+            raise ValueError(f"speculation.length {self.speculation.length} must be below target.seq_len")
+        return self
+
+    @property
+    def max_context_length(self) -> int:
+        return self.target.max_context_length or self.target.seq_len
+
+    def instance_for(self, framework: str) -> str:
+        """The instance actually targeted once the framework is known."""
+        if self.target.instance:
+            return self.target.instance
+        return "cpu" if framework == "torch" else "trn1"
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def parse_set(assignment: str) -> tuple[list[str], Any]:
+    """``a.b.c=VALUE`` -> (["a", "b", "c"], value). VALUE is read as TOML (numbers, booleans, [lists], "strings");
+    anything that is not valid TOML is taken as a bare string (``compiler=export``)."""
+    key, sep, raw = assignment.partition("=")
+    path = [p.strip() for p in key.strip().split(".")]
+    if not sep or not all(path):
+        raise RecipeError(
+            f"--set {assignment!r} is not KEY=VALUE", where="--set", fix="write it like --set target.batch_size=4"
+        )
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def _apply_set(data: dict[str, Any], path: list[str], value: Any, assignment: str) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise RecipeError(
+                f"--set {assignment!r}: {part!r} is a value, not a section", where="--set", fix="check the key path"
+            )
+        node = child
+    node[path[-1]] = value
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecipeError("recipe file not found", where=str(path), fix="pass an existing file to --recipe") from None
+    except IsADirectoryError:
+        raise RecipeError("recipe path is a directory", where=str(path), fix="pass a .toml file") from None
+    except UnicodeDecodeError:
+        raise RecipeError("recipe is not UTF-8 text", where=str(path), fix="save it as UTF-8 TOML") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"invalid TOML: {exc}", where=str(path), fix="fix the syntax") from None
+
+
+def _explain(exc: ValidationError, where: str) -> RecipeError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        what = f"unknown key {loc!r}"
+        fix = "remove it or check the spelling against docs/recipes.md"
+    elif err["type"] == "missing":
+        what = f"missing required key {loc!r}"
+        fix = "add it (see docs/recipes.md)"
+    else:
+        msg = err["msg"].removeprefix("Value error, ")
+        what = f"{loc}: {msg}" if loc else msg
+        given = err.get("input")
+        if loc and not isinstance(given, dict | list) and given is not None:
+            what += f" (got {given!r})"
+        fix = "fix the value (see docs/recipes.md)"
+    return RecipeError(what, where=where, fix=fix)
+
+
+def load_recipe(
+    path: Path | None = None, *, overrides: list[str] | tuple[str, ...] = (), model: str | None = None
+) -> Recipe:
+    """Load and validate a recipe. ``overrides`` are ``--set key.path=value`` strings; ``model`` replaces the
+    recipe's model source. Any problem raises RecipeError naming the file and key."""
+    data: dict[str, Any] = _read_toml(Path(path)) if path is not None else {}
+    for assignment in overrides:
+        key_path, value = parse_set(assignment)
+        _apply_set(data, key_path, value, assignment)
+    if model is not None:
+        data.setdefault("model", {})
+        if not isinstance(data["model"], dict):
+            raise RecipeError("'model' must be a table", where=str(path), fix="write it as [model]")
+        data["model"]["source"] = str(model)
+    where = str(path) if path is not None else "recipe defaults"
+    if overrides:
+        where += " with --set " + ", ".join(overrides)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise _explain(exc, where) from None

@@ -1,0 +1,129 @@
+"""Tiny real checkpoints for tests: random transformers models with real configs shrunk to a few layers, and a
+byte-level BPE tokenizer trained in-process (no hub access).
+
+Example::
+
+    path = make_tiny_checkpoint(tmp_path / "llama", arch="llama")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Neuron compiles graphs ahead of time; buckets pad prompts to fixed lengths.",
+    "Hello world! How are you today? I am fine, thank you.",
+    "A recipe describes a build: model, target, buckets, sampling and quantization.",
+    "user assistant system <|im_start|> <|im_end|> 0123456789",
+] * 20
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+ARCHS = ("llama", "llama3", "mistral", "qwen2", "smollm")
+
+
+def make_tokenizer(vocab_size: int = 384):
+    """A byte-level BPE tokenizer trained on a small corpus, with ChatML special tokens and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None, dtype: str = "float32"):
+    """A transformers config of the given family, shrunk to 2 layers / hidden 64 (GQA: 4 query heads, 2 KV)."""
+    import transformers
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        torch_dtype=dtype,
+    )
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=bool(tie))
+    elif arch == "llama3":
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+        cfg = transformers.LlamaConfig(**common, rope_theta=500000.0, rope_scaling=rope,
+                                       tie_word_embeddings=True if tie is None else tie)
+    elif arch == "mistral":
+        cfg = transformers.MistralConfig(**common, rope_theta=1000000.0, sliding_window=None,
+                                         tie_word_embeddings=bool(tie))
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=bool(tie),
+                                       use_sliding_window=False)
+    elif arch == "smollm":
+        # SmolLM2 is a Llama with tied embeddings and 3:1 grouped-query attention.
+        cfg = transformers.LlamaConfig(**{**common, "num_attention_heads": 6, "num_key_value_heads": 2,
+                                          "hidden_size": 48}, rope_theta=100000.0,
+                                       tie_word_embeddings=True if tie is None else tie)
+    else:
+        raise ValueError(f"unknown tiny arch {arch!r}; choose from {ARCHS}")
+    return cfg
+
+
+def make_tiny_checkpoint(
+    out: Path,
+    arch: str = "llama",
+    *,
+    dtype: str = "float32",
+    tie: bool | None = None,
+    max_shard_size: str | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write a random tiny model of ``arch`` with tokenizer files to ``out`` (safetensors; sharded if asked)."""
+    import torch
+    import transformers
+
+    tokenizer = make_tokenizer()
+    cfg = tiny_config(arch, vocab_size=len(tokenizer), tie=tie, dtype=dtype)
+    cfg.bos_token_id = tokenizer.bos_token_id
+    cfg.eos_token_id = tokenizer.eos_token_id
+    cfg.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    model = model.to(getattr(torch, dtype)).eval()
+    # Larger-than-default init so random models have peaked (non-degenerate) next-token distributions.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    out = Path(out)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out, safe_serialization=True, **kwargs)
+    tokenizer.save_pretrained(out)
+    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
+    (out / "generation_config.json").write_text(json.dumps(gen))
+    return out
