@@ -73,3 +73,14 @@ class ServeError(NeuronpackError):
 
 class UnsupportedModelError(NeuronpackError):
     """The checkpoint's architecture or a config field is not supported by the portable (torch) model code."""
+
+
+class InvalidRequestError(ServeError):
+    """One generation request cannot be served as given (the HTTP server answers 400 with this message).
+
+    ``param`` names the offending request field (OpenAI's error ``param``), e.g. "max_tokens" or "messages".
+    """
+
+    def __init__(self, what: str, *, param: str | None = None, where: str | None = None, fix: str | None = None):
+        self.param = param
+        super().__init__(what, where=where, fix=fix)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from neuronpack.buckets import BucketPlan, plan_buckets
 from neuronpack.errors import RecipeError
 
 if sys.version_info >= (3, 11):
@@ -131,6 +132,16 @@ class Recipe(_Section):
     @property
     def max_context_length(self) -> int:
         return self.target.max_context_length or self.target.seq_len
+
+    def bucket_plan(self) -> BucketPlan:
+        """The bucket plan this recipe compiles (NxDI's auto formula unless lists are given)."""
+        return plan_buckets(
+            self.target.seq_len,
+            self.max_context_length,
+            enabled=self.buckets.enabled,
+            context=self.buckets.context,
+            token_generation=self.buckets.token_generation,
+        )
 
     def instance_for(self, framework: str) -> str:
         """The instance actually targeted once the framework is known."""

@@ -141,7 +141,7 @@ def _plan_shards(specs: Sequence[TensorSpec], max_bytes: int, metadata: dict[str
         groups = [[]]
     count = len(groups)
     names = [SINGLE_FILE] if count == 1 else [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
-    return [_Shard(name, group, _encode_header(group, metadata)) for name, group in zip(names, groups)]
+    return [_Shard(name, group, _encode_header(group, metadata)) for name, group in zip(names, groups, strict=True)]
 
 
 def _encode_header(specs: list[TensorSpec], metadata: dict[str, str]) -> bytes:
@@ -204,6 +204,11 @@ def _write_tensor(fh: BinaryIO, spec: TensorSpec, stream: _ChunkStream) -> None:
             raise ValueError(f"{spec.name!r}: chunks carry more than the {want} bytes of shape {tuple(spec.shape)}")
         fh.write(data)
         written += len(data)
+
+
+def _next_is(stream: _ChunkStream, name: str) -> bool:
+    item = stream.peek()
+    return item is not None and item[0] == name
 
 
 def _check_chunk(spec: TensorSpec, chunk: torch.Tensor) -> None:

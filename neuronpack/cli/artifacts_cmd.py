@@ -1,22 +1,130 @@
-"""Placeholder until this command lands (being written now)."""
-from neuronpack.errors import NeuronpackError
+"""`neuronpack inspect | verify | ls | gc`: look after the artifacts under a root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from neuronpack.cli._console import OutputFormat, print_json, stderr, stdout
+from neuronpack.cli._options import FormatOpt, RootOpt
+
+ArtifactArg = Annotated[Path, typer.Argument(help="an artifact directory (neuron-compiled-artifacts/<key>)")]
 
 
-def inspect_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
 
 
-def verify_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+def _age(seconds: float) -> str:
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds / span:.0f}{unit}"
+    return f"{seconds:.0f}s"
 
 
-def ls_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputFormat.text) -> None:
+    """Show an artifact's manifest as a readable table."""
+    from neuronpack.artifacts.manifest import read_manifest
+
+    m = read_manifest(artifact)
+    if output_format is OutputFormat.json:
+        print_json(m)
+        return
+    table = Table(title=str(artifact), show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    recipe, serve = m.get("recipe", {}), m.get("serve", {})
+    rows = [
+        ("key", m["key"]),
+        ("model", f"{m.get('model', {}).get('source')}  ({m.get('model', {}).get('path')})"),
+        ("framework", f"{m['framework']}  ({m.get('build', {}).get('framework_reason', '')})"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))),
+        ("target", ", ".join(f"{k}={v}" for k, v in sorted(m["target"].items()) if not isinstance(v, dict))),
+        ("dtype", str(recipe.get("model", {}).get("dtype"))),
+        ("batch / tp", f"{recipe.get('target', {}).get('batch_size')} / {recipe.get('target', {}).get('tp_degree')}"),
+        ("context buckets", ", ".join(map(str, m["buckets"]["context"]))),
+        ("token-gen buckets", ", ".join(map(str, m["buckets"]["token_generation"]))),
+        ("max model len", str(serve.get("max_model_len"))),
+        ("quantization", str(recipe.get("quantization"))),
+        ("speculation", str(recipe.get("speculation"))),
+        ("files", f"{len(m['files'])} ({_size(sum(f['size'] for f in m['files']))})"),
+        ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.get("timings", {}).items())),
+        ("created", str(m.get("created_at"))),
+    ]
+    for field, value in rows:
+        table.add_row(field, value)
+    stdout.print(table)
 
 
-def gc_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+def verify_command(
+    artifact: ArtifactArg,
+    *,
+    no_env: Annotated[
+        bool, typer.Option("--no-env-check", help="skip the check that this machine's toolchain matches")
+    ] = False,
+    output_format: FormatOpt = OutputFormat.text,
+) -> None:
+    """Check schema, key, every file's size and sha256, and that this machine's toolchain matches (exit 1 naming the
+    first problem)."""
+    from neuronpack.artifacts.verify import verify_artifact
+
+    m = verify_artifact(artifact, check_env=not no_env)
+    if output_format is OutputFormat.json:
+        print_json({"ok": True, "path": str(artifact), "key": m["key"], "files": len(m["files"])})
+    else:
+        stdout.print(f"ok: {artifact} ({len(m['files'])} files, key {m['key'][:16]})", markup=False)
+
+
+def ls_command(*, root: RootOpt = None, output_format: FormatOpt = OutputFormat.text) -> None:
+    """List the artifacts under a root, newest first."""
+    from neuronpack.artifacts.listing import list_artifacts
+    from neuronpack.artifacts.store import artifacts_root
+
+    rows = list_artifacts(artifacts_root(root))
+    if output_format is OutputFormat.json:
+        print_json({"root": str(artifacts_root(root)), "artifacts": rows})
+        return
+    table = Table(title=str(artifacts_root(root)))
+    for col in ("key", "model", "framework", "buckets (ctx | tkg)", "size", "age"):
+        table.add_column(col)
+    for r in rows:
+        ctx, tkg = (",".join(map(str, r["buckets"][kind])) for kind in ("context", "token_generation"))
+        buckets = f"{ctx} | {tkg}"
+        table.add_row(r["key"][:16], str(r["model"]), r["framework"], buckets, _size(r["size"]), _age(r["age_seconds"]))
+    stdout.print(table)
+
+
+def gc_command(
+    *,
+    root: RootOpt = None,
+    keep: Annotated[int | None, typer.Option("--keep", min=0, help="keep only the newest N artifacts")] = None,
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", help="remove artifacts older than this (30m, 12h, 7d)")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed; remove nothing")] = False,
+    output_format: FormatOpt = OutputFormat.text,
+) -> None:
+    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs."""
+    from neuronpack.artifacts.listing import parse_duration, plan_gc, run_gc
+    from neuronpack.artifacts.store import artifacts_root
+
+    items = plan_gc(artifacts_root(root), keep=keep, older_than=parse_duration(older_than) if older_than else None)
+    if not dry_run:
+        run_gc(items)
+    freed = sum(i.size for i in items)
+    if output_format is OutputFormat.json:
+        print_json({"dry_run": dry_run, "freed_bytes": freed,
+                    "removed": [{"path": str(i.path), "kind": i.kind, "size": i.size, "reason": i.reason}
+                                for i in items]})
+        return
+    verb = "would remove" if dry_run else "removed"
+    for i in items:
+        stdout.print(f"{verb} {i.kind}: {i.path} ({_size(i.size)}; {i.reason})", markup=False)
+    stderr.print(f"{verb} {len(items)} item(s), {_size(freed)}", markup=False)

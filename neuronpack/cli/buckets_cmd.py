@@ -1,7 +1,51 @@
-"""Placeholder until this command lands (being written now)."""
-from neuronpack.errors import NeuronpackError
+"""`neuronpack buckets`: the bucket plan NxD Inference would compile, as a table."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from neuronpack.cli._console import OutputFormat, print_json, stdout
+from neuronpack.cli._options import FormatOpt
 
 
-def buckets_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+def _ints(text: str | None) -> list[int] | str:
+    if text is None or text.strip() in ("", "auto"):
+        return "auto"
+    from neuronpack.buckets import parse_tnx_bucket_env
+
+    return list(parse_tnx_bucket_env(text, 0))
+
+
+def buckets_command(
+    *,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="maximum total length (token-generation maximum)")],
+    max_context_length: Annotated[
+        int | None, typer.Option("--max-context-length", help="maximum prompt length (default: seq-len)")
+    ] = None,
+    context: Annotated[
+        str | None, typer.Option("--context", help='context-encoding buckets, comma separated, or "auto"')
+    ] = None,
+    token_gen: Annotated[
+        str | None, typer.Option("--token-gen", help='token-generation buckets, comma separated, or "auto"')
+    ] = None,
+    no_bucketing: Annotated[bool, typer.Option("--no-bucketing", help="one bucket each (bucketing off)")] = False,
+    output_format: FormatOpt = OutputFormat.text,
+) -> None:
+    """Print the bucket plan for a sequence length (NxDI's auto formula unless lists are given)."""
+    from neuronpack.buckets import plan_buckets
+
+    plan = plan_buckets(seq_len, max_context_length, enabled=not no_bucketing, context=_ints(context),
+                        token_generation=_ints(token_gen))
+    if output_format is OutputFormat.json:
+        print_json(plan.to_dict())
+        return
+    table = Table(title=f"bucket plan (seq_len {plan.seq_len}, max_context_length {plan.max_context_length})")
+    table.add_column("kind")
+    table.add_column("buckets")
+    table.add_column("graphs", justify="right")
+    table.add_row("context encoding", ", ".join(map(str, plan.context)), str(len(plan.context)))
+    table.add_row("token generation", ", ".join(map(str, plan.token_generation)), str(len(plan.token_generation)))
+    stdout.print(table)

@@ -1,7 +1,86 @@
-"""Placeholder until this command lands (being written now)."""
-from neuronpack.errors import NeuronpackError
+"""`neuronpack compile`: build (or reuse) a content-addressed artifact."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stdout
+from neuronpack.cli._options import FormatOpt, QuietOpt
 
 
-def compile_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+class FrameworkChoice(str, Enum):
+    auto = "auto"
+    nxd = "nxd"
+    tnx = "tnx"
+    torch = "torch"
+
+
+def compile_command(
+    model: Annotated[
+        str | None, typer.Argument(help="HF checkpoint dir or hub id (default: the recipe's [model] source)")
+    ] = None,
+    *,
+    recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="TOML recipe (see recipes/)")] = None,
+    framework: Annotated[
+        FrameworkChoice | None, typer.Option("--framework", help="override the recipe's framework")
+    ] = None,
+    out_root: Annotated[
+        Path | None,
+        typer.Option("--out-root", help="root of neuron-compiled-artifacts/ (default $NEURONPACK_ARTIFACTS_ROOT or .)"),
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a recipe field: --set target.batch_size=4")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="rebuild even when a valid artifact exists")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the resolved configuration and key; build nothing")
+    ] = False,
+    output_format: FormatOpt = OutputFormat.text,
+    quiet: QuietOpt = False,
+) -> None:
+    """Compile MODEL with a recipe into <root>/neuron-compiled-artifacts/<key>/ (a cache hit returns it at once)."""
+    from neuronpack.pipeline import compile_model
+
+    reporter = RichReporter(quiet=quiet)
+    result = compile_model(
+        model,
+        recipe=recipe,
+        overrides=set_ or [],
+        framework=framework.value if framework else None,
+        out_root=out_root,
+        force=force,
+        dry_run=dry_run,
+        reporter=reporter,
+    )
+    if dry_run:
+        payload = {"dry_run": True, "framework": result.framework, "framework_reason": result.framework_reason,
+                   "key": result.key, "path": str(result.path), **result.compile_config}
+        if output_format is OutputFormat.json:
+            print_json(payload)
+        else:
+            stdout.print(json.dumps(payload, indent=2, sort_keys=True, default=str), markup=False)
+        return
+    manifest = result.manifest or {}
+    if output_format is OutputFormat.json:
+        print_json({
+            "path": str(result.path),
+            "key": result.key,
+            "cache_hit": result.cache_hit,
+            "framework": result.framework,
+            "framework_reason": result.framework_reason,
+            "buckets": manifest.get("buckets"),
+            "files": len(manifest.get("files", [])),
+            "size": sum(f["size"] for f in manifest.get("files", [])),
+            "timings": result.timings if result.cache_hit else manifest.get("timings", {}),
+        })
+        return
+    if result.cache_hit:
+        reporter.info(f"cache hit: {result.key[:16]} (built {manifest.get('created_at', '?')})")
+    else:
+        reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
+    stdout.print(str(result.path), markup=False, highlight=False)

@@ -1,7 +1,69 @@
-"""Placeholder until this command lands (being written now)."""
-from neuronpack.errors import NeuronpackError
+"""``neuronpack convert-eagle``: make an EAGLE draft loadable by NxD Inference (target head added, EAGLE-3 renamed)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr
+from neuronpack.cli._options import FormatOpt, QuietOpt
+
+if TYPE_CHECKING:
+    from neuronpack.convert.eagle import EagleResult
 
 
-def convert_eagle_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+class EagleDtype(str, Enum):
+    auto = "auto"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    float32 = "float32"
+
+
+def convert_eagle_command(
+    *,
+    draft: Annotated[str, typer.Option("--draft", help="EAGLE-1/2 or EAGLE-3 draft: local directory or hub id")],
+    target: Annotated[str, typer.Option("--target", help="the target model the draft was trained for (dir or id)")],
+    out: Annotated[Path, typer.Option("--out", help="new output directory (must not exist)")],
+    dtype: Annotated[
+        EagleDtype,
+        typer.Option("--dtype", help="auto keeps the draft's dtype and casts only the added target tensors; "
+                     "float16/bfloat16/float32 cast every floating tensor"),
+    ] = EagleDtype.auto,
+    overwrite_head: Annotated[
+        bool, typer.Option("--overwrite-head", help="replace an EAGLE-1/2 draft's own lm_head with the target's")
+    ] = False,
+    output_format: FormatOpt = OutputFormat.text,
+    quiet: QuietOpt = False,
+) -> None:
+    """Convert an EAGLE draft for NxDI: add the target's lm_head (EAGLE-1/2) or embed_tokens (EAGLE-3), rename
+    EAGLE-3's midlayer.* to layers.0.*, write config.json with fc_bias and the NeuronConfig hints.
+
+    Reads only the target's head (in row chunks), never its other weights.
+    """
+    from neuronpack.convert.eagle import convert_eagle
+
+    reporter = RichReporter(quiet=quiet)
+    result = convert_eagle(draft, target, out, dtype=dtype.value, overwrite_head=overwrite_head, reporter=reporter)
+    if output_format == OutputFormat.json:
+        print_json(result.to_dict())
+        return
+    if not quiet:
+        _print_summary(result)
+    typer.echo(str(result.out))
+
+
+def _print_summary(result: EagleResult) -> None:
+    added = ", ".join(f"{a['name']} {'x'.join(map(str, a['shape']))} {a['dtype']} (from {a['from']})"
+                      for a in result.added)
+    lines = [f"{result.layout} draft converted: added {added}"]
+    if result.renamed:
+        lines.append(f"renamed {len(result.renamed)} tensors midlayer.* -> layers.0.*")
+    casts = ", ".join(f"{c['name']} {c['from']}->{c['to']}" for c in result.casts)
+    lines.append(f"cast: {casts}" if casts else "cast: none (draft tensors copied bit for bit)")
+    hints = ", ".join(f"{k}={str(v).lower()}" for k, v in result.nxd_hints.items())
+    lines.append(f"NxDI hints: {hints}")
+    for line in lines:
+        stderr.print(line, markup=False, highlight=False, soft_wrap=True)

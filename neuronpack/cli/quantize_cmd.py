@@ -1,7 +1,93 @@
-"""Placeholder until this command lands (being written now)."""
-from neuronpack.errors import NeuronpackError
+"""``neuronpack quantize``: int8 / fp8 weight quantization of a checkpoint into NxDI's quantized-checkpoint format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr
+from neuronpack.cli._options import FormatOpt, QuietOpt
+
+# Above this many quantized tensors the table shows only the worst ones (the JSON report has them all).
+FULL_TABLE_MAX = 24
+WORST_SHOWN = 10
 
 
-def quantize_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+def quantize_command(
+    model: Annotated[str, typer.Argument(help="local checkpoint directory or hub id (org/name[@revision])")],
+    *,
+    out: Annotated[Path, typer.Option("--out", help="new output directory (must not exist, unless same inputs)")],
+    dtype: Annotated[str, typer.Option("--dtype", help="int8 or fp8 (float8 e4m3, clamped to +-240)")],
+    granularity: Annotated[
+        str, typer.Option("--granularity", help="per-channel (one scale per output row) or per-tensor")
+    ] = "per-channel",
+    skip: Annotated[
+        list[str] | None,
+        typer.Option("--skip", help="glob over module names to leave unquantized, e.g. 'layers.0.*' (repeatable)"),
+    ] = None,
+    include_lm_head: Annotated[
+        bool, typer.Option("--include-lm-head", help="quantize lm_head too (untied models only)")
+    ] = False,
+    output_format: FormatOpt = OutputFormat.text,
+    quiet: QuietOpt = False,
+) -> None:
+    """Quantize every decoder Linear weight to int8 or fp8 (symmetric, float32 scales); write a report.
+
+    Running again with the same inputs and options into the same --out reuses it (a cache hit).
+    """
+    from neuronpack.checkpoint.hub import resolve_model
+    from neuronpack.convert.quant_report import read_report
+    from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
+
+    options = QuantizeOptions(dtype=dtype, granularity=granularity, skip=tuple(skip or ()),
+                              include_lm_head=include_lm_head)
+    reporter = RichReporter(quiet=quiet)
+    model_dir = resolve_model(model, reporter=reporter)
+    result = quantize_checkpoint(model_dir, out, options, reporter=reporter)
+    if result.cache_hit:
+        reporter.info(f"cache hit: {result.out} already holds this quantization (key {result.key[:12]})")
+    if not quiet and output_format == OutputFormat.text:
+        _print_table(read_report(result.out))
+    if output_format == OutputFormat.json:
+        print_json({"out": str(result.out), "key": result.key, "cache_hit": result.cache_hit, **result.summary})
+    else:
+        typer.echo(str(result.out))
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    rows = report["tensors"]
+    shown = rows if len(rows) <= FULL_TABLE_MAX else sorted(rows, key=lambda r: -r["relative_error"])[:WORST_SHOWN]
+    options = report["options"]
+    title = f"{options['dtype']} {options['granularity']}: {len(rows)} tensors quantized"
+    if len(shown) < len(rows):
+        title += f" ({len(shown)} worst shown; all in quantization_report.json)"
+    table = Table(title=title, title_justify="left")
+    table.add_column("tensor")
+    table.add_column("shape", justify="right")
+    table.add_column("rel. error", justify="right")
+    table.add_column("SNR dB", justify="right")
+    for row in shown:
+        table.add_row(row["name"], "x".join(map(str, row["shape"])), f"{row['relative_error']:.5f}",
+                      _snr(row["snr_db"]))
+    model = report["model"]
+    table.add_section()
+    table.add_row("whole model", "", f"{model['relative_error']:.5f}", _snr(model["snr_db"]), style="bold")
+    stderr.print(table)
+    size = f"weights {_human(model['input_bytes'])} -> {_human(model['output_bytes'])}"
+    kept = ", ".join(report["modules_to_not_convert"]) or "none"
+    stderr.print(f"{size}; left unquantized (modules_to_not_convert): {kept}", markup=False, soft_wrap=True)
+
+
+def _snr(value: float | None) -> str:
+    return "exact" if value is None else f"{value:.1f}"
+
+
+def _human(nbytes: int) -> str:
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.1f} {unit}"
+    return f"{nbytes} B"

@@ -1,12 +1,167 @@
-"""Placeholder until this command lands (being written now)."""
-from neuronpack.errors import NeuronpackError
+"""`neuronpack serve` (OpenAI-compatible server) and `neuronpack generate` (one completion), both from an artifact.
+
+torch artifacts run on the built-in runtime (neuronpack.runtime); nxd / tnx artifacts are served by vLLM, started with
+the arguments the artifact was compiled with (``--print-command`` shows that command instead of running it).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr, stdout
+from neuronpack.cli._options import FormatOpt, QuietOpt
 
 
-def serve_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+def serve_command(
+    artifact_dir: Annotated[
+        Path | None, typer.Argument(help="compiled artifact directory (default: $NEURON_COMPILED_ARTIFACTS)")
+    ] = None,
+    *,
+    host: Annotated[str, typer.Option("--host", help="address to bind (loopback unless told otherwise)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", envvar="NEURONPACK_API_KEY", help="require 'Authorization: Bearer KEY' on /v1"),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="model to compile into $NEURON_COMPILED_ARTIFACTS when it is invalid")
+    ] = None,
+    recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="recipe for that compile")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="recipe override for that compile")] = None,
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="the name clients send as 'model'")
+    ] = None,
+    print_command: Annotated[
+        bool, typer.Option("--print-command", help="print the server command line and environment, then exit")
+    ] = False,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="torch CPU threads (default: every core available)")
+    ] = None,
+    output_format: FormatOpt = OutputFormat.text,
+    quiet: QuietOpt = False,
+) -> None:
+    """Serve an artifact over an OpenAI-compatible HTTP API (built-in runtime for torch artifacts, vLLM for Neuron)."""
+    from neuronpack.artifacts.manifest import read_manifest
+    from neuronpack.artifacts.resolve import resolve_serving_artifact
+
+    reporter = RichReporter(quiet=quiet)
+    path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter)
+    manifest = read_manifest(path)
+    if served_model_name:
+        manifest = {**manifest, "serve": {**(manifest.get("serve") or {}), "served_model_name": served_model_name}}
+    if manifest.get("framework") != "torch":
+        _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
+                     output_format=output_format)
+        return
+    if print_command:
+        argv = [sys.executable, "-m", "neuronpack", "serve", str(path), "--host", host, "--port", str(port)]
+        if served_model_name:
+            argv += ["--served-model-name", served_model_name]
+        if api_key:
+            argv += ["--api-key", api_key]
+        _print_command(argv, {}, [], output_format)
+        return
+    _serve_torch(path, manifest, host=host, port=port, api_key=api_key, threads=threads, reporter=reporter,
+                 quiet=quiet)
 
 
-def generate_command() -> None:
-    """(in progress)"""
-    raise NeuronpackError("this command is not built yet")
+def generate_command(
+    artifact_dir: Annotated[Path, typer.Argument(help="compiled artifact directory (torch framework)")],
+    *,
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="prompt text (the user message with --chat)")],
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="most tokens to generate")] = 64,
+    temperature: Annotated[
+        float, typer.Option("--temperature", min=0.0, help="0 = greedy (the default here)")
+    ] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="sample among the k best (< 1: global_topk)")] = -1,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="nucleus mass")] = 1.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="seed for reproducible sampling")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="stop string (repeatable)")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="wrap the prompt with the model's chat template")] = False,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help="torch CPU threads")] = None,
+    output_format: FormatOpt = OutputFormat.text,
+    quiet: QuietOpt = False,
+) -> None:
+    """Generate one completion from an artifact through the serving engine; the text goes to stdout."""
+    from neuronpack.artifacts.resolve import resolve_serving_artifact
+    from neuronpack.runtime.engine import GenerationRequest
+    from neuronpack.runtime.loader import load_engine
+    from neuronpack.runtime.sampling import SamplingParams
+
+    reporter = RichReporter(quiet=quiet)
+    path = resolve_serving_artifact(artifact_dir, reporter=reporter)
+    loaded = load_engine(path, num_threads=threads, reporter=reporter)
+    tokenizer = loaded.engine.tokenizer
+    ids = tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else tokenizer.encode(prompt)
+    request = GenerationRequest(
+        prompt_ids=tuple(ids),
+        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        max_tokens=max_tokens,
+        stop=tuple(stop or ()),
+    )
+    result = loaded.engine.generate(request)
+    timings = {"load_s": round(loaded.load_seconds, 4), **{k: round(v, 4) for k, v in result.timings.items()}}
+    if output_format is OutputFormat.json:
+        print_json({"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
+                    "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                    "model": loaded.served_model_name, "timings": timings})
+        return
+    stdout.print(result.text, markup=False, highlight=False)
+    reporter.info(f"[{result.completion_tokens} tokens, finish_reason={result.finish_reason}, "
+                  f"{result.timings['tokens_per_s']:.1f} tokens/s, load {loaded.load_seconds:.1f} s]")
+
+
+def _serve_torch(path: Path, manifest: dict[str, Any], *, host: str, port: int, api_key: str | None,
+                 threads: int | None, reporter: RichReporter, quiet: bool) -> None:
+    from neuronpack.runtime.loader import load_engine
+    from neuronpack.runtime.server import create_app, run_server
+
+    loaded = load_engine(path, manifest=manifest, num_threads=threads, reporter=reporter)
+    name = loaded.served_model_name
+    app = create_app(loaded.engine, served_model_name=name, api_key=api_key,
+                     model_info={"root": str(path)})
+    engine = loaded.engine
+    reporter.info(f"loaded {name} in {loaded.load_seconds:.1f} s (batch {engine.scheduler.batch_size}, "
+                  f"max model length {engine.max_model_len}, largest prompt {engine.max_prompt_len})")
+    stderr.print(f"serving {name} at http://{_url_host(host)}:{port}/v1 (health: /health, metrics: /metrics)",
+                 markup=False, highlight=False, soft_wrap=True)
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        reporter.warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
+    run_server(app, host=host, port=port, log_level="warning" if quiet else "info")
+
+
+def _launch_vllm(path: Path, manifest: dict[str, Any], *, host: str, port: int, api_key: str | None,
+                 print_only: bool, output_format: OutputFormat) -> None:
+    from neuronpack.backends.vllm_launch import format_command, run_vllm, vllm_command
+
+    cmd = vllm_command(path, manifest, host=host, port=port, api_key=api_key)
+    if print_only:
+        if output_format is OutputFormat.json:
+            print_json({"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes,
+                        "per_node": [{"argv": n.argv, "env": n.env} for n in cmd.per_node]})
+        else:
+            stdout.print(format_command(cmd), markup=False, highlight=False, soft_wrap=True)
+            for note in cmd.notes:
+                stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        return
+    for note in cmd.notes:
+        stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    stderr.print(f"starting vLLM at http://{_url_host(host)}:{port}/v1", markup=False, highlight=False)
+    run_vllm(cmd)  # replaces this process; ServeError when vLLM is not installed
+
+
+def _print_command(argv: list[str], env: dict[str, str], notes: list[str], output_format: OutputFormat) -> None:
+    if output_format is OutputFormat.json:
+        print_json({"argv": argv, "env": env, "notes": notes, "per_node": []})
+        return
+    line = " ".join(shlex.quote(a) for a in argv)
+    stdout.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from neuronpack.checkpoint.safetensors_header import TensorInfo
@@ -38,6 +39,7 @@ class CheckpointView(Protocol):
     """The part of ``neuronpack.checkpoint.Checkpoint`` planning needs (headers and config only)."""
 
     config: dict
+    files: list[Path]
 
     def names(self) -> list[str]: ...
 
@@ -118,10 +120,21 @@ def plan_eagle_conversion(
             fix="pair the draft with the target model it was trained for",
         )
     out_dtype = FLOAT_DTYPES[fc.dtype] if dtype == "auto" else dtype
-    out_code = {v: k for k, v in FLOAT_DTYPES.items()}[out_dtype]
+    codes = _Codes(
+        out={v: k for k, v in FLOAT_DTYPES.items()}[out_dtype],
+        draft=None if dtype == "auto" else {v: k for k, v in FLOAT_DTYPES.items()}[out_dtype],
+    )
     if layout == "eagle1":
-        return _plan_eagle1(draft, target, names, head, vocab, hidden, out_dtype, out_code, overwrite_head)
-    return _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, out_code)
+        return _plan_eagle1(draft, target, names, head, hidden, out_dtype, codes, overwrite_head)
+    return _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, codes)
+
+
+@dataclass(frozen=True)
+class _Codes:
+    """Output safetensors dtypes: ``out`` for added target tensors, ``draft`` for draft tensors (None: keep)."""
+
+    out: str
+    draft: str | None
 
 
 def detect_layout(names: list[str]) -> str:
@@ -138,7 +151,8 @@ def detect_layout(names: list[str]) -> str:
     )
 
 
-def _plan_eagle1(draft, target, names, head, vocab, hidden, out_dtype, out_code, overwrite_head) -> EaglePlan:
+def _plan_eagle1(draft, target, names, head, hidden, out_dtype, codes, overwrite_head) -> EaglePlan:
+    vocab = head.shape[0]
     if HEAD in names and not overwrite_head:
         raise ConversionError(
             f"the EAGLE-1/2 draft already has {HEAD} {list(draft.info(HEAD).shape)}",
@@ -155,18 +169,18 @@ def _plan_eagle1(draft, target, names, head, vocab, hidden, out_dtype, out_code,
         )
     _check_config_vocab(draft.config, vocab, head)
     fc_bias = _fc_bias(draft, names)
-    tensors = [_from_draft(draft.info(n), n, out_code) for n in names if n != HEAD]
+    tensors = [_from_draft(draft.info(n), n, codes.draft) for n in names if n != HEAD]
     if embed is None:
         # Some EAGLE-2 exports drop the embedding (it equals the target's): NxDI still needs it in the draft.
-        tensors.append(_from_target(target, _target_embed_name(target), EMBED, out_code))
-    tensors.append(_from_target(target, head.name, HEAD, out_code))
+        tensors.append(_from_target(target, _target_embed_name(target), EMBED, codes.out))
+    tensors.append(_from_target(target, head.name, HEAD, codes.out))
     return EaglePlan(
         layout="eagle1", hidden_size=hidden, vocab_size=vocab, out_dtype=out_dtype, tensors=tuple(tensors),
         replaces_head=HEAD in names, fc_bias=fc_bias, input_norm=INPUT_NORM in names,
     )
 
 
-def _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, out_code) -> EaglePlan:
+def _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, codes) -> EaglePlan:
     own_head = _require(draft, HEAD, "EAGLE-3 draft")
     draft_vocab = own_head.shape[0]
     if draft_vocab != vocab:
@@ -185,7 +199,7 @@ def _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, out_code) -> Ea
             fix="pair the draft with the target model it was trained for",
         )
     renamed = {n: "layers.0." + n[len(EAGLE3_PREFIX):] for n in names if n.startswith(EAGLE3_PREFIX)}
-    tensors = [_from_draft(draft.info(n), renamed.get(n, n), out_code) for n in names]
+    tensors = [_from_draft(draft.info(n), renamed.get(n, n), codes.draft) for n in names]
     if EMBED in names:
         embed = draft.info(EMBED)
         if tuple(embed.shape) != (vocab, hidden):
@@ -195,7 +209,7 @@ def _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, out_code) -> Ea
                 fix="pair the draft with the target model it was trained for",
             )
     else:
-        tensors.append(_from_target(target, _target_embed_name(target), EMBED, out_code))
+        tensors.append(_from_target(target, _target_embed_name(target), EMBED, codes.out))
     out_names = [t.name for t in tensors]
     return EaglePlan(
         layout="eagle3", hidden_size=hidden, vocab_size=vocab, out_dtype=out_dtype, tensors=tuple(tensors),
@@ -255,10 +269,15 @@ def _require(ckpt: CheckpointView, name: str, what: str) -> TensorInfo:
     if name not in set(ckpt.names()):
         raise ConversionError(
             f"{what} has no {name} tensor",
-            where=", ".join(sorted({str(ckpt.info(n).file.parent) for n in list(ckpt.names())[:1]})) or None,
+            where=_location(ckpt),
             fix="point --draft at a complete EAGLE draft checkpoint",
         )
     return ckpt.info(name)
+
+
+def _location(ckpt: CheckpointView) -> str | None:
+    files = list(ckpt.files)
+    return str(Path(files[0]).parent) if files else None
 
 
 def _target_embed_name(target: CheckpointView) -> str:
@@ -267,13 +286,14 @@ def _target_embed_name(target: CheckpointView) -> str:
             return name
     raise ConversionError(
         "the target has no model.embed_tokens.weight, which NxDI needs inside the draft",
-        where=str(target.info(target.lm_head_name()).file.parent),
+        where=_location(target),
         fix="point --target at a Llama-family Hugging Face checkpoint",
     )
 
 
-def _from_draft(info: TensorInfo, out_name: str, out_code: str) -> OutputTensor:
-    dtype = out_code if info.dtype in FLOAT_DTYPES else info.dtype  # d2t (I64) and t2d (BOOL) are never cast
+def _from_draft(info: TensorInfo, out_name: str, out_code: str | None) -> OutputTensor:
+    """out_code None (--dtype auto) keeps the draft's bytes; d2t (I64) and t2d (BOOL) are never cast."""
+    dtype = out_code if out_code and info.dtype in FLOAT_DTYPES else info.dtype
     return OutputTensor(out_name, "draft", info.name, info.dtype, dtype, tuple(info.shape))
 
 

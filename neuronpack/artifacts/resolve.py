@@ -1,0 +1,60 @@
+"""Which artifact a server loads: vLLM's NEURON_COMPILED_ARTIFACTS semantics, made safe.
+
+- An explicit directory: verified, then used.
+- Else ``NEURON_COMPILED_ARTIFACTS``: used as-is (no hash subdirectory) when valid. When it is set but missing or
+  invalid (what vLLM treats as FileNotFoundError / ValueError), compile MODEL + recipe into exactly that path, as vLLM
+  does ("Failed to load the model ... Recompiling..."), but atomically; without a model to compile, a clear error.
+- Neither: a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from neuronpack.artifacts.verify import verify_artifact
+from neuronpack.errors import ArtifactError, ServeError
+from neuronpack.progress import NullReporter, Reporter
+
+ENV = "NEURON_COMPILED_ARTIFACTS"
+
+
+def resolve_serving_artifact(
+    artifact_dir: Path | None,
+    *,
+    model: str | None = None,
+    recipe: Path | None = None,
+    overrides: Sequence[str] = (),
+    reporter: Reporter | None = None,
+    check_hashes: bool = True,
+) -> Path:
+    """The verified artifact directory to serve (compiling into NEURON_COMPILED_ARTIFACTS when it is invalid)."""
+    reporter = reporter or NullReporter()
+    if artifact_dir is not None:
+        verify_artifact(Path(artifact_dir), check_hashes=check_hashes)
+        return Path(artifact_dir).absolute()
+    env_value = os.environ.get(ENV)
+    if not env_value:
+        raise ServeError(
+            "no artifact to serve",
+            where=f"ARTIFACT_DIR argument and ${ENV} are both unset",
+            fix=f"pass ARTIFACT_DIR, or set {ENV} (with --model and --recipe to compile it when missing)",
+        )
+    path = Path(env_value).expanduser().absolute()
+    try:
+        verify_artifact(path, check_hashes=check_hashes)
+        return path
+    except ArtifactError as exc:
+        problem = exc.one_line()
+    if model is None and recipe is None:
+        raise ServeError(
+            f"{ENV} is not a valid artifact: {problem}",
+            where=str(path),
+            fix="pass --model and --recipe so neuronpack can compile it there, or point the variable at an artifact",
+        )
+    reporter.warn(f"failed to load the artifact from {path} ({problem}); compiling into it")
+    from neuronpack.pipeline import compile_model
+
+    result = compile_model(model, recipe=recipe, overrides=overrides, dest=path, force=True, reporter=reporter)
+    return result.path

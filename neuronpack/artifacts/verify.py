@@ -1,0 +1,95 @@
+"""Is an artifact directory valid? A cheap check for cache hits and a full one for `neuronpack verify`.
+
+"Invalid" is what vLLM would treat as FileNotFoundError / ValueError at load: a missing directory or manifest, a
+manifest that does not match its key, a missing, resized or (full check) modified file, or a toolchain mismatch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from neuronpack.artifacts.key import compute_key, toolchain_versions
+from neuronpack.artifacts.manifest import MANIFEST_NAME, read_manifest
+from neuronpack.digest import sha256_stream
+from neuronpack.errors import ArtifactError
+
+REBUILD = "rebuild it with `neuronpack compile --force`"
+
+
+def quick_check(artifact_dir: Path, key: str | None = None) -> dict[str, Any] | None:
+    """The manifest if the directory is a complete artifact (of ``key`` when given), else None. Stats files only."""
+    try:
+        manifest = read_manifest(artifact_dir)
+    except ArtifactError:
+        return None
+    if key is not None and manifest.get("key") != key:
+        return None
+    for entry in manifest["files"]:
+        path = Path(artifact_dir) / entry["path"]
+        if not path.is_file() or path.stat().st_size != entry["size"]:
+            return None
+    return manifest
+
+
+def check_files(artifact_dir: Path, manifest: dict[str, Any], *, check_hashes: bool = True) -> None:
+    """Every listed file present with its size and sha256; no unlisted files. Raises on the first problem."""
+    root = Path(artifact_dir)
+    listed = set()
+    for entry in manifest["files"]:
+        rel = entry["path"]
+        listed.add(rel)
+        path = root / rel
+        if not path.is_file():
+            raise ArtifactError(f"file {rel} is missing", where=str(root), fix=REBUILD)
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise ArtifactError(f"file {rel} has {size} bytes, the manifest says {entry['size']} (truncated or "
+                                "replaced)", where=str(root), fix=REBUILD)
+        if check_hashes and sha256_stream(path) != entry["sha256"]:
+            raise ArtifactError(f"file {rel} does not match its sha256 (corrupted or modified)", where=str(root),
+                                fix=REBUILD)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel != MANIFEST_NAME and rel not in listed:
+            raise ArtifactError(f"file {rel} is not in the manifest (added after the build)", where=str(root),
+                                fix="remove it or rebuild the artifact")
+
+
+def check_key(artifact_dir: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's key must be the hash of its recorded inputs (catches edited manifests)."""
+    recomputed = compute_key(manifest["key_inputs"])
+    if recomputed != manifest["key"]:
+        raise ArtifactError(
+            "the manifest's key does not match its recorded inputs (the manifest was edited)",
+            where=str(Path(artifact_dir) / MANIFEST_NAME),
+            fix=REBUILD,
+        )
+
+
+def check_toolchain(artifact_dir: Path, manifest: dict[str, Any]) -> None:
+    """The toolchain here must be the one the artifact was built with; the backend checks its own target."""
+    from neuronpack.backends.select import get_backend
+
+    backend = get_backend(manifest["framework"])
+    current = toolchain_versions(backend)
+    for name, built in sorted(manifest["versions"].items()):
+        here = current.get(name)
+        if here != built:
+            raise ArtifactError(
+                f"built with {name} {built}, this machine has {here or 'none'}",
+                where=str(artifact_dir),
+                fix=f"install {name}=={built} or rebuild with `neuronpack compile`",
+            )
+    backend.validate_artifact(Path(artifact_dir), manifest)
+
+
+def verify_artifact(artifact_dir: Path, *, check_hashes: bool = True, check_env: bool = True) -> dict[str, Any]:
+    """Full verification: schema, key, every file's size and sha256, and that this machine's toolchain matches.
+    Returns the manifest; raises ArtifactError naming the first problem."""
+    manifest = read_manifest(artifact_dir)
+    check_key(artifact_dir, manifest)
+    check_files(artifact_dir, manifest, check_hashes=check_hashes)
+    if check_env:
+        check_toolchain(artifact_dir, manifest)
+    return manifest

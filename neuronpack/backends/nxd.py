@@ -1,0 +1,327 @@
+"""The NxD Inference backend (``neuronx-distributed-inference``): recipe -> NeuronConfig, compile, artifact checks.
+
+Written against NxDI 0.9's documented API and source (``models/config.py``, ``models/application_base.py``) and
+vLLM 0.9's loader (``vllm/model_executor/model_loader/neuronx_distributed.py``); proven by contract tests with a
+stand-in SDK, never run on Neuron hardware here.
+
+The compile is what vLLM would do on its first start, done ahead of time::
+
+    neuron_config = model_cls.get_neuron_config_cls()(**kwargs)
+    config = model_cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(model_dir))
+    model_cls(model_dir, config).compile(staging)   # neuron_config.json, model.pt, weights/tp{rank}_...
+
+Example::
+
+    backend = NxdBackend()
+    backend.compile_config(request)["neuron_config"]["context_encoding_buckets"]   # [128, 256, ..., 8192]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from neuronpack import __version__
+from neuronpack.backends.base import Availability, BuildRequest
+from neuronpack.backends.neuron_packages import probe_package, versions_of
+from neuronpack.errors import ArtifactError, BuildError, CheckpointError, RecipeError, UnsupportedModelError
+from neuronpack.recipe import NEURON_INSTANCES, Recipe
+
+NXD_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")
+_MODELS = "neuronx_distributed_inference.models"
+# HF architecture -> NxDI class, as vLLM 0.9 maps them (Mistral runs on the Llama implementation)
+MODEL_CLASSES: dict[str, str] = {
+    "LlamaForCausalLM": f"{_MODELS}.llama.modeling_llama.NeuronLlamaForCausalLM",
+    "MistralForCausalLM": f"{_MODELS}.llama.modeling_llama.NeuronLlamaForCausalLM",
+    "Qwen2ForCausalLM": f"{_MODELS}.qwen2.modeling_qwen2.NeuronQwen2ForCausalLM",
+    "MixtralForCausalLM": f"{_MODELS}.mixtral.modeling_mixtral.NeuronMixtralForCausalLM",
+    "DbrxForCausalLM": f"{_MODELS}.dbrx.modeling_dbrx.NeuronDbrxForCausalLM",
+}
+SAMPLING_FIELDS = ("do_sample", "top_k", "top_p", "temperature", "dynamic", "deterministic", "global_topk")
+# The NeuronConfig fields an EAGLE draft conversion decides (eagle_nxd_hints also returns config-only keys)
+EAGLE_FIELDS = ("enable_eagle_speculation", "enable_fused_speculation", "enable_eagle_draft_input_norm", "is_eagle3")
+COMPILED_FILES = ("neuron_config.json", "model.pt")
+
+
+class NxdBackend:
+    """Backend protocol implementation for NxD Inference. See the module docstring."""
+
+    name = "nxd"
+
+    def availability(self) -> Availability:
+        nxd = probe_package("neuronx_distributed_inference")
+        if not nxd.ok:
+            return Availability(False, nxd.reason)
+        cc = probe_package("neuronxcc", "neuronx-cc")
+        if cc.state in ("missing", "placeholder"):
+            return Availability(False, f"the Neuron compiler is absent: {cc.reason}")
+        return Availability(True, nxd.reason)
+
+    def versions(self) -> dict[str, str]:
+        return {"neuronpack": __version__, **versions_of(NXD_DISTS)}
+
+    def target(self, recipe: Recipe) -> dict[str, Any]:
+        instance = neuron_instance(recipe, "nxd")
+        overrides = recipe.neuron_overrides
+        return {
+            "instance": instance,
+            "platform_target": instance,  # NEURON_PLATFORM_TARGET_OVERRIDE
+            "logical_nc_config": overrides.get("logical_nc_config"),
+            "nodes": recipe.target.nodes,
+        }
+
+    def compile_config(self, request: BuildRequest) -> dict[str, Any]:
+        """Everything the compile hands NxDI, JSON-able: the exact NeuronConfig kwargs, the class, the draft's."""
+        recipe, plan = request.recipe, request.plan
+        hf_config = read_model_config(request.model_dir, allow_missing=recipe.quantization is not None)
+        neuron_config = nxd_neuron_config(recipe, plan, hf_config, request.model_dir, request.draft_dir)
+        out: dict[str, Any] = {
+            "architecture": architecture_of(hf_config),
+            "model_class": model_class_path(hf_config, where=str(request.model_dir)),
+            "platform_target": neuron_instance(recipe, "nxd"),
+            "neuron_config": neuron_config,
+        }
+        if recipe.speculation is not None:
+            out["draft"] = {
+                "path": None if request.draft_dir is None else str(request.draft_dir),
+                "neuron_config": draft_neuron_config(neuron_config),
+            }
+        if recipe.target.nodes > 1:
+            out["multi_node"] = {"nodes": recipe.target.nodes,
+                                 "local_ranks_size": recipe.target.tp_degree // recipe.target.nodes}
+        return out
+
+    def build(self, request: BuildRequest) -> dict[str, Any]:
+        """Compile with NxDI into request.staging (needs the SDK; the platform target comes from the recipe)."""
+        availability = self.availability()
+        if not availability.ok:
+            raise BuildError(f"NxD Inference cannot build here: {availability.reason}", where="framework nxd",
+                             fix="compile on a machine with the Neuron SDK, or use --dry-run / --framework torch")
+        config = self.compile_config(request)
+        os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = config["platform_target"]
+        model_cls = _import_class(config["model_class"])
+        with request.reporter.task(f"NxDI compile ({config['architecture']}, tp {request.recipe.target.tp_degree})"):
+            model = model_cls(str(request.model_dir), _inference_config(model_cls, config, request))
+            model.compile(str(request.staging))
+        check_compiled(request.staging, config["neuron_config"])
+        _copy_model_files(request)
+        return {"nxd": {"model_class": config["model_class"], "platform_target": config["platform_target"]}}
+
+    def validate_artifact(self, artifact_dir: Path, manifest: dict[str, Any]) -> None:
+        """Files NxDI's load() reads are present, and this machine's NxDI / compiler / torch-neuronx are the ones
+        the artifact was built with (NxDI itself records no compiler version)."""
+        neuron_config = (manifest.get("compile_config") or {}).get("neuron_config") or {}
+        check_compiled(Path(artifact_dir), neuron_config)
+        if not neuron_config.get("save_sharded_checkpoint", False):
+            model_path = Path((manifest.get("model") or {}).get("path") or "")
+            if not (model_path / "config.json").is_file():
+                raise ArtifactError(
+                    "this artifact shards weights on load and its checkpoint is gone",
+                    where=str(model_path), fix="restore the checkpoint or rebuild with save_sharded_checkpoint=true")
+        built, here = manifest.get("versions") or {}, self.versions()
+        for dist in NXD_DISTS:
+            if dist in built and built[dist] != here.get(dist):
+                raise ArtifactError(
+                    f"built with {dist} {built[dist]}, this machine has {here.get(dist)}", where=str(artifact_dir),
+                    fix=f"install {dist}=={built[dist]} from {'the Neuron repository'} or rebuild here")
+
+
+# --- the mapping (pure, torch-free) ----------------------------------------------------------------------------------
+def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, draft_dir: Path | None) -> dict:
+    """The exact NeuronConfig kwargs for a recipe, starting from vLLM's defaults so the artifact matches what vLLM
+    would compile; ``recipe.neuron_overrides`` is applied last as a shallow update (like vLLM's override).
+
+    Example::
+
+        nxd_neuron_config(load_recipe(Path("recipes/llama-3.2-1b-inf2.toml")), plan, {}, ckpt, None)["seq_len"]
+        # 4096
+    """
+    t = recipe.target
+    cfg: dict[str, Any] = {
+        "tp_degree": t.tp_degree,
+        "batch_size": t.batch_size,
+        "ctx_batch_size": 1,  # vLLM encodes one prompt at a time with continuous batching
+        "tkg_batch_size": t.batch_size,
+        "max_context_length": plan.max_context_length,
+        "seq_len": plan.seq_len,
+        "torch_dtype": nxd_dtype(recipe, hf_config),
+        "enable_bucketing": recipe.buckets.enabled,
+        "is_continuous_batching": True,
+        "padding_side": "right",
+        "sequence_parallel_enabled": True,
+        "on_device_sampling_config": sampling_config(recipe),
+        "save_sharded_checkpoint": True,  # weights travel inside the artifact: no checkpoint needed to serve
+        "quantized": False,
+    }
+    if recipe.buckets.enabled:
+        cfg["context_encoding_buckets"] = list(plan.context)
+        cfg["token_generation_buckets"] = list(plan.token_generation)
+    if recipe.quantization is not None:
+        cfg.update(_quantization_fields(recipe, model_dir))
+    if recipe.speculation is not None:
+        cfg.update(_speculation_fields(recipe, draft_dir))
+    if recipe.lora is not None:
+        lora = recipe.lora
+        cfg["lora_config"] = {"max_loras": lora.max_loras, "max_lora_rank": lora.max_rank,
+                              "target_modules": list(lora.target_modules),
+                              "lora_ckpt_paths": {a.name: a.path for a in lora.adapters}}
+    if t.nodes > 1:
+        # Shard weights for every rank so one artifact serves all nodes; each node loads its own ranks
+        # (vllm_launch passes start_rank_id / local_ranks_size per node).
+        cfg["start_rank_id"] = 0
+        cfg["local_ranks_size"] = t.tp_degree
+    cfg.update(recipe.neuron_overrides)
+    return cfg
+
+
+def sampling_config(recipe: Recipe) -> dict | None:
+    """OnDeviceSamplingConfig kwargs, or None when sampling runs on the host."""
+    s = recipe.sampling
+    if not s.on_device:
+        return None
+    return {name: getattr(s, name) for name in SAMPLING_FIELDS}
+
+
+def draft_neuron_config(target: dict) -> dict:
+    """The draft's NeuronConfig, derived from the target's exactly as vLLM 0.9 does it."""
+    draft = dict(target)
+    eagle = bool(target.get("enable_eagle_speculation"))
+    if not eagle:
+        draft["speculation_length"] = 0
+    draft["enable_fused_speculation"] = False
+    if target.get("draft_model_modules_to_not_convert"):
+        draft["modules_to_not_convert"] = target["draft_model_modules_to_not_convert"]
+    if eagle:
+        draft["is_eagle_draft"] = True
+        draft["sequence_parallel_enabled"] = False
+    return draft
+
+
+def nxd_dtype(recipe: Recipe, hf_config: dict) -> str:
+    """The recipe's dtype; "auto" takes the checkpoint's, else NxDI's default bfloat16."""
+    if recipe.model.dtype != "auto":
+        return recipe.model.dtype
+    value = hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16"
+    return str(value).removeprefix("torch.")
+
+
+def neuron_instance(recipe: Recipe, framework: str) -> str:
+    instance = recipe.instance_for(framework)
+    if instance not in NEURON_INSTANCES:
+        raise RecipeError(
+            f"target.instance {instance!r} is not a Neuron instance, so {framework} cannot target it",
+            where="target.instance", fix=f"use one of {', '.join(NEURON_INSTANCES)}, or --framework torch")
+    return instance
+
+
+def architecture_of(hf_config: dict) -> str | None:
+    archs = hf_config.get("architectures") or []
+    return next((a for a in archs if a in MODEL_CLASSES), archs[0] if archs else None)
+
+
+def model_class_path(hf_config: dict, *, where: str) -> str | None:
+    """The NxDI class for the checkpoint; None when its config is not readable yet (dry-run before quantizing)."""
+    if not hf_config:
+        return None
+    arch = architecture_of(hf_config)
+    if arch not in MODEL_CLASSES:
+        raise UnsupportedModelError(
+            f"NxD Inference backend has no model class for architecture {arch!r}", where=where,
+            fix=f"supported: {', '.join(MODEL_CLASSES)}; or use --framework torch")
+    return MODEL_CLASSES[arch]
+
+
+def read_model_config(model_dir: Path, *, allow_missing: bool = False) -> dict:
+    """config.json as a dict (torch-free). ``allow_missing``: {} when the directory does not exist yet."""
+    path = Path(model_dir) / "config.json"
+    if allow_missing and not Path(model_dir).exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError("config.json not found", where=str(path), fix="pass a Hugging Face checkpoint") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"config.json is unreadable: {exc}", where=str(path), fix="fix the file") from None
+
+
+def check_compiled(artifact_dir: Path, neuron_config: dict) -> None:
+    """The files NxDI's compile writes and its load reads: neuron_config.json, model.pt, weights/tp{rank}_*."""
+    for name in COMPILED_FILES:
+        if not (artifact_dir / name).is_file():
+            raise ArtifactError(f"NxDI artifact is missing {name}", where=str(artifact_dir / name),
+                                fix="rebuild it with `neuronpack compile --force`")
+    if neuron_config.get("save_sharded_checkpoint"):
+        world = int(neuron_config.get("world_size") or neuron_config.get("tp_degree") or 1)
+        for rank in range(world):
+            shard = artifact_dir / "weights" / f"tp{rank}_sharded_checkpoint.safetensors"
+            if not shard.is_file():
+                raise ArtifactError(f"NxDI artifact is missing the rank {rank} weights", where=str(shard),
+                                    fix="rebuild it with `neuronpack compile --force`")
+
+
+# --- private ---------------------------------------------------------------------------------------------------------
+def _quantization_fields(recipe: Recipe, model_dir: Path) -> dict:
+    from neuronpack.convert.quantize import QuantizeOptions, nxd_quantization_fields
+
+    options = QuantizeOptions.from_recipe(recipe.quantization)
+    fields = nxd_quantization_fields(options, Path(model_dir))
+    fields["kv_cache_quant"] = bool(recipe.quantization.kv_cache)
+    return fields
+
+
+def _speculation_fields(recipe: Recipe, draft_dir: Path | None) -> dict:
+    spec = recipe.speculation
+    fields: dict[str, Any] = {"speculation_length": spec.length, "enable_fused_speculation": True}
+    if spec.kind == "eagle":
+        fields.update({"enable_eagle_speculation": True})
+        if draft_dir is not None and Path(draft_dir).exists():
+            from neuronpack.convert.eagle import eagle_nxd_hints
+
+            hints = eagle_nxd_hints(Path(draft_dir))
+            fields.update({k: hints[k] for k in EAGLE_FIELDS if k in hints})
+    return fields
+
+
+def _import_class(path: str):
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _inference_config(model_cls, config: dict, request: BuildRequest):
+    """NeuronConfig + InferenceConfig (and the FusedSpecNeuronConfig for speculation), as vLLM 0.9 builds them."""
+    from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
+
+    neuron_config = model_cls.get_neuron_config_cls()(**config["neuron_config"])
+    inference_config = model_cls.get_config_cls()(
+        neuron_config, load_config=load_pretrained_config(str(request.model_dir)))
+    if "draft" in config:
+        from neuronx_distributed_inference.models.config import FusedSpecNeuronConfig
+
+        if request.draft_dir is None:
+            raise BuildError("the recipe speculates but no draft was resolved", where="speculation.draft",
+                             fix="set [speculation] draft to a local directory or cached hub id")
+        draft_config = model_cls.get_config_cls()(
+            model_cls.get_neuron_config_cls()(**config["draft"]["neuron_config"]),
+            load_config=load_pretrained_config(str(request.draft_dir)))
+        inference_config.fused_spec_config = FusedSpecNeuronConfig(
+            model_cls._model_cls, draft_config=draft_config, draft_model_path=str(request.draft_dir))
+    return inference_config
+
+
+def _copy_model_files(request: BuildRequest) -> None:
+    """config.json + tokenizer/generation files next to the compiled model (vLLM reads them from --model), and the
+    draft's config under draft/ so the artifact alone can be served."""
+    from neuronpack.checkpoint import copy_aux_files
+
+    shutil.copy2(Path(request.model_dir) / "config.json", request.staging / "config.json")
+    copy_aux_files(Path(request.model_dir), request.staging)
+    if request.draft_dir is not None:
+        draft_out = request.staging / "draft"
+        draft_out.mkdir(exist_ok=True)
+        shutil.copy2(Path(request.draft_dir) / "config.json", draft_out / "config.json")
+        copy_aux_files(Path(request.draft_dir), draft_out)

@@ -1,0 +1,57 @@
+"""The portable torch backend: torch.export + AOTInductor graphs of the compact Llama-family model, for any CPU.
+
+``TorchAotBackend`` implements the ``Backend`` protocol (build side); ``load_artifact`` returns the runtime-facing
+``CompiledLM`` (prefill / decode over a KV cache it owns). Importing this package does not import torch.
+
+Example::
+
+    backend = TorchAotBackend()
+    backend.target(recipe)                      # torch-free: torch version, CPU capability, C++ compiler, ...
+    info = backend.build(BuildRequest(model_dir, recipe, plan, staging))
+    lm = load_artifact(published_dir)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from neuronpack.backends.base import Availability, BuildRequest
+from neuronpack.backends.torch_aot.build import build_artifact, neuron_config
+from neuronpack.backends.torch_aot.load import CompiledLM, check_loadable, load_artifact, read_neuron_config
+from neuronpack.backends.torch_aot.target import current_target, cxx_compiler, effective_compiler, torch_version
+
+__all__ = ["CompiledLM", "TorchAotBackend", "load_artifact"]
+
+
+class TorchAotBackend:
+    """Backend "torch": builds graphs.pt2 + weights/ + neuron_config.json (see build.py)."""
+
+    name = "torch"
+
+    def availability(self) -> Availability:
+        if importlib.util.find_spec("torch") is None:
+            return Availability(False, "torch is not installed (pip install torch)")
+        cxx = cxx_compiler()
+        if cxx is None:
+            return Availability(True, f"torch {torch_version()}; no C++ compiler found: export-only graphs")
+        return Availability(True, f"torch {torch_version()} with {cxx['version']} (AOTInductor)")
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch_version()}
+
+    def target(self, recipe) -> dict[str, Any]:
+        return current_target(effective_compiler(recipe.compiler), recipe.instance_for("torch"))
+
+    def compile_config(self, request: BuildRequest) -> dict[str, Any]:
+        config = neuron_config(request)
+        config.pop("target")  # reported separately by target()
+        return config
+
+    def build(self, request: BuildRequest) -> dict[str, Any]:
+        return build_artifact(request)
+
+    def validate_artifact(self, artifact_dir: Path, manifest: dict[str, Any]) -> None:
+        config = read_neuron_config(artifact_dir)
+        check_loadable(artifact_dir, config["target"])

@@ -1,0 +1,179 @@
+"""Build a portable artifact: weights once in the recipe dtype, every bucket's graph in one ``graphs.pt2``.
+
+Files written into the staging directory (the pipeline adds ``neuronpack.json``)::
+
+    graphs.pt2           AOTInductor package (one model per bucket, weights outside) or export-only programs
+    weights/             model.safetensors (+ shards/index) in the recipe dtype, and a copy of config.json
+    neuron_config.json   batch, lengths, buckets, dtype, compiler, target: what the loader needs
+    config.json, tokenizer files, generation_config.json
+
+Example::
+
+    info = build_artifact(BuildRequest(model_dir, recipe, plan, staging))
+    info["bucket_seconds"]   # {"context:128": 11.2, "token_generation:128": 9.8, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neuronpack.backends.torch_aot import graphs as G
+from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS, current_target, effective_compiler
+from neuronpack.errors import BuildError, CheckpointError, RecipeError
+from neuronpack.models.config import ModelConfig
+from neuronpack.models.loading import resolve_dtype
+
+if TYPE_CHECKING:
+    from neuronpack.backends.base import BuildRequest
+
+FORMAT = "neuronpack-torch"
+FORMAT_VERSION = 1
+GRAPHS_FILE = "graphs.pt2"
+WEIGHTS_DIR = "weights"
+NEURON_CONFIG = "neuron_config.json"
+
+
+def neuron_config(request: BuildRequest) -> dict[str, Any]:
+    """The portable equivalent of NxDI's neuron_config.json (torch-free): what is compiled, and how.
+
+    Example: ``neuron_config(request)["context_encoding_buckets"] == [128, 256]``.
+    """
+    recipe, plan = request.recipe, request.plan
+    check_recipe(recipe)
+    hf = read_hf_config(request.model_dir)
+    cfg = ModelConfig.from_hf(hf, max_seq_len=plan.seq_len)
+    dtype = resolve_dtype(recipe.model.dtype, hf)
+    compiler = effective_compiler(recipe.compiler)
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "compiler": compiler,
+        "batch_size": recipe.target.batch_size,
+        "ctx_batch_size": 1,
+        "tkg_batch_size": recipe.target.batch_size,
+        "seq_len": plan.seq_len,
+        "max_context_length": plan.max_context_length,
+        "max_length": plan.seq_len,
+        "enable_bucketing": recipe.buckets.enabled,
+        "context_encoding_buckets": list(plan.context),
+        "token_generation_buckets": list(plan.token_generation),
+        "torch_dtype": dtype,
+        "kv_cache_dtype": dtype,
+        "tp_degree": 1,
+        "padding_side": "right",
+        "is_continuous_batching": True,
+        "quantized": recipe.quantization is not None,
+        "quantization_dtype": recipe.quantization.dtype if recipe.quantization else None,
+        "model_type": cfg.model_type,
+        "num_layers": cfg.num_layers,
+        "num_kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "graphs": {G.graph_name(kind, n): G.package_model_name(G.graph_name(kind, n)) for kind, n in
+                   G.iter_graphs(plan)},
+        "target": current_target(compiler, recipe.instance_for("torch")),
+    }
+
+
+def check_recipe(recipe) -> None:
+    """Refuse recipe features the portable backend does not implement (one clear line each)."""
+    unsupported = [
+        (recipe.speculation is not None, "speculation", "remove [speculation] or use framework nxd"),
+        (recipe.lora is not None, "lora", "remove [lora] or use framework nxd"),
+        (recipe.target.tp_degree != 1, "target.tp_degree > 1", "set target.tp_degree = 1 for the torch backend"),
+        (bool(recipe.quantization and recipe.quantization.kv_cache), "quantization.kv_cache",
+         "set quantization.kv_cache = false for the torch backend"),
+        (recipe.instance_for("torch") != "cpu", f"target.instance {recipe.instance_for('torch')}",
+         'set target.instance = "cpu" (the torch backend compiles for CPU)'),
+    ]
+    for bad, what, fix in unsupported:
+        if bad:
+            raise RecipeError(f"{what} is not supported by the torch backend", where="recipe", fix=fix)
+
+
+def read_hf_config(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read config.json: {exc}", where=str(path),
+                              fix="pass a Hugging Face checkpoint directory") from None
+
+
+def build_artifact(request: BuildRequest) -> dict[str, Any]:
+    """Write the whole artifact (everything but neuronpack.json) into ``request.staging``; return
+    ``{"bucket_seconds": {...}, "compiler": "aoti" | "export"}``."""
+    import torch
+
+    from neuronpack.checkpoint import copy_aux_files, open_checkpoint
+    from neuronpack.models.loading import load_model
+
+    config = neuron_config(request)
+    staging, reporter = Path(request.staging), request.reporter
+    dtype = getattr(torch, config["torch_dtype"])
+    model = load_model(open_checkpoint(request.model_dir), dtype, max_seq_len=request.plan.seq_len,
+                       reporter=reporter)
+    write_weights(model, request.model_dir, staging / WEIGHTS_DIR, reporter)
+    shutil.copy2(Path(request.model_dir) / "config.json", staging / "config.json")
+    copy_aux_files(request.model_dir, staging)
+    seconds = compile_graphs(model, request.plan, config, staging / GRAPHS_FILE, reporter)
+    (staging / NEURON_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return {"bucket_seconds": seconds, "compiler": config["compiler"]}
+
+
+def write_weights(model, model_dir: Path, out: Path, reporter) -> None:
+    """One safetensors copy of what the graphs read (tied lm_head stored once), plus config.json so ``out`` is
+    itself an HF checkpoint."""
+    from neuronpack.checkpoint import TensorSpec, write_safetensors_sharded
+
+    out.mkdir(parents=True)
+    tensors = {name: t.contiguous() for name, t in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
+    write_safetensors_sharded(out, specs, iter(tensors.items()), reporter=reporter)
+    hf = read_hf_config(model_dir)
+    hf["tie_word_embeddings"] = model.config.tie_word_embeddings
+    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+
+
+def compile_graphs(model, plan, config: dict, package: Path, reporter) -> dict[str, float]:
+    """Export (and with AOTInductor, compile) every bucket; package them all into ``package``."""
+    caches = G.new_kv_cache(model, config["batch_size"], plan.seq_len, next(model.parameters()).dtype)
+    seconds, compiled = {}, {}
+    for kind, length in G.iter_graphs(plan):
+        name = G.graph_name(kind, length)
+        with reporter.task(f"compile {name} ({config['compiler']})", total=1) as task:
+            start = time.perf_counter()
+            try:
+                compiled[G.package_model_name(name)] = _compile_one(model, kind, length, config, caches)
+            except Exception as exc:  # inductor / export failures surface as one BuildError line
+                raise BuildError(f"compiling bucket {name} failed: {type(exc).__name__}: {exc}"[:500],
+                                 where=name, fix="rerun with NEURONPACK_DEBUG=1, or set compiler=export") from exc
+            seconds[name] = round(time.perf_counter() - start, 3)
+            task.advance()
+    with reporter.task("package graphs.pt2", total=1) as task:
+        if config["compiler"] == "aoti":
+            from torch._inductor.package import package_aoti
+
+            package_aoti(str(package), compiled)
+        else:
+            from torch.export.pt2_archive._package import package_pt2
+
+            package_pt2(str(package), exported_programs=compiled)
+        task.advance()
+    return seconds
+
+
+def _compile_one(model, kind: str, length: int, config: dict, caches):
+    import torch
+
+    if config["compiler"] == "export":
+        return G.export_weightless_graph(model, kind, length, config["batch_size"], caches)
+    program = G.export_graph(model, kind, length, config["batch_size"], caches)
+    module = program.module(check_guards=False)
+    return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))

@@ -1,0 +1,228 @@
+"""Load a portable artifact and run it: the runtime-facing ``CompiledLM``.
+
+Weights are read once from ``weights/`` and shared by every bucket (AOTInductor: ``load_constants`` with
+``user_managed=True``, no copy). The KV cache (one K and one V tensor per layer, ``[batch_size, kv_heads, seq_len,
+head_dim]``) is owned here and written in place by every graph.
+
+Example::
+
+    lm = load_artifact(Path("neuron-compiled-artifacts/3f2a..."))
+    logits = lm.prefill([0], [[1, 42, 7]])                                   # [1, vocab]
+    logits = lm.decode(torch.tensor([logits.argmax()]), torch.tensor([3]))   # next step, [batch_size, vocab]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neuronpack.backends.torch_aot import graphs as G
+from neuronpack.backends.torch_aot.build import FORMAT, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.target import current_target, target_mismatch
+from neuronpack.buckets import route, route_tnx
+from neuronpack.errors import ArtifactError, BucketError
+from neuronpack.progress import NullReporter, Reporter
+
+if TYPE_CHECKING:
+    import torch
+
+REQUIRED_FILES = (NEURON_CONFIG, GRAPHS_FILE, "config.json", f"{WEIGHTS_DIR}/config.json")
+
+
+def read_neuron_config(artifact_dir: Path) -> dict[str, Any]:
+    """The artifact's neuron_config.json, checked to be a portable (torch) artifact."""
+    path = Path(artifact_dir) / NEURON_CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot read {NEURON_CONFIG}: {exc}", where=str(path),
+                            fix="rebuild it with neuronpack compile --framework torch") from None
+    if config.get("format") != FORMAT:
+        raise ArtifactError(f"not a torch-backend artifact (format {config.get('format')!r})", where=str(path),
+                            fix="serve it with the framework it was compiled for, or recompile with --framework torch")
+    return config
+
+
+def check_loadable(artifact_dir: Path, built_target: dict[str, Any]) -> None:
+    """Raise ArtifactError if a file is missing or the artifact was built for another torch / CPU / device."""
+    artifact_dir = Path(artifact_dir)
+    for name in REQUIRED_FILES:
+        if not (artifact_dir / name).is_file():
+            raise ArtifactError(f"artifact is missing {name}", where=str(artifact_dir),
+                                fix="recompile it (neuronpack compile --force)")
+    if not any((artifact_dir / WEIGHTS_DIR).glob("*.safetensors")):
+        raise ArtifactError("artifact has no weights", where=str(artifact_dir / WEIGHTS_DIR),
+                            fix="recompile it (neuronpack compile --force)")
+    here = current_target(built_target.get("compiler", "aoti"), built_target.get("device", "cpu"))
+    problem = target_mismatch(built_target, here)
+    if problem:
+        raise ArtifactError(problem, where=str(artifact_dir),
+                            fix="rebuild with neuronpack compile on this machine, or use compiler=export")
+
+
+def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Reporter = NullReporter()):
+    """Load a torch-backend artifact directory into a ready ``CompiledLM`` (KV cache allocated, zeroed).
+
+    Example::
+
+        lm = load_artifact(Path("artifacts/abc123"))
+        lm.batch_size, lm.context_buckets        # (4, (128, 256))
+    """
+    import torch
+
+    from neuronpack.checkpoint import open_checkpoint
+    from neuronpack.models.loading import load_model, model_tensors
+
+    artifact_dir = Path(artifact_dir)
+    config = read_neuron_config(artifact_dir)
+    built = config["target"]
+    if device is not None and device != built.get("device"):
+        raise ArtifactError(f"built for device {built.get('device')}, asked to load on {device}",
+                            where=str(artifact_dir), fix=f"recompile with target.instance = {device!r}")
+    check_loadable(artifact_dir, built)
+    dtype = getattr(torch, config["torch_dtype"])
+    model = load_model(open_checkpoint(artifact_dir / WEIGHTS_DIR), dtype, max_seq_len=config["seq_len"],
+                       reporter=reporter)
+    weights = {G.WEIGHT_PREFIX + name: t for name, t in model_tensors(model).items()}
+    with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
+        runners = _load_runners(artifact_dir / GRAPHS_FILE, config, weights, task)
+    return CompiledLM(config, runners, weights, _eos_token_ids(artifact_dir))
+
+
+class CompiledLM:
+    """Compiled buckets plus the KV cache they share. Slots are rows of the cache (``0..batch_size-1``)."""
+
+    def __init__(self, config: dict[str, Any], runners: dict[str, Callable], weights: dict, eos: tuple[int, ...]):
+        import torch
+
+        self.config = config
+        self.batch_size: int = config["batch_size"]
+        self.context_buckets: tuple[int, ...] = tuple(config["context_encoding_buckets"])
+        self.token_generation_buckets: tuple[int, ...] = tuple(config["token_generation_buckets"])
+        self.max_seq_len: int = config["seq_len"]
+        self.vocab_size: int = config["vocab_size"]
+        self.eos_token_ids: tuple[int, ...] = eos
+        self.compiler: str = config["compiler"]
+        self.dtype = getattr(torch, config["torch_dtype"])
+        self._runners = runners
+        self._weights = weights  # kept alive: AOTInductor holds raw pointers to these (user_managed)
+        shape = (self.batch_size, config["num_kv_heads"], self.max_seq_len, config["head_dim"])
+        self.k_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
+        self.v_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
+
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Write each prompt's KV into its slot (positions 0..len-1); return float32 logits [len(slots), vocab]
+        of each prompt's last token. Routes by the longest prompt; too long -> BucketError."""
+        import torch
+
+        self._check_prefill(slots, prompts)
+        bucket = route(self.context_buckets, max(len(p) for p in prompts))
+        run = self._runners[G.graph_name(G.CONTEXT, bucket)]
+        rows = []
+        with torch.inference_mode():
+            for slot, prompt in zip(slots, prompts, strict=True):
+                tokens = torch.zeros(1, bucket, dtype=torch.long)  # right padding; padded KV is masked by position
+                tokens[0, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
+                last = torch.tensor([len(prompt) - 1])
+                rows.append(run(tokens, last, torch.tensor([slot]), self.k_caches, self.v_caches))
+        return torch.cat(rows, dim=0)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One step for all slots: tokens [B] int64 at positions [B] int64; returns float32 logits [B, vocab].
+        Uses the first token-generation bucket that fits max(positions)+1. Idle rows write only into their own
+        slot at their given position."""
+        import torch
+
+        tokens, positions = self._check_decode(tokens, positions)
+        bucket = route_tnx(self.token_generation_buckets, int(positions.max()) + 1)
+        with torch.inference_mode():
+            return self._runners[G.graph_name(G.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
+                                                                     self.v_caches)
+
+    def reset(self) -> None:
+        """Zero the whole KV cache."""
+        for cache in (*self.k_caches, *self.v_caches):
+            cache.zero_()
+
+    def _check_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+        if len(slots) != len(prompts) or not slots:
+            raise ValueError(f"prefill needs one slot per prompt, got {len(slots)} slots and {len(prompts)} prompts")
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.batch_size for s in slots):
+            raise ValueError(f"slots {list(slots)} must be distinct and in 0..{self.batch_size - 1}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("prefill prompts must not be empty")
+        longest = max(len(p) for p in prompts)
+        if longest > self.context_buckets[-1]:
+            raise BucketError(f"prompt of {longest} tokens exceeds the largest context bucket "
+                              f"{self.context_buckets[-1]}", where=f"context buckets {list(self.context_buckets)}",
+                              fix="shorten the prompt or compile with a larger max_context_length")
+
+    def _check_decode(self, tokens, positions):
+        import torch
+
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        positions = torch.as_tensor(positions, dtype=torch.long).reshape(-1)
+        if tokens.numel() != self.batch_size or positions.numel() != self.batch_size:
+            raise ValueError(f"decode needs {self.batch_size} tokens and positions (one per slot), got "
+                             f"{tokens.numel()} and {positions.numel()}")
+        if int(positions.min()) < 0 or int(positions.max()) >= self.max_seq_len:
+            raise BucketError(f"position {int(positions.max())} is outside the compiled sequence length "
+                              f"{self.max_seq_len}", where=f"token generation buckets "
+                              f"{list(self.token_generation_buckets)}",
+                              fix="stop the sequence at max_seq_len or compile with a larger seq_len")
+        return tokens, positions
+
+
+def _load_runners(package: Path, config: dict, weights: dict, task) -> dict[str, Callable]:
+    runners = {}
+    if config["compiler"] == "aoti":
+        from torch._inductor.package import load_package
+
+        for name, model_name in config["graphs"].items():
+            compiled = load_package(str(package), model_name)
+            needed = compiled.get_constant_fqns()
+            missing = [n for n in needed if n not in weights]
+            if missing:
+                raise ArtifactError(f"graph {name} needs tensors missing from weights/: {missing[:3]}",
+                                    where=str(package), fix="recompile the artifact")
+            # Every constant (incl. buffers like rope_inv_freq) must be supplied: a missing one crashes later.
+            compiled.load_constants({n: weights[n] for n in needed}, check_full_update=True, user_managed=True)
+            runners[name] = _boxed(compiled.loader)
+            task.advance()
+        return runners
+    from torch.export.pt2_archive._package import load_pt2
+
+    programs = load_pt2(str(package)).exported_programs
+    for name, model_name in config["graphs"].items():
+        module = programs[model_name].module()
+        runners[name] = _with_weights(module, weights)
+        task.advance()
+    return runners
+
+
+def _boxed(loader) -> Callable:
+    # Skip AOTICompiledModel.__call__'s per-call pytree flattening: inputs are already flat tensors.
+    def run(*inputs):  # (..., k_caches, v_caches) -> flat [..., k0, k1, ..., v0, v1, ...]
+        return loader.boxed_run([*inputs[:-2], *inputs[-2], *inputs[-1]])[0]
+
+    return run
+
+
+def _with_weights(module, weights: dict) -> Callable:
+    def run(*inputs):
+        return module(weights, *inputs)
+
+    return run
+
+
+def _eos_token_ids(artifact_dir: Path) -> tuple[int, ...]:
+    for name in ("generation_config.json", "config.json"):
+        try:
+            value = json.loads((artifact_dir / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        if value is not None:
+            return tuple(value) if isinstance(value, list) else (int(value),)
+    return ()

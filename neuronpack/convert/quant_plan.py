@@ -1,0 +1,174 @@
+"""Which tensors of a checkpoint get quantized, which stay as they are, and the NxDI ``modules_to_not_convert`` list.
+
+Torch-free: it works on tensor names, dtypes and shapes from the safetensors headers, so planning (and the cache key)
+never loads a weight.
+
+Rules: every 2-D ``*.weight`` under ``model.layers.`` is a Linear weight and is quantized (q/k/v/o_proj,
+gate/up/down_proj); ``lm_head.weight`` only with ``include_lm_head``; embeddings and norms always keep their dtype.
+A ``--skip`` glob is matched against a Linear's module prefix and every ancestor of it, with and without the
+leading ``model.`` (so ``layers.0.self_attn``, ``model.layers.0.*`` and ``*.mlp.down_proj`` all work).
+
+Example::
+
+    plan = plan_quantization(infos, config, skip=("layers.0.mlp",), include_lm_head=False)
+    plan.quantize            # ("model.layers.0.self_attn.q_proj.weight", ...)
+    plan.modules_to_not_convert  # ("lm_head", "layers.0.mlp")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Protocol
+
+from neuronpack.errors import QuantizationError
+
+LAYERS_PREFIX = "model.layers."
+LM_HEAD = "lm_head.weight"
+FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
+QUANTIZED_DTYPES = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2"}
+# Names quantized checkpoints of common toolchains carry next to their weights.
+QUANTIZED_NAME_SUFFIXES = (".scale", ".weight_scale", ".qweight", ".scales", ".SCB", ".weight_format")
+CONFIG_QUANT_KEYS = ("quantization", "quantization_config", "compression_config")
+
+
+class _Info(Protocol):
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """The outcome of planning: names in checkpoint order plus what the user's options resolved to."""
+
+    quantize: tuple[str, ...]  # weight names to quantize ("<prefix>.weight")
+    kept_linear: tuple[str, ...]  # module prefixes of Linear weights left unquantized (skipped, lm_head)
+    modules_to_not_convert: tuple[str, ...]  # NxDI-style partial module names, e.g. ("lm_head", "layers.0.mlp")
+    unmatched_skips: tuple[str, ...]  # --skip globs that matched no Linear (the caller warns)
+    lm_head_tied: bool  # lm_head is the embedding matrix (tie_word_embeddings): it cannot be quantized separately
+
+
+def module_prefix(weight_name: str) -> str:
+    """``model.layers.0.mlp.up_proj.weight`` -> ``model.layers.0.mlp.up_proj``."""
+    return weight_name[: -len(".weight")] if weight_name.endswith(".weight") else weight_name
+
+
+def nxd_module_name(prefix: str) -> str:
+    """NxDI names modules without the HF ``model.`` prefix: ``model.layers.0.mlp`` -> ``layers.0.mlp``."""
+    return prefix[len("model.") :] if prefix.startswith("model.") else prefix
+
+
+def is_linear_weight(name: str, info: _Info) -> bool:
+    """A decoder Linear weight: 2-D ``*.weight`` under ``model.layers.`` (norms are 1-D, so they never match)."""
+    return name.startswith(LAYERS_PREFIX) and name.endswith(".weight") and len(info.shape) == 2
+
+
+def skip_candidates(prefix: str) -> list[str]:
+    """Every name a --skip glob may match for a module: itself and its ancestors, with and without ``model.``."""
+    parts = prefix.split(".")
+    names = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    return names + [nxd_module_name(n) for n in names if n.startswith("model.")]
+
+
+def skip_matches(glob: str, prefix: str) -> bool:
+    """True when ``glob`` names ``prefix`` or one of its ancestors, e.g. ``skip_matches("layers.0.*", ...)``."""
+    return any(fnmatchcase(candidate, glob) for candidate in skip_candidates(prefix))
+
+
+def check_not_quantized(infos: Mapping[str, _Info], config: Mapping[str, object], where: str) -> None:
+    """Refuse a checkpoint that is already quantized (a config section, quantized dtypes, or scale tensors)."""
+    fix = "quantize the original floating-point checkpoint instead"
+    for key in CONFIG_QUANT_KEYS:
+        if config.get(key):
+            raise QuantizationError(
+                f"input is already quantized (config.json has a '{key}' section)", where=where, fix=fix
+            )
+    for name, info in infos.items():
+        if info.dtype in QUANTIZED_DTYPES and len(info.shape) >= 2:
+            raise QuantizationError(
+                f"input is already quantized (tensor {name} is {info.dtype})", where=where, fix=fix
+            )
+        if name.endswith(QUANTIZED_NAME_SUFFIXES):
+            raise QuantizationError(
+                f"input is already quantized (it has a quantization tensor {name})", where=where, fix=fix
+            )
+
+
+def plan_quantization(
+    infos: Mapping[str, _Info],
+    config: Mapping[str, object],
+    *,
+    skip: Sequence[str] = (),
+    include_lm_head: bool = False,
+    where: str = "",
+) -> QuantPlan:
+    """Decide what to quantize; raise QuantizationError when there is nothing to quantize.
+
+    Example::
+
+        plan_quantization(infos, {"tie_word_embeddings": False}, skip=("*.down_proj",)).quantize
+    """
+    linear = [name for name, info in infos.items() if is_linear_weight(name, info)]
+    if not linear:
+        raise QuantizationError(
+            f"no Linear weights to quantize (no 2-D *.weight under '{LAYERS_PREFIX}')",
+            where=where,
+            fix="quantize a decoder-only causal LM checkpoint in Hugging Face naming (Llama, Mistral, Qwen2, ...)",
+        )
+    for name in linear:
+        if infos[name].dtype not in FLOAT_DTYPES:
+            raise QuantizationError(
+                f"Linear weight {name} has dtype {infos[name].dtype}, not a float type", where=where,
+                fix="quantize a float32/bfloat16/float16 checkpoint",
+            )
+    lm_head_tied = LM_HEAD not in infos
+    candidates = list(linear)
+    if include_lm_head and not lm_head_tied:
+        candidates.append(LM_HEAD)
+    skipped = {name for name in candidates if any(skip_matches(glob, module_prefix(name)) for glob in skip)}
+    unmatched = tuple(g for g in skip if not any(skip_matches(g, module_prefix(n)) for n in candidates))
+    quantize = tuple(name for name in infos if name in set(candidates) - skipped)
+    if not quantize:
+        raise QuantizationError(
+            "every Linear weight is excluded by --skip: nothing left to quantize", where=where,
+            fix="narrow the --skip globs",
+        )
+    lm_head_kept = not include_lm_head or lm_head_tied or LM_HEAD in skipped
+    kept = [module_prefix(n) for n in linear if n in skipped]
+    if lm_head_kept:
+        kept.append("lm_head")
+    return QuantPlan(
+        quantize=quantize,
+        kept_linear=tuple(kept),
+        modules_to_not_convert=tuple(modules_to_not_convert(kept, [module_prefix(n) for n in linear])),
+        unmatched_skips=unmatched,
+        lm_head_tied=lm_head_tied,
+    )
+
+
+def modules_to_not_convert(kept: Iterable[str], all_linear: Iterable[str]) -> list[str]:
+    """NxDI-style list: a whole ``layers.N.self_attn`` / ``layers.N.mlp`` when every Linear under it is kept,
+    otherwise the single modules. Never collapse to ``layers.N``: NxDI matches partial names, and ``layers.1``
+    would also match ``layers.10``.
+
+    Example::
+
+        modules_to_not_convert(["model.layers.0.mlp.up_proj", ...all three mlp..., "lm_head"], all_linear)
+        # ["layers.0.mlp", "lm_head"]
+    """
+    kept = list(dict.fromkeys(kept))
+    children: dict[str, set[str]] = {}
+    for prefix in all_linear:
+        children.setdefault(prefix.rsplit(".", 1)[0], set()).add(prefix)
+    kept_set = set(kept)
+    result: list[str] = []
+    for prefix in kept:
+        parent = prefix.rsplit(".", 1)[0] if "." in prefix else None
+        if parent is not None and parent in children and children[parent] <= kept_set:
+            name = nxd_module_name(parent)
+        else:
+            name = nxd_module_name(prefix)
+        if name not in result:
+            result.append(name)
+    return result

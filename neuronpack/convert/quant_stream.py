@@ -1,0 +1,172 @@
+"""The streaming half of ``neuronpack quantize``: plan the output tensors from the input headers, then read,
+quantize and write each matrix in row chunks, so peak memory is a few chunks whatever the model size.
+
+Output order follows the input's storage order; each quantized ``<prefix>.weight`` is followed by its
+``<prefix>.scale``. Unquantized tensors keep their dtype and are copied (large ones in row chunks too).
+
+Example::
+
+    report = write_quantized(ckpt, plan, options, staging, reporter, max_shard_bytes=4 * 2**30)
+    report["model"]["snr_db"]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neuronpack.checkpoint import Checkpoint, copy_aux_files
+from neuronpack.convert.quant_plan import QuantPlan, module_prefix
+from neuronpack.convert.quant_report import build_report, tensor_entry, write_report
+from neuronpack.errors import QuantizationError
+from neuronpack.progress import Reporter
+
+if TYPE_CHECKING:
+    import torch
+
+    from neuronpack.convert.quantize import QuantizeOptions
+
+METHOD = "neuronpack-symmetric"
+# Rows per chunk are chosen so a chunk holds about this many elements: 4M float32 = 16 MiB per temporary.
+CHUNK_ELEMENTS = 4 * 2**20
+
+
+def write_quantized(
+    ckpt: Checkpoint, plan: QuantPlan, options: QuantizeOptions, staging: Path, reporter: Reporter,
+    max_shard_bytes: int,
+) -> dict[str, Any]:
+    from neuronpack.checkpoint import write_safetensors_sharded
+    from neuronpack.convert.quant_math import ErrorAccumulator
+
+    for glob in plan.unmatched_skips:
+        reporter.warn(f"--skip {glob!r} matches no Linear module; nothing was skipped for it")
+    if options.include_lm_head and plan.lm_head_tied:
+        reporter.warn("lm_head is tied to the input embeddings; it stays unquantized")
+    rows: list[dict[str, Any]] = []
+    model_stats = ErrorAccumulator()
+    names = ckpt.names()
+    with reporter.task(f"quantize {options.dtype} {options.granularity}", total=len(names)) as task:
+        chunks = _chunks(ckpt, names, set(plan.quantize), options, rows, model_stats, task)
+        metadata = {"quantization": f"{METHOD} {options.dtype} {options.granularity}"}
+        shards = write_safetensors_sharded(staging, _specs(ckpt, names, set(plan.quantize), options), chunks,
+                                           max_shard_bytes=max_shard_bytes, metadata=metadata)
+    _write_config(ckpt, plan, options, staging)
+    copy_aux_files(ckpt.root, staging)
+    kept = [n for n in names if n not in set(plan.quantize)]
+    report = build_report(
+        rows, model_stats, options.as_dict(), modules_to_not_convert=plan.modules_to_not_convert,
+        kept_tensors=kept, input_bytes=sum(ckpt.info(n).nbytes for n in names),
+        output_bytes=sum(p.stat().st_size for p in shards),
+    )
+    write_report(staging, report)
+    return report
+
+
+def _write_config(ckpt: Checkpoint, plan: QuantPlan, options: QuantizeOptions, staging: Path) -> None:
+    config = dict(ckpt.config)
+    config["quantization"] = {
+        "method": METHOD,
+        "dtype": options.dtype,
+        "granularity": options.granularity,
+        "modules_to_not_convert": list(plan.modules_to_not_convert),
+        "skip": list(options.skip),
+        "include_lm_head": options.include_lm_head,
+        "scale_dtype": "float32",
+        "qmax": 127 if options.dtype == "int8" else 240,
+    }
+    (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _specs(ckpt: Checkpoint, names: Sequence[str], quantize: set[str], options: QuantizeOptions) -> list:
+    """Output layout in input storage order; each quantized weight is followed by its scale."""
+    import torch
+
+    from neuronpack.checkpoint import TensorSpec
+    from neuronpack.convert.quant_math import TORCH_DTYPE
+
+    specs = []
+    for name in names:
+        info = ckpt.info(name)
+        if name not in quantize:
+            specs.append(TensorSpec(name, _torch_dtype(info.dtype), info.shape))
+            continue
+        specs.append(TensorSpec(name, TORCH_DTYPE[options.dtype], info.shape))
+        scale_shape = (info.shape[0], 1) if options.granularity == "per-channel" else (1,)
+        specs.append(TensorSpec(module_prefix(name) + ".scale", torch.float32, scale_shape))
+    return specs
+
+
+def _chunks(ckpt, names, quantize, options, rows, model_stats, task) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, row chunk) in spec order; fills ``rows`` and ``model_stats`` as a side effect."""
+    for name in names:
+        if name in quantize:
+            stats = yield from _quantized_chunks(ckpt, name, options)
+            info = ckpt.info(name)
+            rows.append(tensor_entry(name, info.shape, info.dtype, stats))
+            model_stats.merge(stats)
+        else:
+            yield from _passthrough_chunks(ckpt, name)
+        task.advance()
+
+
+def _quantized_chunks(ckpt: Checkpoint, name: str, options: QuantizeOptions):
+    """Quantize one [out, in] matrix in row chunks: yield int8/fp8 rows, then the scale; return its error stats."""
+    import torch
+
+    from neuronpack.convert.quant_math import (
+        ErrorAccumulator,
+        channel_scales,
+        chunk_amax,
+        dequantize,
+        quantize_rows,
+        scale_from_amax,
+    )
+
+    out_features, in_features = ckpt.info(name).shape
+    step = max(1, CHUNK_ELEMENTS // max(1, in_features))
+    spans = [(s, min(s + step, out_features)) for s in range(0, out_features, step)]
+    tensor_scale = None
+    if options.granularity == "per-tensor":
+        amax = max((chunk_amax(ckpt.get_rows(name, a, b)) for a, b in spans), default=0.0)
+        tensor_scale = scale_from_amax(torch.tensor([amax]), options.dtype)  # [1]
+    stats = ErrorAccumulator()
+    row_scales = []
+    for start, stop in spans:
+        w = ckpt.get_rows(name, start, stop)  # [R, in] in the checkpoint dtype
+        scale = tensor_scale if tensor_scale is not None else channel_scales(w, options.dtype)  # [1] or [R, 1]
+        q = quantize_rows(w, scale, options.dtype)
+        stats.add(w, dequantize(q, scale))
+        row_scales.append(scale)
+        yield name, q
+    scale_name = module_prefix(name) + ".scale"
+    yield scale_name, tensor_scale if tensor_scale is not None else torch.cat(row_scales, dim=0)  # [out, 1]
+    return stats
+
+
+def _passthrough_chunks(ckpt: Checkpoint, name: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Unquantized tensors keep their dtype; large ones (embeddings) are copied in row chunks too."""
+    shape = ckpt.info(name).shape
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if len(shape) < 2 or numel <= CHUNK_ELEMENTS:
+        yield name, ckpt.get(name)
+        return
+    step = max(1, CHUNK_ELEMENTS // max(1, numel // shape[0]))
+    for start in range(0, shape[0], step):
+        yield name, ckpt.get_rows(name, start, min(start + step, shape[0]))
+
+
+def _torch_dtype(safetensors_dtype: str) -> torch.dtype:
+    import torch
+
+    from neuronpack.checkpoint import safetensors_dtype as to_safetensors
+
+    for candidate in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+                      torch.int16, torch.int8, torch.uint8, torch.bool):
+        if to_safetensors(candidate) == safetensors_dtype:
+            return candidate
+    raise QuantizationError(f"cannot carry a tensor of dtype {safetensors_dtype} through quantization",
+                            fix="convert that tensor to a standard dtype first")

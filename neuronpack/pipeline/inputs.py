@@ -1,0 +1,62 @@
+"""Resolve everything a build reads: recipe, framework, backend, model, draft, quantized checkpoint location."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuronpack.backends.base import Backend
+from neuronpack.buckets import BucketPlan
+from neuronpack.errors import RecipeError
+from neuronpack.progress import Reporter
+from neuronpack.recipe import Recipe, load_recipe
+
+
+@dataclass(frozen=True)
+class ResolvedInputs:
+    recipe: Recipe
+    recipe_path: Path | None
+    framework: str
+    framework_reason: str
+    backend: Backend
+    model_dir: Path  # the checkpoint as given (before quantization)
+    draft_dir: Path | None  # the speculation draft as given (before EAGLE conversion)
+    plan: BucketPlan
+
+
+def resolve_inputs(
+    model: str | None,
+    *,
+    recipe_path: Path | None,
+    overrides: Sequence[str],
+    framework: str | None,
+    reporter: Reporter,
+) -> ResolvedInputs:
+    from neuronpack.backends.select import choose_framework, get_backend
+    from neuronpack.checkpoint import resolve_model
+
+    recipe = load_recipe(recipe_path, overrides=list(overrides), model=model)
+    if not recipe.model.source:
+        raise RecipeError(
+            "no model to compile",
+            where=str(recipe_path) if recipe_path else "command line",
+            fix="pass MODEL (a checkpoint directory or hub id) or set [model] source in the recipe",
+        )
+    choice = choose_framework(framework or recipe.target.framework)
+    backend = get_backend(choice.name)
+    source = recipe.model.source
+    if recipe.model.revision and "@" not in source and not Path(source).exists():
+        source = f"{source}@{recipe.model.revision}"
+    model_dir = resolve_model(source, reporter=reporter)
+    draft_dir = resolve_model(recipe.speculation.draft, reporter=reporter) if recipe.speculation else None
+    return ResolvedInputs(
+        recipe=recipe,
+        recipe_path=recipe_path,
+        framework=choice.name,
+        framework_reason=choice.reason,
+        backend=backend,
+        model_dir=model_dir,
+        draft_dir=draft_dir,
+        plan=recipe.bucket_plan(),
+    )

@@ -1,0 +1,359 @@
+"""The engine: continuous batching over a compiled model's batch slots.
+
+One loop (a background thread when serving, the caller's thread for ``generate``) repeats a step:
+take submitted / aborted requests from a thread-safe inbox, prefill waiting prompts into free slots, then run one
+decode step over the whole batch and sample one token per running sequence. While streams are decoding, at most
+``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt never stalls them for
+more than one prefill.
+
+Limits are checked when a request is submitted (HTTP 400 before anything streams): the prompt must fit the largest
+context bucket and leave room for one token below ``max_model_len``; ``max_tokens`` is clamped to what fits
+(``max_model_len - prompt``), like vLLM does when max_tokens is omitted, and the sequence ends with "length" there.
+
+Example::
+
+    engine = Engine(load_artifact(artifact_dir), ArtifactTokenizer.from_dir(artifact_dir))
+    result = engine.generate(GenerationRequest(prompt_ids=tuple(tok.encode("Hello")), max_tokens=16))
+    result.text, result.finish_reason
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from neuronpack.errors import InvalidRequestError, ServeError
+from neuronpack.runtime.metrics import EngineMetrics
+from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample_rows
+from neuronpack.runtime.scheduler import Sequence as EngineSequence
+from neuronpack.runtime.scheduler import SlotScheduler, StepOutput
+from neuronpack.runtime.stopping import IncrementalDetokenizer, SequenceOutput, StopRules
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+FINISH_ABORT = "abort"
+FINISH_ERROR = "error"
+
+
+class CompiledModel(Protocol):
+    """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
+
+    batch_size: int
+    context_buckets: tuple[int, ...]
+    token_generation_buckets: tuple[int, ...]
+    max_seq_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> Tensor: ...
+
+    def decode(self, tokens: Tensor, positions: Tensor) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion to generate. ``max_tokens`` None means "up to the model length"."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex}")
+
+
+@dataclass
+class GenerationResult:
+    """A finished request, as ``Engine.generate`` returns it (times in seconds)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    timings: dict[str, float]
+
+
+class Engine:
+    """Continuous-batching scheduler + sampler around one compiled model. Thread-safe: ``submit`` and ``abort``
+    may be called from any thread; everything else runs on the engine loop."""
+
+    def __init__(
+        self,
+        model: CompiledModel,
+        tokenizer: ArtifactTokenizer,
+        *,
+        max_model_len: int | None = None,
+        global_topk: int = DEFAULT_GLOBAL_TOPK,
+        lookahead: int = 0,
+        max_prefills_per_step: int = 1,
+        metrics: EngineMetrics | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = min(max_model_len or model.max_seq_len, model.max_seq_len)
+        self.max_prompt_len = min(max(model.context_buckets), self.max_model_len)
+        self.global_topk = global_topk
+        self.lookahead = lookahead
+        self.max_prefills_per_step = max(1, max_prefills_per_step)
+        eos = set(model.eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.metrics = metrics or EngineMetrics(model.batch_size)
+        self.scheduler = SlotScheduler(model.batch_size)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- requests (any thread) -------------------------------------------------------------------------------
+    def check(self, request: GenerationRequest) -> int:
+        """Validate a request against the compiled limits; return its effective max_tokens.
+
+        Raises InvalidRequestError (HTTP 400) naming the limits. Example: with max_model_len 128 a 100-token prompt
+        asking for 50 tokens gets 28.
+        """
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty", param="prompt", fix="send at least one token")
+        if n > self.max_prompt_len:
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens, more than the largest context bucket ({self.max_prompt_len} tokens) "
+                f"this artifact was compiled for (max model length {self.max_model_len})",
+                param="prompt",
+                fix="shorten the prompt or recompile with a larger target.max_context_length",
+            )
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens, leaving no room to generate below the maximum model length "
+                f"{self.max_model_len} (prompt + completion)",
+                param="prompt",
+                fix="shorten the prompt or recompile with a larger target.seq_len",
+            )
+        bad = [t for t in request.prompt_ids if not 0 <= t < self.model.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.model.vocab_size - 1})", param="prompt"
+            )
+        _check_sampling(request.sampling)
+        room = self.max_model_len - n
+        if request.max_tokens is None:
+            return room
+        if request.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {request.max_tokens}", param="max_tokens")
+        return min(request.max_tokens, room)
+
+    def submit(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> str:
+        """Queue a request; ``sink`` gets each StepOutput on the engine thread. Returns the request id."""
+        max_tokens = self.check(request)
+        rules = StopRules(
+            eos_token_ids=self.eos_token_ids,
+            max_tokens=max_tokens,
+            max_model_len=self.max_model_len,
+            stop=tuple(s for s in request.stop if s),
+            stop_token_ids=frozenset(request.stop_token_ids),
+            ignore_eos=request.ignore_eos,
+            lookahead=self.lookahead,
+        )
+        prompt = list(request.prompt_ids)
+        output = SequenceOutput(rules, prompt, IncrementalDetokenizer(self.tokenizer, prompt))
+        sampler = RowSampler(request.sampling.resolve(self.global_topk))
+        seq = EngineSequence(request.request_id, prompt, sampler, output, sink)
+        self._inbox.put(("add", seq))
+        self._wake.set()
+        return request.request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (client gone); its slot is freed before the next model call."""
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Run one request to completion (on this thread unless the background loop is running)."""
+        outputs: list[StepOutput] = []
+        done = threading.Event()
+
+        def sink(out: StepOutput) -> None:
+            outputs.append(out)
+            if len(outputs) == 1:
+                first_at.append(time.monotonic())
+            if out.finish_reason is not None:
+                done.set()
+
+        first_at: list[float] = []
+        started = time.monotonic()
+        self.submit(request, sink)
+        if self._thread is None:
+            while not done.is_set():
+                self.step()
+        else:
+            done.wait()
+        return _result(outputs, started, first_at[0] if first_at else started)
+
+    # ---- the loop ------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the loop on a background thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="neuronpack-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the background loop; requests still in flight end with finish_reason "abort"."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        for seq in [*self.scheduler.waiting, *self.scheduler.running]:
+            self._finish_without_token(seq, FINISH_ABORT)
+
+    def step(self) -> bool:
+        """One iteration: inbox, prefills, one decode step. Returns False when there was nothing to do."""
+        self._drain_inbox()
+        sched = self.scheduler
+        if sched.idle:
+            self._update_load()
+            return False
+        # No stream running: fill every free slot at once; otherwise interleave a bounded number of prefills.
+        limit = sched.free_slots if not sched.running else self.max_prefills_per_step
+        admitted = sched.admit(limit)
+        if admitted:
+            self._prefill(admitted)
+        if sched.running:
+            self._decode()
+        self._update_load()
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.step()
+            except Exception as exc:  # a bug or a model failure outside a request: fail everyone, keep serving
+                for seq in [*self.scheduler.waiting, *self.scheduler.running]:
+                    self._finish_without_token(seq, FINISH_ERROR, error=f"{type(exc).__name__}: {exc}")
+                busy = False
+            if not busy:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self.scheduler.add(payload)
+            elif kind == "abort":
+                seq = self.scheduler.remove(payload)
+                if seq is not None:
+                    self._finish_without_token(seq, FINISH_ABORT)
+
+    def _prefill(self, seqs: list[EngineSequence]) -> None:
+        # One call per prompt: each routes to its own context bucket, so a request's logits never depend on what
+        # it was admitted with (the compiled model runs prompts one by one anyway).
+        for seq in seqs:
+            started = time.monotonic()
+            try:
+                logits = self.model.prefill([seq.slot], [seq.prompt_ids])  # [1, vocab]
+                token = int(sample_rows(logits, [seq.sampler])[0])
+            except Exception as exc:
+                self._finish_without_token(seq, FINISH_ERROR, error=f"prefill failed: {type(exc).__name__}: {exc}")
+                continue
+            self.metrics.prefill_seconds.observe(time.monotonic() - started)
+            self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
+            self._emit(seq, token)
+
+    def _decode(self) -> None:
+        import torch
+
+        running = self.scheduler.running
+        tokens, positions = self.scheduler.decode_inputs()
+        started = time.monotonic()
+        try:
+            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions))  # [batch, vocab]
+            rows = logits[[s.slot for s in running]]  # [n_running, vocab]
+            next_tokens = sample_rows(rows, [s.sampler for s in running]).tolist()
+        except Exception as exc:
+            for seq in running:
+                self._finish_without_token(seq, FINISH_ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
+            return
+        self.metrics.decode_seconds.observe(time.monotonic() - started)
+        self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
+        for seq, token in zip(running, next_tokens, strict=True):
+            self._emit(seq, token)
+
+    def _emit(self, seq: EngineSequence, token: int) -> None:
+        now = time.monotonic()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            self.metrics.observe_first_token(now - seq.arrival)
+        else:
+            self.metrics.itl.observe(now - (seq.last_token_at or now))
+        seq.last_token_at = now
+        delta = seq.output.append(token)
+        self.metrics.generation_tokens.inc()
+        out = StepOutput(seq.request_id, [token], delta.text, delta.finish_reason, len(seq.prompt_ids),
+                         len(seq.output.token_ids))
+        if delta.finish_reason is not None:
+            self.scheduler.release(seq)
+            self.metrics.observe_finish(delta.finish_reason, now - seq.arrival)
+        self._deliver(seq, out)
+
+    def _finish_without_token(self, seq: EngineSequence, reason: str, error: str | None = None) -> None:
+        self.scheduler.release(seq)
+        if seq in self.scheduler.waiting:
+            self.scheduler.waiting.remove(seq)
+        self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
+        out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error)
+        self._deliver(seq, out)
+
+    def _deliver(self, seq: EngineSequence, out: StepOutput) -> None:
+        try:
+            seq.sink(out)
+        except Exception:  # the consumer is gone (closed event loop): stop generating for it
+            if out.finish_reason is None:
+                self.scheduler.remove(seq.request_id)
+                self.metrics.observe_finish(FINISH_ABORT, time.monotonic() - seq.arrival)
+
+    def _update_load(self) -> None:
+        self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
+
+
+def _check_sampling(params: SamplingParams) -> None:
+    if params.temperature < 0:
+        raise InvalidRequestError(f"temperature must be >= 0, got {params.temperature}", param="temperature")
+    if not 0.0 < params.top_p <= 1.0:
+        raise InvalidRequestError(f"top_p must be in (0, 1], got {params.top_p}", param="top_p")
+
+
+def _result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:
+    last = outputs[-1]
+    if last.finish_reason == FINISH_ERROR:
+        raise ServeError(f"generation failed: {last.error}", fix="run with NEURONPACK_DEBUG=1 and report the error")
+    token_ids = [t for o in outputs for t in o.token_ids]
+    total = time.monotonic() - started
+    return GenerationResult(
+        text="".join(o.text for o in outputs),
+        token_ids=token_ids,
+        finish_reason=last.finish_reason or FINISH_ERROR,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        timings={
+            "ttft_s": first_at - started,
+            "total_s": total,
+            "tokens_per_s": len(token_ids) / total if total > 0 else 0.0,
+        },
+    )

@@ -1,0 +1,86 @@
+"""From an artifact directory to a ready engine: manifest hints, compiled model, tokenizer, thread count.
+
+Example::
+
+    loaded = load_engine(Path("neuron-compiled-artifacts/3f2a..."))
+    loaded.engine.generate(GenerationRequest(prompt_ids=(1, 2, 3), max_tokens=8))
+    loaded.served_model_name      # "SmolLM2-135M-Instruct" (the recipe name or the model directory name)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuronpack.errors import ServeError
+from neuronpack.progress import NullReporter, Reporter
+from neuronpack.runtime.engine import Engine
+from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK
+from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+
+@dataclass
+class LoadedEngine:
+    engine: Engine
+    manifest: dict[str, Any]
+    served_model_name: str
+    load_seconds: float
+
+
+def served_model_name(manifest: dict[str, Any], artifact_dir: Path) -> str:
+    """The name clients put in ``model``: the manifest's serve hint, else the artifact directory name."""
+    name = (manifest.get("serve") or {}).get("served_model_name")
+    return str(name) if name else Path(artifact_dir).name
+
+
+def load_engine(
+    artifact_dir: Path,
+    *,
+    manifest: dict[str, Any] | None = None,
+    num_threads: int | None = None,
+    reporter: Reporter | None = None,
+) -> LoadedEngine:
+    """Load a torch-framework artifact into an Engine (not started). ServeError for other frameworks.
+
+    Example: ``load_engine(path).engine.max_model_len``.
+    """
+    from neuronpack.artifacts.manifest import read_manifest
+    from neuronpack.backends.torch_aot import load_artifact
+
+    reporter = reporter or NullReporter()
+    started = time.perf_counter()
+    artifact_dir = Path(artifact_dir)
+    manifest = manifest if manifest is not None else read_manifest(artifact_dir)
+    framework = manifest.get("framework")
+    if framework != "torch":
+        raise ServeError(
+            f"the built-in runtime serves torch artifacts; this one is {framework!r}",
+            where=str(artifact_dir),
+            fix="serve it with `neuronpack serve` on a Neuron machine (it launches vLLM for nxd / tnx artifacts)",
+        )
+    configure_threads(num_threads)
+    model = load_artifact(artifact_dir, reporter=reporter)
+    tokenizer = ArtifactTokenizer.from_dir(artifact_dir)
+    serve = manifest.get("serve") or {}
+    sampling = (manifest.get("recipe") or {}).get("sampling") or {}
+    engine = Engine(
+        model,
+        tokenizer,
+        max_model_len=serve.get("max_model_len"),
+        global_topk=int(sampling.get("global_topk", DEFAULT_GLOBAL_TOPK)),
+        lookahead=int(serve.get("num_lookahead_slots") or 0),
+    )
+    return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started)
+
+
+def configure_threads(num_threads: int | None = None) -> int:
+    """Set torch's intra-op threads: the given number, else every core this process may run on."""
+    import torch
+
+    if not num_threads:
+        num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, num_threads))
+    return torch.get_num_threads()

@@ -1,0 +1,70 @@
+"""Prometheus metrics of one engine (its own registry, so several engines in one process never collide).
+
+Names follow vLLM's where one exists (``num_requests_running``, ``time_to_first_token_seconds``,
+``inter_token_latency_seconds``) under a ``neuronpack_`` prefix.
+
+Example::
+
+    metrics = EngineMetrics()
+    metrics.observe_first_token(0.05)
+    text = metrics.render()        # Prometheus text exposition format
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PREFIX = "neuronpack"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+                   5.0, 10.0, 30.0)
+OCCUPANCY_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+
+
+class EngineMetrics:
+    """Counters, gauges and histograms the engine updates; ``render()`` is what /metrics serves."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, batch_size: int = 1) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.batch_size = batch_size
+        self.requests = Counter(f"{PREFIX}_requests", "Finished requests by finish reason "
+                                "(stop, length, abort, error)", ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=r)
+        self.waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued for a free batch slot "
+                             "(queue depth)", registry=r)
+        self.running = Gauge(f"{PREFIX}_num_requests_running", "Requests holding a batch slot", registry=r)
+        self.occupancy = Gauge(f"{PREFIX}_batch_occupancy", "Fraction of batch slots in use right now", registry=r)
+        self.step_occupancy = Histogram(f"{PREFIX}_decode_batch_occupancy", "Fraction of batch slots in use per "
+                                        "decode step", buckets=OCCUPANCY_BUCKETS, registry=r)
+        self.batch_slots = Gauge(f"{PREFIX}_batch_slots", "Batch slots compiled into the artifact", registry=r)
+        self.batch_slots.set(batch_size)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Arrival to first generated token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "Time between two tokens of one request",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Arrival to finish",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_seconds = Histogram(f"{PREFIX}_prefill_seconds", "Duration of one prefill call",
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.decode_seconds = Histogram(f"{PREFIX}_decode_step_seconds", "Duration of one decode step",
+                                        buckets=LATENCY_BUCKETS, registry=r)
+
+    def set_load(self, waiting: int, running: int) -> None:
+        self.waiting.set(waiting)
+        self.running.set(running)
+        self.occupancy.set(running / self.batch_size)
+
+    def observe_first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def observe_finish(self, finish_reason: str, seconds: float) -> None:
+        self.requests.labels(finish_reason=finish_reason).inc()
+        self.e2e.observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

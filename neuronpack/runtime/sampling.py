@@ -1,0 +1,110 @@
+"""Per-request sampling with vLLM's dynamic on-device sampling semantics (see neuron-facts.md).
+
+Each running sequence is one row with its own (top_k, top_p, temperature) and its own ``torch.Generator``, so a
+seeded request samples the same tokens whatever else shares the batch. Rules, as on Neuron:
+
+- temperature 0 means greedy: the row becomes (top_k 1, top_p 1.0, temperature 1.0);
+- top_k < 1 or > global_topk becomes global_topk: sampling never looks past the global_topk best logits.
+
+Example::
+
+    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=1).resolve(global_topk=256)
+    sampler = RowSampler(params)
+    token_ids = sample_rows(logits, [sampler])          # logits: float32 [1, vocab] -> [1] int64
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+DEFAULT_GLOBAL_TOPK = 256
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What a request asked for. ``top_k`` -1 (or any value < 1) means "no limit" (capped at global_topk)."""
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def resolve(self, global_topk: int = DEFAULT_GLOBAL_TOPK) -> SamplingParams:
+        """Apply the on-device rules: greedy for temperature 0, top_k clamped into 1..global_topk.
+
+        Example: ``SamplingParams(temperature=0).resolve().top_k == 1``.
+        """
+        if self.temperature <= 0.0:
+            return replace(self, temperature=1.0, top_k=1, top_p=1.0)
+        top_k = global_topk if self.top_k < 1 or self.top_k > global_topk else self.top_k
+        return replace(self, top_k=top_k)
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k == 1
+
+
+class RowSampler:
+    """Resolved parameters plus the request's own random stream (seeded when the request gives a seed)."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        import torch
+
+        self.params = params
+        self.generator = torch.Generator()
+        seed = params.seed if params.seed is not None else random.SystemRandom().getrandbits(63)
+        self.generator.manual_seed(seed)
+
+
+def sample_rows(logits: Tensor, samplers: Sequence[RowSampler]) -> Tensor:
+    """One next token per row. logits: float32 [n, vocab]; samplers: n resolved row samplers -> int64 [n].
+
+    Greedy rows take the argmax; the others sample among their top-k (at most global_topk) candidates after
+    temperature and top-p (nucleus) filtering.
+
+    Example: ``sample_rows(torch.tensor([[0.0, 5.0, 1.0]]), [RowSampler(SamplingParams(temperature=0).resolve())])``
+    returns ``tensor([1])``.
+    """
+    import torch
+
+    n = logits.shape[0]
+    if n != len(samplers):
+        raise ValueError(f"{n} logit rows but {len(samplers)} samplers")
+    out = torch.argmax(logits, dim=-1)  # [n]
+    rows = [i for i, s in enumerate(samplers) if not s.params.greedy]
+    if rows:
+        picked = _sample_filtered(logits[rows], [samplers[i] for i in rows])
+        out[rows] = picked
+    return out
+
+
+def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> Tensor:
+    # logits: [m, vocab] for the sampling rows only.
+    import torch
+
+    max_k = min(max(s.params.top_k for s in samplers), logits.shape[-1])
+    top_values, top_ids = torch.topk(logits.float(), max_k, dim=-1)  # [m, K], sorted descending
+    temperature = torch.tensor([s.params.temperature for s in samplers], dtype=torch.float32)[:, None]
+    top_k = torch.tensor([s.params.top_k for s in samplers])[:, None]
+    top_p = torch.tensor([s.params.top_p for s in samplers], dtype=torch.float32)[:, None]
+    scaled = top_values / temperature
+    rank = torch.arange(max_k)[None, :]  # [1, K]
+    scaled = scaled.masked_fill(rank >= top_k, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    # Nucleus: keep a candidate while the mass of the better ones is still below top_p (the best one always stays).
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    probs = probs.masked_fill(mass_before >= top_p, 0.0)
+    picks = [
+        torch.multinomial(probs[i], 1, generator=sampler.generator) for i, sampler in enumerate(samplers)
+    ]  # each [1], an index into the row's candidates
+    choice = torch.cat(picks)[:, None]  # [m, 1]
+    return top_ids.gather(1, choice)[:, 0]
+
+
+__all__ = ["DEFAULT_GLOBAL_TOPK", "RowSampler", "SamplingParams", "sample_rows"]

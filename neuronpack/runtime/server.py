@@ -1,0 +1,307 @@
+"""The OpenAI-compatible HTTP server (FastAPI) in front of one engine.
+
+Endpoints: ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` (both with SSE streaming). Errors use OpenAI's shape
+``{"error": {"message", "type", "param", "code"}}``: 400 for invalid requests (bad JSON and field validation
+included, so the openai client raises BadRequestError), 401 for a wrong or missing API key, 404 for an unknown model,
+500 when the model fails. /health and /metrics never need the API key (like vLLM).
+
+Example::
+
+    app = create_app(engine, served_model_name="smollm2")
+    run_server(app, host="127.0.0.1", port=8000)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from neuronpack.errors import InvalidRequestError, ServeError
+from neuronpack.runtime import openai_schema as oa
+from neuronpack.runtime.engine import Engine, GenerationRequest
+from neuronpack.runtime.scheduler import StepOutput
+from neuronpack.runtime.streams import RequestGroup, run_unless_disconnected
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, type_: oa.ErrorType, *, param=None, code=None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+def create_app(
+    engine: Engine,
+    *,
+    served_model_name: str | Sequence[str],
+    api_key: str | None = None,
+    manage_engine: bool = True,
+    model_info: dict[str, Any] | None = None,
+) -> FastAPI:
+    """The FastAPI app for ``engine``. With ``manage_engine`` the app starts the engine thread on startup and stops it
+    on shutdown. ``served_model_name`` (one or several names) is what requests must put in ``model``.
+
+    Example: ``TestClient(create_app(engine, served_model_name="tiny")).get("/v1/models").json()["data"][0]["id"]``
+    is ``"tiny"``.
+    """
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if manage_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                engine.shutdown()
+
+    app = FastAPI(title="neuronpack", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    _install_error_handlers(app)
+    _install_auth(app, api_key)
+    created = int(time.time())
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics.render(), media_type=engine.metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "neuronpack",
+             "max_model_len": engine.max_model_len, **(model_info or {})}
+            for name in names
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(body: oa.CompletionRequest, request: Request) -> Response:
+        _check_model(body.model, names)
+        body.refuse_unsupported()
+        gen_requests = [_completion_request(engine, body, prompt) for prompt in body.prompts()]
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        group = RequestGroup(engine, gen_requests)  # validates every prompt first: a 400 comes before any stream
+        if body.stream:
+            return _sse(group, _stream_completion(group, body, request_id))
+        completed, outputs = await run_unless_disconnected(request, _collect(group, len(gen_requests)))
+        if not completed:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        texts, reasons, prompt_tokens, completion_tokens = _summarise(outputs)
+        return JSONResponse(oa.completion_response(request_id, body.model, list(zip(texts, reasons, strict=True)),
+                                                   oa.usage(prompt_tokens, completion_tokens)))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: oa.ChatCompletionRequest, request: Request) -> Response:
+        _check_model(body.model, names)
+        body.refuse_unsupported()
+        prompt_ids = engine.tokenizer.encode_chat([m.as_template_dict() for m in body.messages])
+        gen_request = _generation_request(body, prompt_ids, body.completion_limit)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        group = RequestGroup(engine, [gen_request])
+        if body.stream:
+            return _sse(group, _stream_chat(group, body, request_id))
+        completed, outputs = await run_unless_disconnected(request, _collect(group, 1))
+        if not completed:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        texts, reasons, prompt_tokens, completion_tokens = _summarise(outputs)
+        return JSONResponse(oa.chat_response(request_id, body.model, texts[0], reasons[0],
+                                             oa.usage(prompt_tokens, completion_tokens)))
+
+    return app
+
+
+def run_server(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Serve ``app`` with uvicorn until interrupted (blocking)."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
+
+
+# ---- request building ----------------------------------------------------------------------------------------
+
+
+def _check_model(model: str, names: list[str]) -> None:
+    if model not in names:
+        raise _HTTPError(404, f"The model `{model}` does not exist. Served models: {', '.join(names)}",
+                         "invalid_request_error", param="model", code="model_not_found")
+
+
+def _generation_request(body: Any, prompt_ids: list[int], max_tokens: int | None) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_ids=tuple(prompt_ids),
+        sampling=body.sampling_params(),
+        max_tokens=max_tokens,
+        stop=body.stop_strings(),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+    )
+
+
+def _completion_request(engine: Engine, body: oa.CompletionRequest, prompt: str | list[int]) -> GenerationRequest:
+    ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    return _generation_request(body, ids, body.max_tokens)
+
+
+async def _collect(group: RequestGroup, n: int) -> list[list[StepOutput]]:
+    outputs: list[list[StepOutput]] = [[] for _ in range(n)]
+    async for index, out in group:
+        outputs[index].append(out)
+    return outputs
+
+
+def _summarise(outputs: list[list[StepOutput]]) -> tuple[list[str], list[str | None], int, int]:
+    texts, reasons, prompt_tokens, completion_tokens = [], [], 0, 0
+    for outs in outputs:
+        last = outs[-1]
+        _raise_if_failed(last)
+        texts.append("".join(o.text for o in outs))
+        reasons.append(last.finish_reason)
+        prompt_tokens += last.prompt_tokens
+        completion_tokens += last.completion_tokens
+    return texts, reasons, prompt_tokens, completion_tokens
+
+
+def _raise_if_failed(out: StepOutput) -> None:
+    if out.finish_reason == "error":
+        raise _HTTPError(500, f"generation failed: {out.error}", "server_error")
+    if out.finish_reason == "abort":
+        raise _HTTPError(503, "the server is shutting down", "server_error")
+
+
+# ---- streaming -----------------------------------------------------------------------------------------------
+
+
+class _GroupStreamingResponse(StreamingResponse):
+    """A streaming response that aborts its engine requests however it ends (even before the first chunk)."""
+
+    def __init__(self, group: RequestGroup, content: AsyncIterator[str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._group = group
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._group.abort()
+
+
+def _sse(group: RequestGroup, events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        async for event in events:
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return _GroupStreamingResponse(group, body())
+
+
+def _stream_error(out: StepOutput) -> dict[str, Any] | None:
+    try:
+        _raise_if_failed(out)
+    except _HTTPError as exc:
+        return oa.error_body(exc.message, exc.type, code=exc.status)
+    return None
+
+
+async def _stream_completion(
+    group: RequestGroup, body: oa.CompletionRequest, request_id: str
+) -> AsyncIterator[dict[str, Any]]:
+    with_usage = body.include_usage
+    prompt_tokens = completion_tokens = 0
+    async for index, out in group:
+        if (error := _stream_error(out)) is not None:
+            yield error
+            return
+        if out.text or out.finish_reason:
+            yield oa.completion_chunk(request_id, body.model, index, out.text, out.finish_reason,
+                                      with_usage_field=with_usage)
+        if out.finish_reason:
+            prompt_tokens += out.prompt_tokens
+            completion_tokens += out.completion_tokens
+    if with_usage:
+        yield oa.usage_chunk(request_id, body.model, "text_completion", oa.usage(prompt_tokens, completion_tokens))
+
+
+async def _stream_chat(
+    group: RequestGroup, body: oa.ChatCompletionRequest, request_id: str
+) -> AsyncIterator[dict[str, Any]]:
+    with_usage = body.include_usage
+    yield oa.chat_chunk(request_id, body.model, {"role": "assistant", "content": ""}, None,
+                        with_usage_field=with_usage)
+    last: StepOutput | None = None
+    async for _, out in group:
+        if (error := _stream_error(out)) is not None:
+            yield error
+            return
+        if out.text or out.finish_reason:
+            delta = {"content": out.text} if out.text else {}
+            yield oa.chat_chunk(request_id, body.model, delta, out.finish_reason, with_usage_field=with_usage)
+        last = out
+    if with_usage and last is not None:
+        yield oa.usage_chunk(request_id, body.model, "chat.completion.chunk",
+                             oa.usage(last.prompt_tokens, last.completion_tokens))
+
+
+# ---- errors and auth -----------------------------------------------------------------------------------------
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    def reply(status: int, message: str, type_: oa.ErrorType, param=None, code=None) -> JSONResponse:
+        return JSONResponse(oa.error_body(message, type_, param=param, code=code), status_code=status)
+
+    @app.exception_handler(_HTTPError)
+    async def http_error(_req: Request, exc: _HTTPError) -> JSONResponse:
+        return reply(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(InvalidRequestError)
+    async def invalid(_req: Request, exc: InvalidRequestError) -> JSONResponse:
+        return reply(400, exc.one_line(), "invalid_request_error", exc.param, 400)
+
+    @app.exception_handler(ServeError)
+    async def serve_error(_req: Request, exc: ServeError) -> JSONResponse:
+        return reply(400, exc.one_line(), "invalid_request_error", None, 400)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        message = f"{param}: {first['msg']}" if param else str(first["msg"])
+        return reply(400, message, "invalid_request_error", param, 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_exc(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_: oa.ErrorType = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return reply(exc.status_code, str(exc.detail), type_, None, exc.status_code)
+
+
+def _install_auth(app: FastAPI, api_key: str | None) -> None:
+    if not api_key:
+        return
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                body = oa.error_body("Incorrect or missing API key (send 'Authorization: Bearer <key>')",
+                                     "authentication_error", code="invalid_api_key")
+                return JSONResponse(body, status_code=401)
+        return await call_next(request)

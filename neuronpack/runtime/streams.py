@@ -1,0 +1,87 @@
+"""Bridges between the engine thread and asyncio handlers.
+
+The engine calls a sink on its own thread; ``RequestGroup`` turns that into an async iterator of
+``(choice index, StepOutput)`` for one HTTP request (one or several prompts), and aborts every unfinished request
+of the group when the iteration stops early (client disconnected, handler cancelled).
+
+Example::
+
+    group = RequestGroup(engine, [GenerationRequest(prompt_ids=(1, 2, 3), max_tokens=8)])
+    async for index, out in group:
+        print(index, out.text, out.finish_reason)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from neuronpack.runtime.scheduler import StepOutput
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from neuronpack.runtime.engine import Engine, GenerationRequest
+
+
+class RequestGroup:
+    """Submit several requests at once and read their outputs as they come, in arrival order."""
+
+    def __init__(self, engine: Engine, requests: Sequence[GenerationRequest]) -> None:
+        self._engine = engine
+        self._requests = list(requests)
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[int, StepOutput]] = asyncio.Queue()
+        for request in self._requests:  # refuse the whole group before anything is queued
+            engine.check(request)
+        self._open = {r.request_id for r in self._requests}
+        for index, request in enumerate(self._requests):
+            engine.submit(request, self._sink_for(index))
+
+    def _sink_for(self, index: int):
+        def sink(out: StepOutput) -> None:
+            # Runs on the engine thread. A closed loop raises RuntimeError, which makes the engine drop the request.
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, out))
+
+        return sink
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, StepOutput]]:
+        try:
+            while self._open:
+                index, out = await self._queue.get()
+                if out.finish_reason is not None:
+                    self._open.discard(out.request_id)
+                yield index, out
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Abort every request of the group that has not finished (safe to call twice)."""
+        for request_id in list(self._open):
+            self._engine.abort(request_id)
+        self._open.clear()
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Return when the HTTP client goes away (the body has been read already, so only the disconnect is left)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_unless_disconnected(request: Request, coro) -> tuple[bool, object]:
+    """Run ``coro`` but cancel it when the client disconnects first. Returns (completed, result)."""
+    work = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if work in done:
+        watcher.cancel()
+        return True, work.result()
+    work.cancel()
+    try:
+        await work
+    except (asyncio.CancelledError, Exception):
+        pass
+    return False, None

@@ -1,0 +1,149 @@
+"""The artifact's tokenizer and chat template, loaded from its files (``tokenizer.json``, ``tokenizer_config.json``,
+``chat_template.jinja``) with the ``tokenizers`` library: no model code and no AutoTokenizer start-up cost.
+
+Chat templates are rendered by transformers' own sandboxed renderer (``render_jinja_template``) with the same special
+token variables ``apply_chat_template`` passes, so prompts match transformers exactly.
+
+Example::
+
+    tok = ArtifactTokenizer.from_dir(Path("neuron-compiled-artifacts/3f2a..."))
+    ids = tok.encode("Hello")                                     # [..]
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    tok.decode(ids)                                               # "Hello"
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neuronpack.errors import ServeError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class ArtifactTokenizer:
+    """Encode / decode / chat template for one artifact. Decoding skips special tokens (like vLLM's default)."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, config: dict[str, Any], chat_template: str | None, where: str = "tokenizer"
+    ) -> None:
+        self._tok = tokenizer
+        self.where = where
+        self.chat_template = chat_template
+        self.special_tokens = _special_tokens(config)
+        self.clean_up_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+        eos = self.special_tokens.get("eos_token")
+        eos_id = tokenizer.token_to_id(eos) if eos else None
+        self.eos_token_id: int | None = eos_id
+
+    @classmethod
+    def from_dir(cls, path: Path) -> ArtifactTokenizer:
+        """Load ``tokenizer.json`` (+ config and chat template) from an artifact or checkpoint directory.
+
+        Example: ``ArtifactTokenizer.from_dir(artifact_dir).encode("Hi")``.
+        """
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ServeError(
+                "the artifact has no tokenizer.json",
+                where=str(path),
+                fix="recompile from a checkpoint that ships a fast tokenizer (tokenizer.json)",
+            )
+        try:
+            tokenizer = Tokenizer.from_file(str(tok_file))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+            raise ServeError(f"cannot read tokenizer.json: {exc}", where=str(tok_file), fix="recompile") from None
+        config = _read_json(path / "tokenizer_config.json")
+        return cls(tokenizer, config, _chat_template(path, config), where=str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (``add_special_tokens`` as in transformers: e.g. a BOS from the post-processor)."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` without special tokens (same as transformers' ``decode(ids, skip_special_tokens=True)``)."""
+        text = self._tok.decode(list(ids), skip_special_tokens=True)
+        return _clean_up_tokenization(text) if self.clean_up_spaces else text
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text for a conversation; ServeError (HTTP 400) when there is no template or it rejects it.
+
+        Example: ``tok.apply_chat_template([{"role": "user", "content": "Hi"}])``
+        -> ``"<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n"``.
+        """
+        if not self.chat_template:
+            raise ServeError(
+                "this model has no chat template",
+                where=self.where,
+                fix="use /v1/completions, or compile from a checkpoint whose tokenizer has a chat_template",
+            )
+        from jinja2.exceptions import TemplateError
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        try:
+            rendered, _ = render_jinja_template(
+                conversations=[messages],
+                chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+            )
+        except (TemplateError, TypeError, ValueError) as exc:
+            raise ServeError(f"the chat template rejected the messages: {exc}", where="messages") from None
+        return rendered[0]
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Prompt ids for a conversation: the template already holds the special tokens, so none are added."""
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ServeError(f"cannot read {path.name}: {exc}", where=str(path), fix="recompile the artifact") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _special_tokens(config: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key in SPECIAL_TOKEN_KEYS:
+        value = config.get(key)
+        if isinstance(value, dict):  # older files: {"content": "<s>", "lstrip": false, ...}
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _chat_template(path: Path, config: dict[str, Any]) -> str | None:
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _clean_up_tokenization(text: str) -> str:
+    # transformers' clean_up_tokenization, for tokenizers whose config asks for it.
+    for old, new in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                     (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(old, new)
+    return text

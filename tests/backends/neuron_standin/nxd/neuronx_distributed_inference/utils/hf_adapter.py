@@ -1,0 +1,20 @@
+"""Stand-in of neuronx_distributed_inference.utils.hf_adapter.load_pretrained_config: reads the HF config with
+transformers' AutoConfig and copies its fields onto the InferenceConfig, as the real hook does."""
+
+from neuronx_distributed_inference._standin import record
+
+
+def load_pretrained_config(model_path_or_name=None, hf_config=None):
+    def load_config(self):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path_or_name) if hf_config is None else hf_config
+        data = config.to_dict()
+        hf_dtype = data.pop("dtype", None) or data.pop("torch_dtype", None)
+        data.pop("torch_dtype", None)
+        if hf_dtype is not None and self.neuron_config is not None and not self.neuron_config.overrides_torch_dtype:
+            self.neuron_config.torch_dtype = str(hf_dtype)
+        self.__dict__.update(data)
+        record("load_pretrained_config", path=str(model_path_or_name), architectures=data.get("architectures"))
+
+    return load_config

@@ -1,0 +1,145 @@
+"""write_safetensors_sharded: streams row chunks into files safetensors and transformers load bit-exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from neuronpack.checkpoint import TensorSpec, read_safetensors_header, write_safetensors_sharded
+from neuronpack.progress import NullReporter
+
+
+def row_chunks(name, tensor, rows):
+    for start in range(0, max(tensor.shape[0], 1), rows):
+        yield name, tensor[start:start + rows]
+
+
+def load_all(paths):
+    out = {}
+    for path in paths:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                out[name] = f.get_tensor(name)
+    return out
+
+
+TENSORS = {
+    "embed.weight": torch.randn(37, 16),
+    "layer.q": torch.randint(-128, 127, (33, 16), dtype=torch.int8),
+    "layer.scale": torch.rand(33, 1),
+    "norm.weight": torch.randn(16).to(torch.bfloat16),
+    "fp8.weight": torch.randn(9, 4).to(torch.float8_e4m3fn),
+    "d2t": torch.arange(5, dtype=torch.int64),
+    "t2d": torch.tensor([True, False, True]),
+    "empty": torch.zeros(0, 4),
+}
+
+
+def specs_of(tensors):
+    return [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()]
+
+
+def all_chunks(tensors, rows=8):
+    for name, tensor in tensors.items():
+        if tensor.dim() == 0 or tensor.shape[0] == 0:
+            yield name, tensor
+        else:
+            yield from row_chunks(name, tensor, rows)
+
+
+def test_single_file_round_trip_in_row_chunks(tmp_path):
+    paths = write_safetensors_sharded(tmp_path, specs_of(TENSORS), all_chunks(TENSORS), metadata={"by": "test"})
+    assert paths == [tmp_path / "model.safetensors"]
+    assert not (tmp_path / "model.safetensors.index.json").exists()
+    loaded = load_all(paths)
+    assert set(loaded) == set(TENSORS)
+    for name, tensor in TENSORS.items():
+        assert loaded[name].dtype == tensor.dtype
+        assert torch.equal(loaded[name].view(torch.uint8), tensor.view(torch.uint8)), name
+    with safe_open(paths[0], framework="pt") as f:
+        assert f.metadata() == {"format": "pt", "by": "test"}
+    read_safetensors_header(paths[0])  # our own validator accepts it too
+
+
+def test_sharded_layout_and_index_like_transformers(tmp_path):
+    specs = specs_of(TENSORS)
+    paths = write_safetensors_sharded(tmp_path, specs, all_chunks(TENSORS), max_shard_bytes=1500)
+    n = len(paths)
+    assert n > 1
+    assert [p.name for p in paths] == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    total = sum(t.numel() * t.element_size() for t in TENSORS.values())
+    assert index["metadata"]["total_size"] == total
+    assert set(index["weight_map"]) == set(TENSORS)
+    loaded = load_all(paths)
+    for name, tensor in TENSORS.items():
+        assert torch.equal(loaded[name].view(torch.uint8), tensor.view(torch.uint8))
+        with safe_open(tmp_path / index["weight_map"][name], framework="pt") as f:
+            assert name in f.keys()
+    # Each shard stays within the budget unless a single tensor is larger than it.
+    for path in paths:
+        infos = read_safetensors_header(path)
+        assert sum(i.nbytes for i in infos.values()) <= 1500 or len(infos) == 1
+
+
+def test_transformers_loads_streamed_sharded_checkpoint(tmp_path, tiny_llama):
+    import transformers
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama)
+    state = {k: v for k, v in ref.state_dict().items() if k != "lm_head.weight" or not ref.config.tie_word_embeddings}
+    out = tmp_path / "out"
+    out.mkdir()
+    write_safetensors_sharded(out, specs_of(state), all_chunks(state, rows=16), max_shard_bytes=40_000)
+    (out / "config.json").write_text((tiny_llama / "config.json").read_text())
+    assert (out / "model.safetensors.index.json").exists()
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[1, 5, 9, 42, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=0, atol=0)
+
+
+def test_memory_stays_about_one_chunk(tmp_path):
+    """The writer must not accumulate: chunks are freed as soon as they are on disk."""
+    import weakref
+
+    alive = []
+
+    def chunks():
+        for i in range(8):
+            t = torch.full((64, 1024), float(i))
+            alive.append(weakref.ref(t))
+            yield "big", t
+            # By the time the next chunk is requested, at most the current one may still be referenced by us.
+            assert sum(r() is not None for r in alive[:-1]) == 0
+
+    write_safetensors_sharded(tmp_path, [TensorSpec("big", torch.float32, (512, 1024))], chunks())
+    with safe_open(tmp_path / "model.safetensors", framework="pt") as f:
+        assert f.get_slice("big")[64 * 7:64 * 7 + 1][0, 0].item() == 7.0
+
+
+@pytest.mark.parametrize(
+    ("chunks", "message"),
+    [
+        ([("a", torch.zeros(4, 2, dtype=torch.float16))], "dtype"),
+        ([("a", torch.zeros(3, 2))], "chunks ended inside 'a'"),
+        ([("a", torch.zeros(3, 2)), ("a", torch.zeros(2, 2))], "more than"),
+        ([("a", torch.zeros(4, 2)), ("a", torch.zeros(1, 2))], "after every spec"),
+        ([("b", torch.zeros(4, 2))], "expected a chunk of 'a'"),
+        ([("a", torch.zeros(4, 3))], "does not stack"),
+        ([("a", torch.zeros(4, 2)), ("zzz", torch.zeros(1))], "after every spec"),
+    ],
+)
+def test_mismatched_chunks_raise_value_error(tmp_path, chunks, message):
+    with pytest.raises(ValueError, match=message):
+        write_safetensors_sharded(tmp_path, [TensorSpec("a", torch.float32, (4, 2))], iter(chunks))
+
+
+def test_duplicate_specs_and_reporter(tmp_path):
+    with pytest.raises(ValueError, match="twice"):
+        write_safetensors_sharded(tmp_path, [TensorSpec("a", torch.float32, (1,))] * 2, iter([]))
+    reporter = NullReporter()
+    paths = write_safetensors_sharded(tmp_path, [], iter([]), reporter=reporter)
+    assert read_safetensors_header(paths[0]) == {}

@@ -1,0 +1,69 @@
+"""The CLI frame: version, one-line errors, debug tracebacks, torch-free start, buckets."""
+
+import json
+import os
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from neuronpack import __version__
+from neuronpack.cli.app import app
+
+runner = CliRunner(env={"COLUMNS": "120"})
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"neuronpack {__version__}"
+
+
+def test_cli_start_and_buckets_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "from neuronpack.cli.app import app\n"
+        "from typer.testing import CliRunner\n"
+        "r = CliRunner().invoke(app, ['buckets', '--seq-len', '4096', '--format', 'json'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "r = CliRunner().invoke(app, ['--version'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_python_dash_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "neuronpack", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and __version__ in out.stdout
+
+
+def test_buckets_table_and_json():
+    result = runner.invoke(app, ["buckets", "--seq-len", "8192"])
+    assert result.exit_code == 0
+    assert "128, 256, 512, 1024, 2048, 4096, 8192" in result.output
+    result = runner.invoke(app, ["buckets", "--seq-len", "1024", "--max-context-length", "512",
+                                 "--context", "128,512", "--format", "json"])
+    assert json.loads(result.stdout) == {"context": [128, 512], "token_generation": [128, 256, 512, 1024],
+                                         "max_context_length": 512, "seq_len": 1024}
+
+
+def test_user_error_is_one_line_exit_1_no_traceback():
+    result = runner.invoke(app, ["buckets", "--seq-len", "100", "--context", "200"])
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith("error: context bucket 200 is larger than its maximum 100")
+    assert "Traceback" not in result.output
+
+
+def test_debug_variable_shows_the_traceback():
+    env = {**os.environ, "NEURONPACK_DEBUG": "1"}
+    out = subprocess.run([sys.executable, "-m", "neuronpack", "buckets", "--seq-len", "100", "--context", "200"],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 1 and "Traceback" in out.stderr and "BucketError" in out.stderr
+
+
+def test_usage_error_exit_2():
+    result = runner.invoke(app, ["buckets"])
+    assert result.exit_code == 2

@@ -1,0 +1,141 @@
+"""compile_model end to end: real builds through the torch backend, cache hits, concurrency, kills, failures."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from neuronpack.artifacts.manifest import read_manifest
+from neuronpack.artifacts.store import artifacts_root
+from neuronpack.artifacts.verify import quick_check, verify_artifact
+from neuronpack.errors import BuildError, NeuronpackError, RecipeError
+from neuronpack.pipeline import compile_model
+
+from .conftest import FAST, RECIPE
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "neuronpack", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+
+
+def test_build_publishes_a_verified_artifact(built_artifact, tiny_llama):
+    path = built_artifact.path
+    assert not built_artifact.cache_hit
+    assert path.parent.name == "neuron-compiled-artifacts" and path.name == built_artifact.key
+    manifest = verify_artifact(path)
+    assert manifest["framework"] == "torch"
+    assert manifest["buckets"] == {"context": [16, 64], "token_generation": [64, 128], "max_context_length": 64,
+                                   "seq_len": 128}
+    assert manifest["serve"]["max_num_seqs"] == 2 and manifest["serve"]["max_model_len"] == 128
+    assert manifest["model"]["source"] == str(tiny_llama)
+    names = {f["path"] for f in manifest["files"]}
+    assert {"neuron_config.json", "config.json", "tokenizer.json"} <= names
+    assert any(n.startswith("weights/") for n in names)
+    assert set(manifest["timings"]) >= {"resolve", "key", "build"}
+    assert "torch" in manifest["versions"] and "neuronpack" in manifest["versions"]
+
+
+def test_second_compile_is_a_cache_hit(built_artifact, tiny_llama):
+    again = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=built_artifact.path.parents[1])
+    assert again.cache_hit and again.path == built_artifact.path and again.key == built_artifact.key
+
+
+def test_changed_recipe_builds_a_new_key(built_artifact, tiny_llama, tmp_path):
+    other = compile_model(str(tiny_llama), recipe=RECIPE, overrides=[*FAST, "buckets.context=[64]"],
+                          out_root=tmp_path, dry_run=True)
+    assert other.key != built_artifact.key and other.dry_run
+
+
+def test_dry_run_builds_nothing(tiny_llama, tmp_path):
+    result = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=tmp_path, dry_run=True)
+    assert result.dry_run and not result.path.exists() and result.compile_config
+
+
+def test_no_model_is_a_recipe_error(tmp_path):
+    with pytest.raises(RecipeError, match="no model to compile"):
+        compile_model(None, recipe=RECIPE, out_root=tmp_path)
+
+
+def test_concurrent_compiles_build_once(tiny_llama, tmp_path):
+    args = ["compile", str(tiny_llama), "--recipe", str(RECIPE), "--set", "compiler=export",
+            "--out-root", str(tmp_path), "--format", "json", "--quiet"]
+    procs = [cli(*args) for _ in range(3)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({r["path"] for r in results}) == 1
+    assert sorted(r["cache_hit"] for r in results) == [False, True, True]
+    assert quick_check(Path(results[0]["path"])) is not None
+
+
+def test_sigkill_during_build_leaves_nothing_valid_and_rebuild_works(tiny_llama, tmp_path):
+    store = artifacts_root(tmp_path)
+    args = ["compile", str(tiny_llama), "--recipe", str(RECIPE), "--set", "compiler=export",
+            "--out-root", str(tmp_path), "--quiet"]
+    proc = cli(*args)
+    staging = store / ".staging"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (staging.is_dir() and any(staging.iterdir())):
+        time.sleep(0.05)
+    assert staging.is_dir() and any(staging.iterdir()), "build never started"
+    time.sleep(0.5)  # somewhere inside the build
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    published = [p for p in store.iterdir() if not p.name.startswith(".")]
+    assert all(quick_check(p) is None for p in published)
+    result = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=tmp_path)
+    assert not result.cache_hit
+    verify_artifact(result.path)
+
+
+def test_failed_build_keeps_a_log_and_never_blocks_a_retry(make_checkpoint, tmp_path):
+    model = make_checkpoint("llama")
+    config = json.loads((model / "config.json").read_text())
+    good = dict(config)
+    config["model_type"] = "gpt_bigcode"  # not a Llama-family model: the torch backend refuses it
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(NeuronpackError):
+        compile_model(str(model), recipe=RECIPE, overrides=FAST, out_root=tmp_path)
+    store = artifacts_root(tmp_path)
+    logs = list((store / ".failed").iterdir())
+    assert len(logs) == 1 and "key:" in logs[0].read_text()
+    assert not [p for p in (store / ".staging").iterdir()]
+    (model / "config.json").write_text(json.dumps(good))
+    result = compile_model(str(model), recipe=RECIPE, overrides=FAST, out_root=tmp_path)
+    verify_artifact(result.path)
+
+
+def test_force_rebuilds_in_place(built_artifact, tiny_llama, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(built_artifact.path.parents[1], root, ignore=shutil.ignore_patterns(".*"))
+    first = read_manifest(root / "neuron-compiled-artifacts" / built_artifact.key)
+    result = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=root, force=True)
+    assert not result.cache_hit and result.key == built_artifact.key
+    assert read_manifest(result.path)["created_by"]["pid"] == os.getpid()
+    assert first["key"] == result.key
+
+
+def test_internal_build_failure_is_wrapped_with_log(tiny_llama, tmp_path, monkeypatch):
+    from neuronpack.backends.select import get_backend
+
+    backend_cls = type(get_backend("torch"))
+
+    def explode(self, request):
+        (request.staging / "partial.bin").write_bytes(b"x")
+        raise RuntimeError("compiler crashed")
+
+    monkeypatch.setattr(backend_cls, "build", explode)
+    with pytest.raises(BuildError, match="compiler crashed") as info:
+        compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=tmp_path)
+    assert Path(info.value.where).is_file()
+    store = artifacts_root(tmp_path)
+    assert [p.name for p in store.iterdir() if not p.name.startswith(".")] == []

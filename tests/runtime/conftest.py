@@ -1,0 +1,35 @@
+from pathlib import Path
+
+import pytest
+
+from runtime.serving import build_artifact
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """The tiny test tokenizer (byte-level BPE + ChatML template) saved as transformers would ship it."""
+    from tiny_models import make_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    make_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def serve_artifact(tmp_path_factory, tiny_llama) -> Path:
+    """The tiny serving artifact (export-only graphs), shared by the runtime and serve CLI tests."""
+    return build_artifact(tiny_llama, tmp_path_factory.getbasetemp() / "serve-root")
+
+
+@pytest.fixture(scope="session")
+def compiled_lm(serve_artifact):
+    from neuronpack.backends.torch_aot import load_artifact
+
+    return load_artifact(serve_artifact)
+
+
+@pytest.fixture(scope="session")
+def artifact_tokenizer(serve_artifact):
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+    return ArtifactTokenizer.from_dir(serve_artifact)

@@ -1,0 +1,89 @@
+"""Helpers shared by the runtime and serve CLI tests: one real compiled artifact, a live uvicorn server on a free
+loopback port, and transformers' greedy generate as the reference."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+
+RECIPE = Path(__file__).parents[2] / "recipes" / "tiny-test.toml"
+# The tiny serving recipe: batch 4, seq_len 128, context buckets [16, 64], token generation [64, 128].
+SERVE_OVERRIDES = [
+    "target.batch_size=4",
+    "target.seq_len=128",
+    "target.max_context_length=64",
+    "buckets.context=[16, 64]",
+    "buckets.token_generation=[64, 128]",
+]
+EXPORT = ["compiler=export"]
+
+
+def build_artifact(model_dir: Path, out_root: Path, overrides: list[str] = EXPORT) -> Path:
+    """Compile (or reuse: the pipeline is content-addressed) the tiny serving artifact under ``out_root``."""
+    from neuronpack.pipeline import compile_model
+
+    return compile_model(str(model_dir), recipe=RECIPE, overrides=[*SERVE_OVERRIDES, *overrides],
+                         out_root=out_root).path
+
+
+@lru_cache(maxsize=4)
+def _hf_model(model_dir: str):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy continuation (stops after EOS like the engine does)."""
+    import torch
+
+    model = _hf_model(str(model_dir))
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                             max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+class LiveServer:
+    """uvicorn serving ``app`` on a thread, bound to a free 127.0.0.1 port (race-free: we hand it the socket)."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """One sample's value from Prometheus text, e.g. metric_value(t, "neuronpack_requests_total",
+    'finish_reason="abort"'); 0.0 when absent."""
+    wanted = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == wanted:
+            return float(value)
+    return 0.0
