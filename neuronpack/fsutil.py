@@ -63,9 +63,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def make_staging_dir(parent: Path, label: str = "") -> Path:
+    """An empty hidden directory under ``parent`` with ordinary permissions (mkdtemp's 0700 would make a published
+    output unreadable to the other users and pods sharing an artifact root)."""
     parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{label}", dir=parent))
+    path = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{label}", dir=parent))
+    os.chmod(path, 0o777 & ~_umask())
+    return path
 
 
 @contextmanager
@@ -95,6 +105,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write a file via a temporary sibling and rename, so readers never see a partial file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)

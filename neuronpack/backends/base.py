@@ -27,10 +27,14 @@ class BuildRequest:
     staging: Path  # empty directory: the backend writes every artifact file here except neuronpack.json
     reporter: Reporter = field(default_factory=NullReporter)
     draft_dir: Path | None = None  # resolved speculation draft (converted EAGLE draft for kind "eagle")
+    source_model_dir: Path | None = None  # the checkpoint as given, before offline quantization
 
 
 class Backend(Protocol):
     name: str  # "torch" | "nxd" | "tnx"
+    # True when the framework quantizes at load time and must be given the unquantized checkpoint (TNx); the
+    # pipeline then skips offline quantization and the recipe's [quantization] only configures the backend.
+    quantizes_on_load: bool
 
     def availability(self) -> Availability:
         """Whether this backend can build here, and why not."""

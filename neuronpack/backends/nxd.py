@@ -50,6 +50,7 @@ class NxdBackend:
     """Backend protocol implementation for NxD Inference. See the module docstring."""
 
     name = "nxd"
+    quantizes_on_load = False
 
     def availability(self) -> Availability:
         nxd = probe_package("neuronx_distributed_inference")
@@ -76,7 +77,12 @@ class NxdBackend:
     def compile_config(self, request: BuildRequest) -> dict[str, Any]:
         """Everything the compile hands NxDI, JSON-able: the exact NeuronConfig kwargs, the class, the draft's."""
         recipe, plan = request.recipe, request.plan
-        hf_config = read_model_config(request.model_dir, allow_missing=recipe.quantization is not None)
+        # Before offline quantization has run (dry-run), the quantized directory does not exist yet: read the
+        # architecture from the checkpoint it will be made from.
+        config_dir = request.model_dir
+        if not Path(config_dir).exists() and request.source_model_dir is not None:
+            config_dir = request.source_model_dir
+        hf_config = read_model_config(config_dir, allow_missing=recipe.quantization is not None)
         neuron_config = nxd_neuron_config(recipe, plan, hf_config, request.model_dir, request.draft_dir)
         out: dict[str, Any] = {
             "architecture": architecture_of(hf_config),
@@ -268,6 +274,8 @@ def _quantization_fields(recipe: Recipe, model_dir: Path) -> dict:
 
     options = QuantizeOptions.from_recipe(recipe.quantization)
     fields = nxd_quantization_fields(options, Path(model_dir))
+    if fields.get("modules_to_not_convert") is not None:  # keep order, drop repeats (skip = ["lm_head"] + default)
+        fields["modules_to_not_convert"] = list(dict.fromkeys(fields["modules_to_not_convert"]))
     fields["kv_cache_quant"] = bool(recipe.quantization.kv_cache)
     return fields
 

@@ -50,6 +50,7 @@ class TnxBackend:
     """Backend protocol implementation for transformers-neuronx. See the module docstring."""
 
     name = "tnx"
+    quantizes_on_load = True
 
     def availability(self) -> Availability:
         tnx = probe_package("transformers_neuronx")

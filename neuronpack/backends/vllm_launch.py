@@ -186,6 +186,7 @@ def neuron_override(neuron_config: dict, *, speculation: bool = False) -> dict:
     n = neuron_config
     defaults: dict[str, Any] = {
         "tp_degree": n.get("tp_degree"), "batch_size": n.get("batch_size"), "ctx_batch_size": 1,
+        "tkg_batch_size": n.get("batch_size"),  # NxDI derives it from batch_size
         "max_context_length": n.get("seq_len"), "seq_len": n.get("seq_len"), "enable_bucketing": True,
         "is_continuous_batching": True, "quantized": False, "torch_dtype": n.get("torch_dtype"),
     }
@@ -230,7 +231,8 @@ def _with_nodes(cmd: VllmCommand, argv: list[str], override: dict, nodes: int, t
     local = tp // nodes
     per_node = []
     for rank in range(nodes):
-        env = {**cmd.env, "MASTER_ADDR": MASTER_ADDR_REF, "NEURON_RT_ROOT_COMM_ID": f"{MASTER_ADDR_REF}:{ROOT_COMM_PORT}",
+        env = {**cmd.env, "MASTER_ADDR": MASTER_ADDR_REF,
+               "NEURON_RT_ROOT_COMM_ID": f"{MASTER_ADDR_REF}:{ROOT_COMM_PORT}",
                "CPU_COMM_ID": f"{MASTER_ADDR_REF}:{CPU_COMM_PORT}", "NEURON_RANK_ID": str(rank),
                "NEURON_LOCAL_TP": str(local), "WORLD_SIZE": str(nodes), "NEURON_MULTI_NODE": "True"}
         node_override = {**override, "start_rank_id": rank * local, "local_ranks_size": local}

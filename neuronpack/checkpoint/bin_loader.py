@@ -107,12 +107,20 @@ def _flatten(file: Path, state: object) -> dict[str, torch.Tensor]:
 
 
 def _unsafe(file: Path, exc: BaseException) -> CheckpointError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return CheckpointError(
-        f"refusing an unsafe pickle: loading it would run code ({first[:160]})",
+        f"refusing an unsafe pickle: loading it would run code ({_unpickler_reason(exc)})",
         where=str(file),
         fix=CONVERT_FIX,
     )
+
+
+def _unpickler_reason(exc: BaseException) -> str:
+    """The line of torch's long message that says what was refused, e.g. ``Unsupported global: GLOBAL posix.system``."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip()[:160]
+    return (lines[0] if lines else type(exc).__name__)[:160]
 
 
 def _corrupt(file: Path, exc: BaseException) -> CheckpointError:

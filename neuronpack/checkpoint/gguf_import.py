@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Re
                 plain.generation_config.save_pretrained(staging)
                 task.advance()
         _check_written(staging, plain)
+        _apply_umask(staging)
     reporter.info(f"imported {gguf_file.name} ({torch_dtype_name}) -> {out}")
     return Path(out).expanduser().absolute()
 
@@ -172,6 +174,15 @@ def _check_written(staging: Path, plain) -> None:
     if want - set(ckpt.names()):
         raise CheckpointError(f"imported checkpoint is missing {sorted(want - set(ckpt.names()))[:3]}",
                               where=str(staging), fix="report this as a neuronpack bug")
+
+
+def _apply_umask(root: Path) -> None:
+    """save_pretrained may leave 0600 temp-file modes behind; give files the modes the user's umask asks for."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in root.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 @contextlib.contextmanager

@@ -58,9 +58,8 @@ def convert_eagle_command(
 def _print_summary(result: EagleResult) -> None:
     added = ", ".join(f"{a['name']} {'x'.join(map(str, a['shape']))} {a['dtype']} (from {a['from']})"
                       for a in result.added)
-    lines = [f"{result.layout} draft converted: added {added}"]
-    if result.renamed:
-        lines.append(f"renamed {len(result.renamed)} tensors midlayer.* -> layers.0.*")
+    renamed = f", renamed {len(result.renamed)} midlayer.* -> layers.0.*" if result.renamed else ""
+    lines = [f"{result.layout} draft converted: added {added}{renamed}"]
     casts = ", ".join(f"{c['name']} {c['from']}->{c['to']}" for c in result.casts)
     lines.append(f"cast: {casts}" if casts else "cast: none (draft tensors copied bit for bit)")
     hints = ", ".join(f"{k}={str(v).lower()}" for k, v in result.nxd_hints.items())

@@ -39,7 +39,7 @@ from neuronpack.convert.eagle_layouts import (
 )
 from neuronpack.digest import file_sha256
 from neuronpack.errors import ConversionError
-from neuronpack.fsutil import atomic_output_dir
+from neuronpack.fsutil import atomic_output_dir, check_output_path
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ def convert_eagle(
     from neuronpack.checkpoint.hub import resolve_model
 
     draft_dir, target_dir = resolve_model(draft, reporter=reporter), resolve_model(target, reporter=reporter)
+    check_output_path(Path(out), inputs=[draft_dir, target_dir])  # fail fast; atomic_output_dir checks again
     draft_ckpt, target_ckpt = open_checkpoint(draft_dir), open_checkpoint(target_dir)
     plan = plan_eagle_conversion(draft_ckpt, target_ckpt, dtype=dtype, overwrite_head=overwrite_head)
     if overwrite_head and plan.layout == "eagle3":
@@ -380,8 +381,8 @@ def _report_plan(plan: EaglePlan, target: Checkpoint, reporter: Reporter, *, imp
         if implicit:
             # The user did not ask for a cast: say why it happens and how to avoid it.
             reporter.warn(f"{message}: the target's dtype differs from the draft's "
-                          f"{_inverse(FLOAT_DTYPES)[plan.out_dtype]} (--dtype auto keeps the draft's dtype; pass "
-                          f"--dtype {FLOAT_DTYPES[t.source_dtype]} to keep the target's)")
+                          f"{_inverse(FLOAT_DTYPES)[plan.out_dtype]} (--dtype auto keeps the draft's dtype; "
+                          f"--dtype {FLOAT_DTYPES[t.source_dtype]} would write the whole draft in it)")
         else:
             reporter.info(message)
     if plan.layout == "eagle1" and not plan.input_norm:

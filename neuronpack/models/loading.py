@@ -114,10 +114,11 @@ def _read_tensors(
             if kind == FP8 and leaf == "weight":
                 tensor = dequantize_fp8(tensor, _get(ckpt, f"{prefix}.scale"), dtype)
             elif kind == INT8 and leaf == "scale":
-                tensor = tensor.to(torch.float32)  # scales stay float32; the kernel casts per call
+                # Scales stay float32 (the kernel casts per call); a per-tensor [1] scale becomes per-channel.
+                tensor = tensor.to(torch.float32).reshape(-1, 1).expand(slot.shape).contiguous()
             elif tensor.is_floating_point():
                 tensor = tensor.to(dtype)
-            if tuple(tensor.shape) != tuple(slot.shape) and not (kind == INT8 and leaf == "scale"):
+            if tuple(tensor.shape) != tuple(slot.shape):
                 raise CheckpointError(
                     f"tensor {name} has shape {tuple(tensor.shape)}, the config implies {tuple(slot.shape)}",
                     where=str(ckpt.root),

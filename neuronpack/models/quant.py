@@ -34,7 +34,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
-        # The kernel wants per-output-channel scales in the activation dtype; a per-tensor [1] scale is expanded.
+        # The kernel wants per-output-channel scales [out] in the activation dtype (load_model expands a
+        # per-tensor [1] scale to [out, 1]).
         scales = self.scale.reshape(-1).expand(self.out_features).to(x.dtype)
         y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, scales)  # [M, out]
         y = y.view(*lead, self.out_features)

@@ -82,13 +82,17 @@ def _serve_hints(inputs: ResolvedInputs, model_dir: Path, draft_dir: Path | None
         "num_lookahead_slots": spec_len,
         "draft_path": str(draft_dir) if draft_dir else None,
         "lora_modules": [a.model_dump() for a in r.lora.adapters] if r.lora else [],
-        "override_neuron_config": dict(r.neuron_overrides),
     }
 
 
 def _request(inputs: ResolvedInputs, model_dir: Path, draft_dir: Path | None, staging: Path, reporter: Reporter):
     return BuildRequest(model_dir=model_dir, recipe=inputs.recipe, plan=inputs.plan, staging=staging,
-                        reporter=reporter, draft_dir=draft_dir)
+                        reporter=reporter, draft_dir=draft_dir, source_model_dir=inputs.model_dir)
+
+
+def _prequantize(inputs: ResolvedInputs) -> bool:
+    """Offline quantization runs unless the framework quantizes at load time itself (transformers-neuronx)."""
+    return inputs.recipe.quantization is not None and not getattr(inputs.backend, "quantizes_on_load", False)
 
 
 def compile_model(
@@ -121,7 +125,7 @@ def compile_model(
 
     if dry_run:
         model_dir = inputs.model_dir
-        if inputs.recipe.quantization:
+        if _prequantize(inputs):
             model_dir = quantized_model_path(cache_root, inputs.model_dir, inputs.recipe.quantization)
         draft = inputs.draft_dir
         if draft is not None and inputs.recipe.speculation.kind == "eagle":
@@ -161,7 +165,7 @@ def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, ca
     staging = new_staging(final.parent, key)
     try:
         model_dir = inputs.model_dir
-        if inputs.recipe.quantization:
+        if _prequantize(inputs):
             t0 = time.perf_counter()
             model_dir = ensure_quantized(cache_root, inputs.model_dir, inputs.recipe.quantization, reporter)
             timings["quantize"] = time.perf_counter() - t0

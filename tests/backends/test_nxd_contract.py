@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from neuron_standin.fixtures import nxd_sdk, sdk_path  # noqa: F401
+from neuron_standin import fixtures as standin
 
 from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.nxd import NxdBackend
@@ -17,6 +17,7 @@ from neuronpack.errors import ArtifactError, BuildError, RecipeError, Unsupporte
 from neuronpack.recipe import load_recipe
 
 pytestmark = pytest.mark.contract
+nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures
 RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.toml"))
 SAMPLING_DEFAULT = {"do_sample": False, "top_k": 1, "top_p": 1.0, "temperature": 1.0, "dynamic": True,
                     "deterministic": False, "global_topk": 256}

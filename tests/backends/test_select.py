@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from neuron_standin.fixtures import make_placeholder, nxd_sdk, sdk_path, tnx_sdk  # noqa: F401
+from neuron_standin import fixtures as standin
+from neuron_standin.fixtures import make_placeholder
 
 from neuronpack.backends.neuron_packages import probe_package
 from neuronpack.backends.select import choose_framework, get_backend
 from neuronpack.errors import NeuronpackError
 
 pytestmark = pytest.mark.contract
+nxd_sdk, sdk_path, tnx_sdk = standin.nxd_sdk, standin.sdk_path, standin.tnx_sdk  # fixtures
 
 
 def test_auto_without_sdk_is_torch_and_says_why(sdk_path):

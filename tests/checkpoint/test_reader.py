@@ -220,3 +220,16 @@ def test_bin_that_is_not_a_zip(tmp_path, tiny_llama):
     (path / "pytorch_model.bin").write_bytes(b"garbage" * 10)
     with pytest.raises(CheckpointError, match="pytorch_model.bin|unsafe|cannot read"):
         open_checkpoint(path).names()
+
+
+def test_open_checkpoint_and_identity_do_not_import_torch(tiny_llama):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from neuronpack.checkpoint import open_checkpoint;"
+        f"c = open_checkpoint({str(tiny_llama)!r}); c.weight_identity(); c.lm_head_name(); c.tied;"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

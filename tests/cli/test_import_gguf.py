@@ -7,9 +7,9 @@ import importlib.util
 import json
 
 import pytest
+from checkpoint.tiny_gguf import write_tiny_gguf
 from typer.testing import CliRunner
 
-from checkpoint.tiny_gguf import write_tiny_gguf
 from neuronpack.cli.app import app
 
 runner = CliRunner(env={"COLUMNS": "120"})

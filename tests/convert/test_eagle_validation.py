@@ -145,3 +145,20 @@ def test_existing_out_and_out_inside_an_input_are_refused(tmp_path, target):
     with pytest.raises(NeuronpackError, match="overlaps an input"):
         convert_eagle(draft, tgt, draft / "converted")
     assert not (draft / "converted").exists()
+
+
+def test_uncached_hub_id_is_a_clear_error(tmp_path, target):
+    from neuronpack.errors import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError):  # HF_HUB_OFFLINE=1 in tests/conftest.py
+        convert_eagle("yuhuili/EAGLE-not-cached-here", target("fp32"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_hints_refuse_a_draft_without_head(tmp_path, target):
+    from neuronpack.convert.eagle import eagle_nxd_hints
+
+    draft = make_eagle1_draft(tmp_path / "draft", vocab=vocab_of(target("fp32")), layout="safetensors")
+    with pytest.raises(ConversionError, match="no lm_head.weight") as info:
+        eagle_nxd_hints(draft)
+    assert "neuronpack convert-eagle" in info.value.fix

@@ -33,3 +33,15 @@ def artifact_tokenizer(serve_artifact):
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
     return ArtifactTokenizer.from_dir(serve_artifact)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread: the engine thread, the HTTP loop and the client share 2 cores in CI, and OpenMP threads
+    that spin while another thread holds the core make a 6 ms decode step take 100+ ms."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

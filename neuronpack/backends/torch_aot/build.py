@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.backends.torch_aot import graphs as G
+from neuronpack.backends.torch_aot import layout as L
+from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
 from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS, current_target, effective_compiler
 from neuronpack.errors import BuildError, CheckpointError, RecipeError
 from neuronpack.models.config import ModelConfig
@@ -30,11 +31,6 @@ from neuronpack.models.loading import resolve_dtype
 if TYPE_CHECKING:
     from neuronpack.backends.base import BuildRequest
 
-FORMAT = "neuronpack-torch"
-FORMAT_VERSION = 1
-GRAPHS_FILE = "graphs.pt2"
-WEIGHTS_DIR = "weights"
-NEURON_CONFIG = "neuron_config.json"
 
 
 def neuron_config(request: BuildRequest) -> dict[str, Any]:
@@ -73,8 +69,8 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "num_kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab_size,
-        "graphs": {G.graph_name(kind, n): G.package_model_name(G.graph_name(kind, n)) for kind, n in
-                   G.iter_graphs(plan)},
+        "graphs": {L.graph_name(kind, n): L.package_model_name(L.graph_name(kind, n)) for kind, n in
+                   L.iter_graphs(plan)},
         "target": current_target(compiler, recipe.instance_for("torch")),
     }
 
@@ -143,14 +139,16 @@ def write_weights(model, model_dir: Path, out: Path, reporter) -> None:
 
 def compile_graphs(model, plan, config: dict, package: Path, reporter) -> dict[str, float]:
     """Export (and with AOTInductor, compile) every bucket; package them all into ``package``."""
+    from neuronpack.backends.torch_aot import graphs as G
+
     caches = G.new_kv_cache(model, config["batch_size"], plan.seq_len, next(model.parameters()).dtype)
     seconds, compiled = {}, {}
-    for kind, length in G.iter_graphs(plan):
-        name = G.graph_name(kind, length)
+    for kind, length in L.iter_graphs(plan):
+        name = L.graph_name(kind, length)
         with reporter.task(f"compile {name} ({config['compiler']})", total=1) as task:
             start = time.perf_counter()
             try:
-                compiled[G.package_model_name(name)] = _compile_one(model, kind, length, config, caches)
+                compiled[L.package_model_name(name)] = _compile_one(model, kind, length, config, caches)
             except Exception as exc:  # inductor / export failures surface as one BuildError line
                 raise BuildError(f"compiling bucket {name} failed: {type(exc).__name__}: {exc}"[:500],
                                  where=name, fix="rerun with NEURONPACK_DEBUG=1, or set compiler=export") from exc
@@ -171,6 +169,8 @@ def compile_graphs(model, plan, config: dict, package: Path, reporter) -> dict[s
 
 def _compile_one(model, kind: str, length: int, config: dict, caches):
     import torch
+
+    from neuronpack.backends.torch_aot import graphs as G
 
     if config["compiler"] == "export":
         return G.export_weightless_graph(model, kind, length, config["batch_size"], caches)

@@ -13,20 +13,15 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
+from neuronpack.backends.torch_aot.layout import CONTEXT, WEIGHT_PREFIX
+
 if TYPE_CHECKING:
-    from neuronpack.buckets import BucketPlan
     from neuronpack.models.llama import LlamaForCausalLM
-
-# The wrappers hold the model as ``lm``: its tensor ``x`` is the graph constant ``lm.x``.
-WEIGHT_PREFIX = "lm."
-CONTEXT, TOKEN_GEN = "context", "token_generation"
-
 
 class ContextGraph(nn.Module):
     """A context-encoding bucket of ``length`` tokens (batch 1, like NxDI's ctx_batch_size 1)."""
@@ -51,16 +46,6 @@ class DecodeGraph(nn.Module):
         return self.lm.forward_decode(tokens, positions, k_caches, v_caches, self.attend_len)
 
 
-def graph_name(kind: str, length: int) -> str:
-    """``context:128`` / ``token_generation:512``: the model name inside graphs.pt2 and the manifest key."""
-    return f"{kind}:{length}"
-
-
-def package_model_name(name: str) -> str:
-    """AOTInductor package model names must be identifiers-like: ``context:128`` -> ``context_128``."""
-    return name.replace(":", "_")
-
-
 def new_kv_cache(lm: LlamaForCausalLM, batch_size: int, max_seq: int, dtype: torch.dtype, device="cpu"):
     """Per-layer K and V caches, each ``[batch_size, kv_heads, max_seq, head_dim]`` zeros."""
     cfg = lm.config
@@ -77,14 +62,6 @@ def example_inputs(kind: str, length: int, batch_size: int, caches) -> tuple:
         tokens = torch.zeros(1, length, dtype=torch.long)
         return tokens, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), k, v
     return torch.zeros(batch_size, dtype=torch.long), torch.zeros(batch_size, dtype=torch.long), k, v
-
-
-def iter_graphs(plan: BucketPlan) -> Iterator[tuple[str, int]]:
-    """(kind, length) for every bucket of the plan, context first."""
-    for length in plan.context:
-        yield CONTEXT, length
-    for length in plan.token_generation:
-        yield TOKEN_GEN, length
 
 
 def export_graph(lm: LlamaForCausalLM, kind: str, length: int, batch_size: int, caches):

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.backends.torch_aot import graphs as G
-from neuronpack.backends.torch_aot.build import FORMAT, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot import layout as L
+from neuronpack.backends.torch_aot.layout import FORMAT, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
 from neuronpack.backends.torch_aot.target import current_target, target_mismatch
 from neuronpack.buckets import route, route_tnx
 from neuronpack.errors import ArtifactError, BucketError
@@ -85,7 +85,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(artifact_dir / WEIGHTS_DIR), dtype, max_seq_len=config["seq_len"],
                        reporter=reporter)
-    weights = {G.WEIGHT_PREFIX + name: t for name, t in model_tensors(model).items()}
+    weights = {L.WEIGHT_PREFIX + name: t for name, t in model_tensors(model).items()}
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
         runners = _load_runners(artifact_dir / GRAPHS_FILE, config, weights, task)
     return CompiledLM(config, runners, weights, _eos_token_ids(artifact_dir))
@@ -119,7 +119,7 @@ class CompiledLM:
 
         self._check_prefill(slots, prompts)
         bucket = route(self.context_buckets, max(len(p) for p in prompts))
-        run = self._runners[G.graph_name(G.CONTEXT, bucket)]
+        run = self._runners[L.graph_name(L.CONTEXT, bucket)]
         rows = []
         with torch.inference_mode():
             for slot, prompt in zip(slots, prompts, strict=True):
@@ -138,7 +138,7 @@ class CompiledLM:
         tokens, positions = self._check_decode(tokens, positions)
         bucket = route_tnx(self.token_generation_buckets, int(positions.max()) + 1)
         with torch.inference_mode():
-            return self._runners[G.graph_name(G.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
+            return self._runners[L.graph_name(L.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
                                                                      self.v_caches)
 
     def reset(self) -> None:

@@ -1,0 +1,55 @@
+"""Shared helpers for benchmarks: timing subprocesses, saving the table as JSON and a PNG plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT_DIR = ROOT / "docs" / "bench"
+NEURONPACK = [sys.executable, "-m", "neuronpack"]
+
+
+def time_command(argv: list[str], *, repeats: int = 5, env: dict | None = None) -> list[float]:
+    """Wall seconds of each of ``repeats`` runs of a command (it must succeed)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True, env={**os.environ, **(env or {})})
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def save_results(name: str, payload: dict) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, **payload}
+    path = OUT_DIR / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def save_bar_plot(name: str, labels: list[str], values: list[float], *, ylabel: str, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bars = ax.bar(labels, values, color="#4a7ab5")
+    ax.bar_label(bars, fmt="%.3g")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    path = OUT_DIR / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

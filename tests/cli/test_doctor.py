@@ -1,0 +1,75 @@
+"""`neuronpack doctor`: text table and one JSON object; it reports (exit 0) whatever is installed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from neuronpack.cli.app import app
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
+from neuron_standin import fixtures as standin  # noqa: E402
+from neuron_standin.fixtures import make_placeholder  # noqa: E402
+
+pytestmark = pytest.mark.contract
+nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures
+ENV = {"COLUMNS": "120"}
+
+
+def _json(env=None) -> dict:
+    result = CliRunner().invoke(app, ["doctor", "--format", "json"], env={**ENV, **(env or {})})
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_text_report_without_neuron_sdk(sdk_path):
+    result = CliRunner().invoke(app, ["doctor"], env=ENV)
+    assert result.exit_code == 0
+    out = result.stdout
+    assert re.search(r"neuronx-distributed-inference\s+│ missing", out)
+    assert re.search(r"auto framework\s+│ torch ", out)
+    assert "NOT validated here: no Neuron compile or load has run on hardware" in out
+
+
+def test_json_report_names_placeholder_and_auto_choice(tmp_path, sdk_path):
+    sdk_path(make_placeholder(tmp_path, "torch-neuronx", style="pypi"))
+    report = _json({"NEURONPACK_FRAMEWORK": "nxd", "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"})
+    packages = {p["dist"]: p for p in report["packages"]}
+    assert packages["torch-neuronx"]["state"] == "placeholder"
+    assert packages["torch-neuronx"]["version"] == "0.1.0"
+    assert "pip.repos.neuron.amazonaws.com" in packages["torch-neuronx"]["reason"]
+    assert report["framework"]["auto"] == "torch"
+    assert report["framework"]["effective"] == {"name": "nxd", "reason": "NEURONPACK_FRAMEWORK=nxd"}
+    assert report["env"] == {"NEURONPACK_FRAMEWORK": "nxd", "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2",
+                             "NEURONPACK_CACHE_DIR": report["env"]["NEURONPACK_CACHE_DIR"]}
+    assert report["platform"]["platform_target_override"] == "trn2"
+    assert report["torch"] and report["python"]["version"]
+    assert report["not_validated"]
+
+
+def test_json_report_with_the_nxd_stand_in(nxd_sdk):
+    report = _json()
+    packages = {p["dist"]: p for p in report["packages"]}
+    assert packages["neuronx-distributed-inference"]["state"] == "ok"
+    assert packages["neuronx-distributed-inference"]["version"] == "0.9.0"
+    assert report["neuronx_cc"] == "2.19.8089.0"
+    assert report["framework"]["auto"] == "nxd"
+
+
+def test_bad_env_value_is_reported_not_fatal(sdk_path):
+    report = _json({"VLLM_NEURON_FRAMEWORK": "neuron"})
+    assert report["framework"]["effective"]["name"] is None
+    assert "VLLM_NEURON_FRAMEWORK='neuron'" in report["framework"]["effective"]["reason"]
+
+
+def test_doctor_does_not_import_torch():
+    code = ("import sys; from typer.testing import CliRunner; from neuronpack.cli.app import app; "
+            "r = CliRunner().invoke(app, ['doctor', '--format', 'json']); print(r.exit_code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "False"]

@@ -1,0 +1,81 @@
+"""`neuronpack quantize` through the real typer app: stdout/stderr contract, JSON output, cache hit, error lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from neuronpack.cli.app import app
+
+
+@pytest.fixture
+def run(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    runner = CliRunner()
+
+    def _run(*args: str):
+        return runner.invoke(app, ["quantize", *map(str, args)])
+
+    return _run
+
+
+def test_text_output_prints_table_on_stderr_and_path_on_stdout(run, tiny_llama, tmp_path):
+    out = tmp_path / "q"
+    result = run(tiny_llama, "--out", out, "--dtype", "int8", "--skip", "layers.0.mlp", "--skip", "zzz*")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == str(out.absolute())
+    assert "int8 per-channel: 11 tensors quantized" in result.stderr
+    assert "model.layers.1.mlp.down_proj.weight" in result.stderr and "whole model" in result.stderr
+    assert "left unquantized (modules_to_not_convert): layers.0.mlp, lm_head" in result.stderr
+    assert "warning: --skip 'zzz*' matches no Linear module" in result.stderr
+    assert (out / "quantization_report.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def test_json_output_is_one_object_and_rerun_is_a_cache_hit(run, tiny_llama, tmp_path):
+    out = tmp_path / "q"
+    first = run(tiny_llama, "--out", out, "--dtype", "fp8", "--granularity", "per-tensor", "--format", "json")
+    assert first.exit_code == 0, first.output
+    summary = json.loads(first.stdout)
+    assert summary["cache_hit"] is False and summary["out"] == str(out.absolute())
+    assert summary["dtype"] == "fp8" and summary["granularity"] == "per-tensor"
+    assert summary["quantized_tensors"] == 14 and summary["modules_to_not_convert"] == ["lm_head"]
+    assert 20 < summary["snr_db"] < 40 and summary["worst_tensor"]["name"].endswith(".weight")
+    again = run(tiny_llama, "--out", out, "--dtype", "fp8", "--granularity", "per-tensor", "--format", "json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout) == {**summary, "cache_hit": True}
+    assert "cache hit" in again.stderr
+
+
+def test_quiet_prints_only_the_path(run, tiny_llama, tmp_path):
+    result = run(tiny_llama, "--out", tmp_path / "q", "--dtype", "int8", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == "" and result.stdout.strip() == str((tmp_path / "q").absolute())
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--dtype", "int4"], "error: unknown quantization dtype 'int4' (--dtype). choose one of int8, fp8"),
+        (["--dtype", "int8", "--granularity", "group"], "error: unknown granularity 'group'"),
+        (["--dtype", "int8", "--skip", "*"], "every Linear weight is excluded by --skip"),
+    ],
+)
+def test_bad_options_are_one_line_errors(run, tiny_llama, tmp_path, extra, message):
+    result = run(tiny_llama, "--out", tmp_path / "q", *extra)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "q").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_and_quantized_input_are_refused(run, tiny_llama, tmp_path):
+    out = tmp_path / "q"
+    assert run(tiny_llama, "--out", out, "--dtype", "int8", "--quiet").exit_code == 0
+    other = run(tiny_llama, "--out", out, "--dtype", "fp8")
+    assert other.exit_code == 1 and "output already exists with different inputs or options" in other.stderr
+    requant = run(out, "--out", tmp_path / "q2", "--dtype", "int8")
+    assert requant.exit_code == 1 and "input is already quantized" in requant.stderr
+    missing = run(tmp_path / "nope", "--out", tmp_path / "q3", "--dtype", "int8")
+    assert missing.exit_code == 1 and missing.stderr.startswith("error: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
