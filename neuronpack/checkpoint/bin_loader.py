@@ -115,11 +115,13 @@ def _unsafe(file: Path, exc: BaseException) -> CheckpointError:
 
 
 def _unpickler_reason(exc: BaseException) -> str:
-    """The line of torch's long message that says what was refused, e.g. ``Unsupported global: GLOBAL posix.system``."""
+    """The line of torch's long message that says what was refused, e.g. ``... unsupported GLOBAL posix.system ...``."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     for line in lines:
         if "WeightsUnpickler error:" in line:
             return line.split("WeightsUnpickler error:", 1)[1].strip()[:160]
+        if "unsupported GLOBAL" in line or "Unsupported global" in line:
+            return line.rstrip(".")[:160]
     return (lines[0] if lines else type(exc).__name__)[:160]
 
 

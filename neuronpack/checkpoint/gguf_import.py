@@ -44,7 +44,8 @@ def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Re
     gguf_file = _check_gguf_file(Path(gguf_file).expanduser())
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}", where="--dtype", fix=f"choose one of {', '.join(DTYPES)}")
-    torch_dtype_name = gguf_auto_dtype(gguf_file) if dtype == "auto" else dtype
+    auto_dtype = gguf_auto_dtype(gguf_file)  # also parses the whole tensor table: a truncated file fails here
+    torch_dtype_name = auto_dtype if dtype == "auto" else dtype
     with atomic_output_dir(Path(out), inputs=[gguf_file], label=".import-gguf-") as staging:
         with _quiet_transformers():
             tokenizer, model = _load_gguf(gguf_file, torch_dtype_name, reporter)

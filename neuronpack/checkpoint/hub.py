@@ -118,8 +118,8 @@ def _hub_error(exc: Exception, where: str, offline: bool) -> ModelNotFoundError:
     )
     if offline or kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled"):
         return ModelNotFoundError(
-            "model is not in the local Hugging Face cache and HF_HUB_OFFLINE is set" if offline
-            else "model is not in the local Hugging Face cache and the hub is unreachable",
+            "not a local directory, and not in the local Hugging Face cache (HF_HUB_OFFLINE is set)" if offline
+            else "not a local directory, and not in the local Hugging Face cache (the hub is unreachable)",
             where=where,
             fix=fix_cache,
         )

@@ -185,11 +185,12 @@ def _read_config(root: Path) -> dict:
 
 
 def _find_weight_files(root: Path) -> tuple[str, list[Path], dict[str, str] | None]:
-    """Return (format, weight files in index order, weight_map or None)."""
+    """Return (format, weight files in shard order, weight_map or None)."""
     for index_name, single_name, fmt in LAYOUTS:
         if (root / index_name).is_file():
             weight_map = _read_index(root / index_name)
-            files = [root / f for f in dict.fromkeys(weight_map.values())]
+            # Shard names sort in their numbered order (model-00001-of-00003, ...); weight_map is sorted by tensor.
+            files = [root / f for f in sorted(set(weight_map.values()))]
             for file in files:
                 if not file.is_file():
                     raise CheckpointError(

@@ -22,7 +22,7 @@ class FrameworkChoice(str, Enum):
 
 def compile_command(
     model: Annotated[
-        str | None, typer.Argument(help="HF checkpoint dir or hub id (default: the recipe's [model] source)")
+        str | None, typer.Argument(help="HF checkpoint dir or hub id (default: the recipe's model.source)")
     ] = None,
     *,
     recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="TOML recipe (see recipes/)")] = None,

@@ -207,7 +207,7 @@ def test_bin_with_pickled_callable_is_refused(tmp_path, tiny_llama):
     path.mkdir()
     shutil.copy(tiny_llama / "config.json", path / "config.json")
     torch.save({"model.embed_tokens.weight": torch.zeros(2, 2), "payload": Exploit()}, path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match="unsafe pickle") as err:
+    with pytest.raises(CheckpointError, match="unsafe pickle.*posix.system") as err:
         open_checkpoint(path).names()
     assert "safetensors" in err.value.fix
     assert str(path / "pytorch_model.bin") in err.value.where

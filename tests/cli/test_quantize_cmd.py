@@ -59,7 +59,7 @@ def test_quiet_prints_only_the_path(run, tiny_llama, tmp_path):
     [
         (["--dtype", "int4"], "error: unknown quantization dtype 'int4' (--dtype). choose one of int8, fp8"),
         (["--dtype", "int8", "--granularity", "group"], "error: unknown granularity 'group'"),
-        (["--dtype", "int8", "--skip", "*"], "every Linear weight is excluded by --skip"),
+        (["--dtype", "int8", "--skip", "*"], "error: every Linear weight is excluded by --skip"),
     ],
 )
 def test_bad_options_are_one_line_errors(run, tiny_llama, tmp_path, extra, message):

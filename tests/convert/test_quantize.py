@@ -131,7 +131,8 @@ def test_include_lm_head(make_checkpoint, tmp_path):
     untied = make_checkpoint("llama", tie=False)
     quantize_checkpoint(untied, tmp_path / "q", QuantizeOptions("int8", include_lm_head=True))
     got = load_dir(tmp_path / "q")
-    assert got["lm_head.weight"].dtype == torch.int8 and got["lm_head.scale"].shape == (got["lm_head.weight"].shape[0], 1)
+    assert got["lm_head.weight"].dtype == torch.int8
+    assert got["lm_head.scale"].shape == (got["lm_head.weight"].shape[0], 1)
     assert got["model.embed_tokens.weight"].dtype == torch.float32
     tied, reporter = make_checkpoint("smollm"), NullReporter()
     quantize_checkpoint(tied, tmp_path / "t", QuantizeOptions("int8", include_lm_head=True), reporter=reporter)

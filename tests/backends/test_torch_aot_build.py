@@ -1,0 +1,144 @@
+"""TorchAotBackend.build / load_artifact on tiny checkpoints with the export-only compiler (fast): artifact layout,
+neuron_config.json, one weights copy, recipe refusals and clear load-time errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from neuronpack.backends.base import BuildRequest
+from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
+from neuronpack.buckets import plan_buckets
+from neuronpack.checkpoint import open_checkpoint
+from neuronpack.errors import ArtifactError, BucketError, RecipeError
+from neuronpack.models import load_model
+from neuronpack.recipe import Recipe
+
+BUCKETS = {"context": [16, 64], "token_generation": [64, 128]}
+
+
+def tiny_request(model_dir: Path, staging: Path, *, compiler="export", batch_size=2, **recipe) -> BuildRequest:
+    data = {"compiler": compiler, "buckets": BUCKETS,
+            "target": {"batch_size": batch_size, "seq_len": 128, "max_context_length": 64}, **recipe}
+    parsed = Recipe.model_validate(data)
+    plan = plan_buckets(parsed.target.seq_len, parsed.max_context_length, context=parsed.buckets.context,
+                        token_generation=parsed.buckets.token_generation)
+    staging.mkdir(parents=True, exist_ok=True)
+    return BuildRequest(model_dir=model_dir, recipe=parsed, plan=plan, staging=staging)
+
+
+@pytest.fixture(scope="module")
+def smollm_export(tmp_path_factory):
+    """A bf16 export-only artifact of a tiny tied SmolLM (built once for this module)."""
+    from tiny_models import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("torch-export")
+    model_dir = make_tiny_checkpoint(root / "smollm", arch="smollm")
+    request = tiny_request(model_dir, root / "artifact", model={"dtype": "bfloat16"})
+    info = TorchAotBackend().build(request)
+    return model_dir, request.staging, info
+
+
+def test_artifact_layout(smollm_export):
+    model_dir, artifact, info = smollm_export
+    names = {str(p.relative_to(artifact)) for p in artifact.rglob("*")}
+    assert {"graphs.pt2", "neuron_config.json", "config.json", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json", "chat_template.jinja", "weights/model.safetensors",
+            "weights/config.json"} <= names
+    assert "neuronpack.json" not in names  # the pipeline writes the manifest
+    assert info["compiler"] == "export"
+    assert set(info["bucket_seconds"]) == {"context:16", "context:64", "token_generation:64",
+                                          "token_generation:128"}
+
+
+def test_neuron_config_fields(smollm_export):
+    _, artifact, _ = smollm_export
+    config = json.loads((artifact / "neuron_config.json").read_text())
+    assert config["batch_size"] == config["tkg_batch_size"] == 2 and config["ctx_batch_size"] == 1
+    assert (config["seq_len"], config["max_context_length"], config["tp_degree"]) == (128, 64, 1)
+    assert config["context_encoding_buckets"] == [16, 64]
+    assert config["token_generation_buckets"] == [64, 128]
+    assert config["torch_dtype"] == "bfloat16" and config["compiler"] == "export"
+    assert config["target"]["torch"] == torch.__version__
+
+
+def test_weights_are_one_copy_in_recipe_dtype(smollm_export):
+    model_dir, artifact, _ = smollm_export
+    weights = open_checkpoint(artifact / "weights")
+    source = open_checkpoint(model_dir)
+    assert "lm_head.weight" not in weights.names() and weights.tied  # tied: stored once
+    assert sorted(weights.names()) == sorted(source.names())
+    assert {weights.info(n).dtype for n in weights.names()} == {"BF16"}
+    torch.testing.assert_close(weights.get("model.norm.weight"), source.get("model.norm.weight").bfloat16())
+
+
+def test_loaded_artifact_matches_the_model(smollm_export):
+    model_dir, artifact, _ = smollm_export
+    lm = load_artifact(artifact)
+    assert (lm.batch_size, lm.context_buckets, lm.token_generation_buckets) == (2, (16, 64), (64, 128))
+    assert (lm.max_seq_len, lm.vocab_size, lm.eos_token_ids) == (128, 384, (2,))
+    reference = load_model(model_dir, torch.bfloat16)
+    prompt = list(range(3, 23))
+    full = reference.forward_full(torch.tensor([prompt + [9]]))[0]
+    logits = lm.prefill([1], [prompt])
+    assert logits.dtype == torch.float32 and logits.shape == (1, 384)
+    torch.testing.assert_close(logits[0], full[19], atol=5e-2, rtol=2e-2)
+    step = lm.decode(torch.tensor([0, 9]), torch.tensor([0, 20]))
+    torch.testing.assert_close(step[1], full[20], atol=5e-2, rtol=2e-2)
+
+
+def test_load_errors_are_clear(smollm_export, tmp_path):
+    _, artifact, _ = smollm_export
+    lm = load_artifact(artifact)
+    with pytest.raises(BucketError, match="largest context bucket 64"):
+        lm.prefill([0], [[1] * 65])
+    with pytest.raises(BucketError, match="sequence length 128"):
+        lm.decode(torch.tensor([1, 1]), torch.tensor([0, 128]))
+    broken = tmp_path / "broken"
+    shutil.copytree(artifact, broken)
+    (broken / "graphs.pt2").unlink()
+    with pytest.raises(ArtifactError, match="missing graphs.pt2"):
+        TorchAotBackend().validate_artifact(broken, {})
+    config = json.loads((broken / "neuron_config.json").read_text())
+    (broken / "neuron_config.json").write_text(json.dumps({**config, "format": "nxd"}))
+    with pytest.raises(ArtifactError, match="not a torch-backend artifact"):
+        load_artifact(broken)
+
+
+def test_torch_version_mismatch_is_refused(smollm_export, tmp_path):
+    _, artifact, _ = smollm_export
+    copy = tmp_path / "old"
+    shutil.copytree(artifact, copy)
+    config = json.loads((copy / "neuron_config.json").read_text())
+    config["target"]["torch"] = "2.0.0"
+    (copy / "neuron_config.json").write_text(json.dumps(config))
+    with pytest.raises(ArtifactError) as info:
+        TorchAotBackend().validate_artifact(copy, {})
+    assert "2.0.0" in info.value.what and torch.__version__ in info.value.what
+    assert "neuronpack compile" in info.value.fix
+
+
+@pytest.mark.parametrize(("recipe", "what"), [
+    ({"speculation": {"draft": "d"}}, "speculation"),
+    ({"lora": {"adapters": [{"name": "a", "path": "p"}]}}, "lora"),
+    ({"target": {"tp_degree": 2, "seq_len": 128}}, "tp_degree"),
+    ({"target": {"instance": "trn1", "seq_len": 128}}, "instance"),
+])
+def test_unsupported_recipe_features_are_refused(tiny_llama, tmp_path, recipe, what):
+    request = tiny_request(tiny_llama, tmp_path / "s", **recipe)
+    with pytest.raises(RecipeError, match=what):
+        TorchAotBackend().compile_config(request)
+    assert not any((tmp_path / "s").iterdir())
+
+
+def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
+    config = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "s"))
+    assert "target" not in config
+    assert config["graphs"] == {"context:16": "context_16", "context:64": "context_64",
+                                "token_generation:64": "token_generation_64",
+                                "token_generation:128": "token_generation_128"}
+    json.dumps(config)  # plain JSON: goes into the key

