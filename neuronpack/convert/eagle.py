@@ -30,6 +30,7 @@ from neuronpack.checkpoint import Checkpoint, TensorSpec, copy_aux_files, open_c
 from neuronpack.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
 from neuronpack.convert.eagle_layouts import (
     EMBED,
+    FLOAT_CODES,
     FLOAT_DTYPES,
     HEAD,
     EaglePlan,
@@ -381,7 +382,7 @@ def _report_plan(plan: EaglePlan, target: Checkpoint, reporter: Reporter, *, imp
         if implicit:
             # The user did not ask for a cast: say why it happens and how to avoid it.
             reporter.warn(f"{message}: the target's dtype differs from the draft's "
-                          f"{_inverse(FLOAT_DTYPES)[plan.out_dtype]} (--dtype auto keeps the draft's dtype; "
+                          f"{FLOAT_CODES[plan.out_dtype]} (--dtype auto keeps the draft's dtype; "
                           f"--dtype {FLOAT_DTYPES[t.source_dtype]} would write the whole draft in it)")
         else:
             reporter.info(message)
@@ -390,6 +391,3 @@ def _report_plan(plan: EaglePlan, target: Checkpoint, reporter: Reporter, *, imp
     if EMBED in {t.name for t in plan.added} and plan.layout == "eagle1":
         reporter.info("draft had no embed_tokens.weight: added the target's")
 
-
-def _inverse(mapping: dict[str, str]) -> dict[str, str]:
-    return {v: k for k, v in mapping.items()}

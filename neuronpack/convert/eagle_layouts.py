@@ -28,6 +28,7 @@ from neuronpack.checkpoint.safetensors_header import TensorInfo
 from neuronpack.errors import ConversionError
 
 FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+FLOAT_CODES = {name: code for code, name in FLOAT_DTYPES.items()}  # "float16" -> "F16"
 DTYPE_CHOICES = ("auto", "float16", "bfloat16", "float32")
 HEAD = "lm_head.weight"
 EMBED = "embed_tokens.weight"
@@ -120,10 +121,7 @@ def plan_eagle_conversion(
             fix="pair the draft with the target model it was trained for",
         )
     out_dtype = FLOAT_DTYPES[fc.dtype] if dtype == "auto" else dtype
-    codes = _Codes(
-        out={v: k for k, v in FLOAT_DTYPES.items()}[out_dtype],
-        draft=None if dtype == "auto" else {v: k for k, v in FLOAT_DTYPES.items()}[out_dtype],
-    )
+    codes = _Codes(out=FLOAT_CODES[out_dtype], draft=None if dtype == "auto" else FLOAT_CODES[out_dtype])
     if layout == "eagle1":
         return _plan_eagle1(draft, target, names, head, hidden, out_dtype, codes, overwrite_head)
     return _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, codes)

@@ -5,11 +5,13 @@ A quantized linear stores ``q = quantize(w / scale)`` and ``scale`` (float32). S
 (Neuron's bound, not the format's 448), ``q = fp8(clamp(w / scale, -240, 240))``. Per-channel: one amax per output
 row (scale shape ``[out_features, 1]``); per-tensor: one amax for the whole matrix (scale shape ``[1]``).
 
+Every full-size pass over a chunk costs about the same (memory bound), so ``quantize_rows`` makes one float32 copy
+and derives the scale, the quantized values and the error statistics from it (about 9 passes per chunk).
+
 Example::
 
     w = torch.randn(8, 16)
-    scale = channel_scales(w, "int8")            # [8, 1] float32
-    q = quantize_rows(w, scale, "int8")          # [8, 16] int8
+    q, scale = quantize_rows(w, "int8")          # [8, 16] int8, [8, 1] float32 (per-channel)
     err = (w - dequantize(q, scale)).abs()       # <= scale / 2 element-wise
 """
 
@@ -23,7 +25,6 @@ import torch
 # Largest representable magnitude of each quantized dtype as Neuron uses it.
 QMAX = {"int8": 127.0, "fp8": 240.0}
 TORCH_DTYPE = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
-SAFETENSORS_DTYPE = {"int8": "I8", "fp8": "F8_E4M3"}
 # e4m3: 3 mantissa bits, so round-to-nearest is off by at most 2**-4 of the value for normal numbers; below the
 # smallest normal (2**-6) the spacing is a constant 2**-9, so the absolute error is at most 2**-10.
 FP8_REL_BOUND = 2.0**-4
@@ -43,7 +44,7 @@ def scale_from_amax(amax: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def channel_scales(rows: torch.Tensor, dtype: str) -> torch.Tensor:
     """Per-output-channel scales of a row chunk: ``rows`` [R, C] -> [R, 1] float32."""
-    amax = rows.detach().abs().amax(dim=1, keepdim=True)  # [R, 1], in the input dtype (exact for bf16/fp16)
+    amax = torch.linalg.vector_norm(rows.detach(), ord=math.inf, dim=1, keepdim=True)  # [R, 1] = max |w| per row
     return scale_from_amax(amax, dtype)
 
 
@@ -51,28 +52,41 @@ def chunk_amax(rows: torch.Tensor) -> float:
     """Largest magnitude of a row chunk (used by the first pass of per-tensor quantization)."""
     if rows.numel() == 0:
         return 0.0
-    return float(rows.detach().abs().max().to(torch.float32))
+    return float(torch.linalg.vector_norm(rows.detach(), ord=math.inf).to(torch.float32))
 
 
-def quantize_rows(rows: torch.Tensor, scale: torch.Tensor, dtype: str) -> torch.Tensor:
-    """Quantize a row chunk ``rows`` [R, C] with ``scale`` ([R, 1] or [1]) to int8 or float8_e4m3fn, same shape.
+def quantize_rows(
+    rows: torch.Tensor, dtype: str, scale: torch.Tensor | None = None, *, stats: ErrorAccumulator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a row chunk ``rows`` [R, C]; return ``(q, scale)`` with q int8 / float8_e4m3fn [R, C].
+
+    ``scale`` None means per-channel (computed here, [R, 1]); pass the tensor's [1] scale for per-tensor. With
+    ``stats``, the chunk's reconstruction error is accumulated too, reusing the float32 copy of the rows.
 
     Example::
 
-        quantize_rows(torch.tensor([[1.0, -2.0]]), torch.tensor([[2.0 / 127]]), "int8")   # [[64, -127]]
+        q, scale = quantize_rows(torch.tensor([[1.0, -2.0]]), "int8")    # [[64, -127]], [[2 / 127]]
     """
     qmax = QMAX[dtype]
-    scaled = rows.to(torch.float32) / scale  # [R, C] fp32 temporary: the only full-size float copy of the chunk
+    w = rows.detach().to(torch.float32)  # [R, C]; aliases rows when already float32, so w is never modified
+    if scale is None:
+        scale = channel_scales(w, dtype)
+    scaled = w / scale  # [R, C] in units of scale
     if dtype == "int8":
-        scaled.round_().clamp_(-qmax, qmax)
+        levels = scaled.round().clamp_(-qmax, qmax)
     else:
-        scaled.clamp_(-qmax, qmax)
-    return scaled.to(TORCH_DTYPE[dtype])
+        levels = scaled.clamp(-qmax, qmax)
+    q = levels.to(TORCH_DTYPE[dtype])
+    if stats is not None:
+        if dtype == "fp8":
+            levels = q.to(torch.float32)  # the values fp8 can actually hold
+        stats.add(w, scaled.sub_(levels), scale)
+    return q, scale
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``q * scale`` in float32: what a runtime multiplies with. ``q`` [R, C], ``scale`` [R, 1] or [1]."""
-    return q.to(torch.float32) * scale
+    return q.to(torch.float32).mul_(scale)
 
 
 def error_bound(rows: torch.Tensor, scale: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -95,27 +109,24 @@ class ErrorAccumulator:
     Example::
 
         acc = ErrorAccumulator()
-        acc.add(w, dequantize(q, scale))
+        quantize_rows(w, "int8", stats=acc)
         acc.relative_error, acc.snr_db
     """
 
     signal: float = 0.0  # sum of w**2
     noise: float = 0.0  # sum of (w - deq)**2
-    max_abs_error: float = 0.0
 
-    def add(self, rows: torch.Tensor, deq: torch.Tensor) -> None:
-        w = rows.to(torch.float32)
-        diff = w - deq
-        # float64 sums: fp32 accumulation over hundreds of millions of elements loses digits.
-        self.signal += float(w.square().sum(dtype=torch.float64))
-        self.noise += float(diff.square().sum(dtype=torch.float64))
-        if diff.numel():
-            self.max_abs_error = max(self.max_abs_error, float(diff.abs().max()))
+    def add(self, rows: torch.Tensor, scaled_error: torch.Tensor, scale: torch.Tensor) -> None:
+        """Add a chunk: ``rows`` [R, C], its error in units of ``scale`` ([R, C]) and ``scale`` ([R, 1] or [1])."""
+        # Per-row float32 norms (one fused pass each), squared and summed in float64 so hundreds of millions of
+        # elements keep their digits; cheaper than squaring the whole chunk in float64.
+        noise_rows = _row_norms(scaled_error) * scale.reshape(-1)  # [R]: ||w_r - deq_r||
+        self.signal += float(_row_norms(rows.to(torch.float32)).double().square().sum())
+        self.noise += float(noise_rows.double().square().sum())
 
     def merge(self, other: ErrorAccumulator) -> None:
         self.signal += other.signal
         self.noise += other.noise
-        self.max_abs_error = max(self.max_abs_error, other.max_abs_error)
 
     @property
     def relative_error(self) -> float:
@@ -129,3 +140,7 @@ class ErrorAccumulator:
         if self.signal <= 0:
             return 0.0
         return 10.0 * math.log10(self.signal / self.noise)
+
+
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(x, dim=1)  # [R]

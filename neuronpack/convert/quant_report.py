@@ -23,7 +23,6 @@ REPORT_FILE = "quantization_report.json"
 class _Stats(Protocol):
     signal: float
     noise: float
-    max_abs_error: float
 
     @property
     def relative_error(self) -> float: ...
@@ -40,7 +39,6 @@ def tensor_entry(name: str, shape: Sequence[int], source_dtype: str, stats: _Sta
         "source_dtype": source_dtype,
         "relative_error": stats.relative_error,
         "snr_db": stats.snr_db,
-        "max_abs_error": stats.max_abs_error,
     }
 
 
@@ -60,7 +58,6 @@ def build_report(
         "model": {
             "relative_error": model_stats.relative_error,
             "snr_db": model_stats.snr_db,
-            "max_abs_error": model_stats.max_abs_error,
             "quantized_tensors": len(tensors),
             "kept_tensors": len(kept_tensors),
             "input_bytes": input_bytes,

@@ -115,14 +115,7 @@ def _quantized_chunks(ckpt: Checkpoint, name: str, options: QuantizeOptions):
     """Quantize one [out, in] matrix in row chunks: yield int8/fp8 rows, then the scale; return its error stats."""
     import torch
 
-    from neuronpack.convert.quant_math import (
-        ErrorAccumulator,
-        channel_scales,
-        chunk_amax,
-        dequantize,
-        quantize_rows,
-        scale_from_amax,
-    )
+    from neuronpack.convert.quant_math import ErrorAccumulator, chunk_amax, quantize_rows, scale_from_amax
 
     out_features, in_features = ckpt.info(name).shape
     step = max(1, CHUNK_ELEMENTS // max(1, in_features))
@@ -132,12 +125,10 @@ def _quantized_chunks(ckpt: Checkpoint, name: str, options: QuantizeOptions):
         amax = max((chunk_amax(ckpt.get_rows(name, a, b)) for a, b in spans), default=0.0)
         tensor_scale = scale_from_amax(torch.tensor([amax]), options.dtype)  # [1]
     stats = ErrorAccumulator()
-    row_scales = []
+    row_scales = []  # per-channel: one [R, 1] per chunk
     for start, stop in spans:
         w = ckpt.get_rows(name, start, stop)  # [R, in] in the checkpoint dtype
-        scale = tensor_scale if tensor_scale is not None else channel_scales(w, options.dtype)  # [1] or [R, 1]
-        q = quantize_rows(w, scale, options.dtype)
-        stats.add(w, dequantize(q, scale))
+        q, scale = quantize_rows(w, options.dtype, tensor_scale, stats=stats)
         row_scales.append(scale)
         yield name, q
     scale_name = module_prefix(name) + ".scale"

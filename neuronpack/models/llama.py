@@ -14,7 +14,7 @@ which keeps AOTInductor decode as fast as eager. Three entry points:
 
 Example::
 
-    model = build_model(cfg, torch.float32)                  # meta-free, random-free: weights come from load_model
+    model = load_model(Path("tiny-llama"), torch.float32)    # see neuronpack.models.loading
     logits = model.forward_full(torch.tensor([[1, 2, 3]]))   # [1, 3, vocab] float32
 """
 
@@ -48,10 +48,34 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+class Linear(nn.Module):
+    """nn.Linear without random init: weights always come from a checkpoint, and initialising on the meta device
+    would pull in torch's Python reference kernels (seconds of imports at load time)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """nn.Embedding without random init (see Linear)."""
+
+    def __init__(self, num_embeddings: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, dim))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return F.embedding(tokens, self.weight)
+
+
 def make_linear(in_features: int, out_features: int, bias: bool, int8: bool) -> nn.Module:
     if int8:
         return Int8Linear(in_features, out_features, bias=bias)
-    return nn.Linear(in_features, out_features, bias=bias)
+    return Linear(in_features, out_features, bias=bias)
 
 
 class Attention(nn.Module):
@@ -113,7 +137,7 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, int8: frozenset[str]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, int8, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

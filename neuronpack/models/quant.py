@@ -28,9 +28,9 @@ class Int8Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
-        self.register_buffer("scale", torch.ones(out_features, 1, dtype=torch.float32))
-        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scale", torch.empty(out_features, 1, dtype=torch.float32))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]

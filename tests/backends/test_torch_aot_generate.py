@@ -43,8 +43,10 @@ def artifacts(tmp_path_factory):
 
 
 def hf_greedy(model, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
-    config = transformers.GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0,
-                                           eos_token_id=None, pad_token_id=0)
+    """transformers greedy continuation of exactly ``new_tokens`` tokens (EOS does not stop it, as in our loop)."""
+    model.generation_config.eos_token_id = None  # else generate() fills the config's None from the model's
+    config = transformers.GenerationConfig(do_sample=False, max_new_tokens=new_tokens, eos_token_id=None,
+                                           pad_token_id=0)
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), generation_config=config)
     return out[0, len(prompt):].tolist()
@@ -120,9 +122,9 @@ def _smollm2_checkpoint(tmp_path_factory) -> Path:
 def test_real_smollm2_greedy_matches_transformers(tmp_path_factory):
     model_dir = _smollm2_checkpoint(tmp_path_factory)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                           add_generation_prompt=True, tokenize=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=True)["input_ids"])
     request = tiny_request(model_dir, tmp_path_factory.mktemp("smollm2-art") / "a", compiler="aoti",
                            batch_size=1, buckets={"context": [64], "token_generation": [128]})
     TorchAotBackend().build(request)

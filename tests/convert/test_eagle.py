@@ -186,3 +186,19 @@ def test_tokenizer_files_of_the_draft_are_copied(tmp_path, target):
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (tgt / "tokenizer.json").read_bytes()
     assert set(result.files) == {"config.json", "model.safetensors", MANIFEST, "tokenizer.json",
                                  "tokenizer_config.json"}
+
+
+def test_eagle1_draft_without_embedding_gets_the_targets(tmp_path, target):
+    from eagle_fixtures import draft_config, eagle1_tensors, write_draft
+
+    tgt = target("fp32")
+    tensors = eagle1_tensors(64, vocab_of(tgt), fc_bias=True, dtype=torch.float32)
+    del tensors["embed_tokens.weight"]
+    draft = write_draft(tmp_path / "draft", tensors, draft_config(64, vocab_of(tgt), dtype="float32", bias=True),
+                        layout="safetensors")
+    result = convert_eagle(draft, tgt, tmp_path / "out")
+
+    out = load_output(tmp_path / "out")
+    assert torch.equal(out["embed_tokens.weight"], target_tensor(tgt, "model.embed_tokens.weight"))
+    assert torch.equal(out["lm_head.weight"], target_tensor(tgt, "lm_head.weight"))
+    assert [a["name"] for a in result.added] == ["embed_tokens.weight", "lm_head.weight"]

@@ -178,18 +178,21 @@ class CompiledLM:
 def _load_runners(package: Path, config: dict, weights: dict, task) -> dict[str, Callable]:
     runners = {}
     if config["compiler"] == "aoti":
-        from torch._inductor.package import load_package
+        import torch
 
         for name, model_name in config["graphs"].items():
-            compiled = load_package(str(package), model_name)
-            needed = compiled.get_constant_fqns()
+            # The C++ loader directly: torch._inductor's Python wrapper would import dynamo and probe the
+            # compiler's vector ISA (seconds), and re-read every model of the package for each bucket.
+            loader = torch._C._aoti.AOTIModelPackageLoader(str(package), model_name, False, 1, -1)
+            needed = loader.get_constant_fqns()
             missing = [n for n in needed if n not in weights]
             if missing:
                 raise ArtifactError(f"graph {name} needs tensors missing from weights/: {missing[:3]}",
                                     where=str(package), fix="recompile the artifact")
             # Every constant (incl. buffers like rope_inv_freq) must be supplied: a missing one crashes later.
-            compiled.load_constants({n: weights[n] for n in needed}, check_full_update=True, user_managed=True)
-            runners[name] = _boxed(compiled.loader)
+            # Arguments: map, use_inactive, check_full_update, user_managed (no copy: we keep them alive).
+            loader.load_constants({n: weights[n] for n in needed}, False, True, True)
+            runners[name] = _boxed(loader)
             task.advance()
         return runners
     from torch.export.pt2_archive._package import load_pt2
