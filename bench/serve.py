@@ -78,7 +78,8 @@ def free_port() -> int:
 
 
 def start_server(artifact: Path, port: int, threads: int, *, model: Path | None = None) -> tuple:
-    """``neuronpack serve`` through NEURON_COMPILED_ARTIFACTS; returns (process, seconds until /health answers)."""
+    """``neuronpack serve`` through NEURON_COMPILED_ARTIFACTS; returns (process, seconds until /health answers).
+    With ``model`` the artifact is compiled first, with an empty inductor cache (what a fresh pod has)."""
     import httpx
 
     argv = [*NEURONPACK, "serve", "--port", str(port), "--threads", str(threads), "--served-model-name", "smollm2",
@@ -86,6 +87,8 @@ def start_server(artifact: Path, port: int, threads: int, *, model: Path | None 
     if model is not None:
         argv += ["--model", str(model), "--recipe", str(RECIPE), *[a for s in RECIPE_SETS for a in ("--set", s)]]
     env = {**os.environ, "NEURON_COMPILED_ARTIFACTS": str(artifact)}
+    if model is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(artifact.parent / f"{artifact.name}-inductor-cache")
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while True:
@@ -130,7 +133,8 @@ async def _load(port: int, concurrency: int, n_requests: int, max_tokens: int) -
             return await _one(client, PROMPTS[i % len(PROMPTS)], max_tokens)
 
     started = time.perf_counter()
-    results = await asyncio.gather(*(gated(i) for i in range(n_requests)))
+    async with client:
+        results = await asyncio.gather(*(gated(i) for i in range(n_requests)))
     elapsed = max(r[2] for r in results) - started
     ttfts = sorted(r[0] for r in results)
     return {"concurrency": concurrency, "requests": n_requests, "tokens": sum(r[1] for r in results),

@@ -41,7 +41,7 @@ def convert_eagle_command(
     """Convert an EAGLE draft for NxDI: add the target's lm_head (EAGLE-1/2) or embed_tokens (EAGLE-3), rename
     EAGLE-3's midlayer.* to layers.0.*, write config.json with fc_bias and the NeuronConfig hints.
 
-    Reads only the target's head (in row chunks), never its other weights.
+    Of the target it reads only the head or embedding it adds (in row chunks), never its other weights.
     """
     from neuronpack.convert.eagle import convert_eagle
 

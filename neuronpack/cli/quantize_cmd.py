@@ -64,7 +64,7 @@ def _print_table(report: dict[str, Any]) -> None:
     options = report["options"]
     title = f"{options['dtype']} {options['granularity']}: {len(rows)} tensors quantized"
     if len(shown) < len(rows):
-        title += f" ({len(shown)} worst shown; all in quantization_report.json)"
+        title += f", {len(shown)} worst shown"
     table = Table(title=title, title_justify="left")
     table.add_column("tensor")
     table.add_column("shape", justify="right")
@@ -80,6 +80,8 @@ def _print_table(report: dict[str, Any]) -> None:
     size = f"weights {_human(model['input_bytes'])} -> {_human(model['output_bytes'])}"
     kept = ", ".join(report["modules_to_not_convert"]) or "none"
     stderr.print(f"{size}; left unquantized (modules_to_not_convert): {kept}", markup=False, soft_wrap=True)
+    if len(shown) < len(rows):
+        stderr.print("every tensor is in quantization_report.json", markup=False, soft_wrap=True)
 
 
 def _snr(value: float | None) -> str:

@@ -17,16 +17,15 @@ Example::
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from neuronpack import __version__
 from neuronpack.checkpoint import Checkpoint, TensorSpec, copy_aux_files, open_checkpoint, write_safetensors_sharded
+from neuronpack.checkpoint.safetensors_header import expected_nbytes
 from neuronpack.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
 from neuronpack.convert.eagle_layouts import (
     EMBED,
@@ -46,11 +45,10 @@ from neuronpack.progress import NullReporter, Reporter
 if TYPE_CHECKING:
     import torch
 
-T = TypeVar("T")
 MANIFEST = "neuronpack-eagle.json"
 CONFIG_SECTION = "neuronpack_eagle"
-# Row chunks of about this many bytes bound the memory a large tensor (head, embedding) needs while it streams; with
-# one chunk prefetched, about three are alive at once. Larger chunks were not faster (bench/eagle.py).
+# Row chunks of about this many bytes bound the memory a large tensor (head, embedding) needs while it streams.
+# 64 MiB chunks were not faster (bench/eagle.py).
 CHUNK_BYTES = 16 * 2**20
 _TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "BOOL": "bool",
                  "I32": "int32", "I8": "int8", "U8": "uint8", "F64": "float64", "I16": "int16"}
@@ -168,11 +166,8 @@ class _TensorStream:
             self.head_identical = old.dtype == new.dtype and tuple(old.shape) == new.shape
 
     def chunks(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The output tensors in plan order, produced one chunk ahead in a background thread: torch copies and casts
-        release the GIL, so reading and casting the next chunk overlaps with writing this one."""
-        return _prefetched(self._produce())
-
-    def _produce(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # Reading the next chunk in a worker thread, to overlap it with the write, measured no faster on the 2 busy
+        # cores of the build machine (4.4-7.7 s either way), so the stream stays single-threaded.
         for spec in self.plan.tensors:
             ckpt = self.draft if spec.source == "draft" else self.target
             for start, stop in _row_ranges(spec):
@@ -203,45 +198,6 @@ def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
     return cast
 
 
-def _prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
-    """Yield ``items`` produced in a worker thread, at most ``depth`` ahead; errors re-raise here, and closing this
-    generator early (the writer failed) stops the worker."""
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(entry: tuple) -> bool:
-        while not stop.is_set():
-            try:
-                slots.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        try:
-            for item in items:
-                if not put(("item", item)):
-                    return
-            put(("end", None))
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            put(("error", exc))
-
-    worker = threading.Thread(target=work, name="convert-eagle-reader", daemon=True)
-    worker.start()
-    try:
-        while True:
-            kind, value = slots.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        stop.set()
-        worker.join()
-
-
 def _row_ranges(spec: OutputTensor) -> list[tuple[int, int]]:
     """[start, stop) row ranges of about CHUNK_BYTES each (one range for scalars and empty tensors)."""
     if not spec.shape or spec.shape[0] == 0:
@@ -253,8 +209,6 @@ def _row_ranges(spec: OutputTensor) -> list[tuple[int, int]]:
 
 
 def _nbytes(spec: OutputTensor) -> int:
-    from neuronpack.checkpoint.safetensors_header import expected_nbytes
-
     return max(expected_nbytes(spec.source_dtype, spec.shape), expected_nbytes(spec.dtype, spec.shape))
 
 
@@ -285,9 +239,9 @@ def nxd_draft_config(config: dict, plan: EaglePlan, *, explicit_dtype: bool) -> 
     out = dict(config)
     out["fc_bias"] = plan.fc_bias  # NxDI reads fc_bias; EAGLE's own key is "bias" (kept as is)
     if explicit_dtype:
-        for key in ("torch_dtype", "dtype"):
-            if key in out or key == "torch_dtype":
-                out[key] = plan.out_dtype
+        out["torch_dtype"] = plan.out_dtype
+        if "dtype" in out:  # transformers 5 writes "dtype"
+            out["dtype"] = plan.out_dtype
     out[CONFIG_SECTION] = {
         "layout": plan.layout,
         "has_input_layernorm": plan.input_norm,
@@ -302,7 +256,7 @@ def _finish(staging: Path, out: Path, plan: EaglePlan, stream: _TensorStream, dr
     config = nxd_draft_config(draft.config, plan, explicit_dtype=sources["dtype"] != "auto")
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     aux = copy_aux_files(draft.root, staging)
-    file_of = _output_file_of(staging, shards)
+    file_of = _output_file_of(staging, shards, plan)
     added = tuple(
         {"name": t.name, "from": t.source_name, "file": target.info(t.source_name).file.name, "dtype": t.dtype,
          "shape": list(t.shape), "stored_in": file_of[t.name]}
@@ -336,13 +290,12 @@ def _finish(staging: Path, out: Path, plan: EaglePlan, stream: _TensorStream, dr
     return result
 
 
-def _output_file_of(staging: Path, shards: list[Path]) -> dict[str, str]:
+def _output_file_of(staging: Path, shards: list[Path], plan: EaglePlan) -> dict[str, str]:
+    """Output tensor name -> the shard file holding it."""
     index = staging / "model.safetensors.index.json"
     if index.is_file():
         return json.loads(index.read_text())["weight_map"]
-    from neuronpack.checkpoint import read_safetensors_header
-
-    return {name: shards[0].name for name in read_safetensors_header(shards[0])}
+    return {t.name: shards[0].name for t in plan.tensors}
 
 
 def _sizes(staging: Path) -> dict[str, int]:

@@ -37,6 +37,8 @@ def write_quantized(
     ckpt: Checkpoint, plan: QuantPlan, options: QuantizeOptions, staging: Path, reporter: Reporter,
     max_shard_bytes: int,
 ) -> dict[str, Any]:
+    """Write the quantized checkpoint (weights, config.json, tokenizer files, report) into ``staging``; return the
+    report. Warns (through ``reporter``) about --skip globs that matched nothing and a tied lm_head."""
     from neuronpack.checkpoint import write_safetensors_sharded
     from neuronpack.convert.quant_math import ErrorAccumulator
 

@@ -123,11 +123,13 @@ def quantize_checkpoint(
         with atomic_output_dir(out, inputs=[model_dir], label=f"{out.name}-") as staging:
             report = write_quantized(ckpt, plan, options, staging, reporter, max_shard_bytes)
             _write_record(staging, key, key_inputs, ckpt, time.perf_counter() - started)
-    except OSError:
+    except OSError as exc:
         # Another process published the same key first (rename onto a non-empty dir): reuse its output.
         if (out / RECORD_FILE).is_file():
             return _reuse(out, key)
-        raise
+        raise QuantizationError(f"cannot write the quantized checkpoint: {exc.strerror or exc}", where=str(out),
+                                fix="check free disk space and permissions of the output's parent directory") \
+            from None
     return QuantizeResult(out=out, key=key, cache_hit=False, summary=summarize(report))
 
 

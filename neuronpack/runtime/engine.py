@@ -125,20 +125,20 @@ class Engine:
         """
         n = len(request.prompt_ids)
         if n == 0:
-            raise InvalidRequestError("the prompt is empty", param="prompt", fix="send at least one token")
+            raise InvalidRequestError("the prompt is empty", param="prompt", fix="Send at least one token")
         if n > self.max_prompt_len:
             raise InvalidRequestError(
                 f"the prompt has {n} tokens, more than the largest context bucket ({self.max_prompt_len} tokens) "
                 f"this artifact was compiled for (max model length {self.max_model_len})",
                 param="prompt",
-                fix="shorten the prompt or recompile with a larger target.max_context_length",
+                fix="Shorten the prompt or recompile with a larger target.max_context_length",
             )
         if n >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {n} tokens, leaving no room to generate below the maximum model length "
                 f"{self.max_model_len} (prompt + completion)",
                 param="prompt",
-                fix="shorten the prompt or recompile with a larger target.seq_len",
+                fix="Shorten the prompt or recompile with a larger target.seq_len",
             )
         bad = [t for t in request.prompt_ids if not 0 <= t < self.model.vocab_size]
         if bad:

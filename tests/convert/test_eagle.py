@@ -202,3 +202,13 @@ def test_eagle1_draft_without_embedding_gets_the_targets(tmp_path, target):
     assert torch.equal(out["embed_tokens.weight"], target_tensor(tgt, "model.embed_tokens.weight"))
     assert torch.equal(out["lm_head.weight"], target_tensor(tgt, "lm_head.weight"))
     assert [a["name"] for a in result.added] == ["embed_tokens.weight", "lm_head.weight"]
+
+
+def test_overwrite_head_keeps_an_eagle3_drafts_trained_head(tmp_path, target):
+    tgt = target("bf16-sharded")
+    draft = make_eagle3_draft(tmp_path / "draft", vocab=vocab_of(tgt))
+    reporter = NullReporter()
+    result = convert_eagle(draft, tgt, tmp_path / "out", overwrite_head=True, reporter=reporter)
+    assert result.head_identical is None
+    assert torch.equal(load_output(tmp_path / "out")["lm_head.weight"], load_draft_tensors(draft)["lm_head.weight"])
+    assert any("--overwrite-head ignored" in w for w in reporter.warnings)
