@@ -24,6 +24,16 @@ TINY_NXD = ["target.framework=nxd", "target.instance=inf2", "target.tp_degree=2"
             "target.seq_len=256", "target.max_context_length=128", "model.dtype=bfloat16", "name=tiny-nxd"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _restore_torch_threads():
+    """`--threads 1` sets torch's process-wide thread count inside this test process: put it back afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory, tiny_llama) -> Path:
     # Same inputs and root as the runtime tests' artifact: a cache hit when they ran first.
