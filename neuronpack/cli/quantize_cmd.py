@@ -37,7 +37,7 @@ def quantize_command(
 
     Running again with the same inputs and options into the same --out reuses it (a cache hit).
     """
-    from neuronpack.checkpoint.hub import resolve_model
+    from neuronpack.checkpoint import resolve_model
     from neuronpack.convert.quant_report import read_report
     from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
 

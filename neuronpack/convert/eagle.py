@@ -98,7 +98,7 @@ def convert_eagle(
         convert_eagle(Path("eagle-draft"), Path("llama-3-8b"), Path("eagle-nxd"), dtype="float16").casts
         # ({"name": "lm_head.weight", "from": "BF16", "to": "F16"},)
     """
-    from neuronpack.checkpoint.hub import resolve_model
+    from neuronpack.checkpoint import resolve_model
 
     draft_dir, target_dir = resolve_model(draft, reporter=reporter), resolve_model(target, reporter=reporter)
     check_output_path(Path(out), inputs=[draft_dir, target_dir])  # fail fast; atomic_output_dir checks again
