@@ -78,6 +78,24 @@ def make_staging_dir(parent: Path, label: str = "") -> Path:
     return path
 
 
+def move_into_place(staging: Path, out: Path, *, replace: bool = False) -> Path:
+    """Publish a finished staging directory as ``out`` with one rename, after fsyncing its content. An existing
+    ``out`` is swapped out (replace=True) or refused (FileExistsError). ``staging`` must be on out's filesystem."""
+    fsync_tree(staging)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        if not replace:
+            raise FileExistsError(out)
+        trash = make_staging_dir(staging.parent, "trash-")
+        os.replace(out, trash / "old")
+        os.replace(staging, out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(staging, out)
+    fsync_dir(out.parent)
+    return out
+
+
 @contextmanager
 def atomic_output_dir(
     out: Path, *, inputs: Iterable[Path] = (), overwrite: bool = False, label: str = ""
@@ -87,15 +105,7 @@ def atomic_output_dir(
     staging = make_staging_dir(out.parent, label or out.name + "-")
     try:
         yield staging
-        fsync_tree(staging)
-        if out.exists() and overwrite:
-            trash = make_staging_dir(out.parent, "trash-")
-            os.replace(out, trash / "old")
-            os.replace(staging, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(staging, out)
-        fsync_dir(out.parent)
+        move_into_place(staging, out, replace=overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

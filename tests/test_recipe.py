@@ -64,7 +64,7 @@ def test_key_order_does_not_matter(tmp_path):
         ("[target]\nbatch_size = 0\n", "target.batch_size"),
         ("[target]\nbatchsize = 2\n", "unknown key 'target.batchsize'"),
         ("[target]\nbatch_size = 'four'\n", "target.batch_size"),
-        ("[target]\nseq_len = 256\n[buckets]\ncontext = [512]\n", "buckets.context has 512, larger than its maximum 256"),
+        ("[target]\nseq_len = 256\n[buckets]\ncontext = [512]\n", "buckets.context has 512, larger than its max"),
         ("[target]\nseq_len = 256\nmax_context_length = 512\n", "max_context_length 512 is larger"),
         ("[speculation]\ndraft = 'd'\n[lora]\nadapters = [{name = 'a', path = 'p'}]\n", "cannot be combined"),
         ("[quantization]\ngranularity = 'per-channel'\n", "missing required key 'quantization.dtype'"),

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from neuronpack.fsutil import fsync_dir, fsync_tree, make_staging_dir, write_text_atomic
+from neuronpack.fsutil import make_staging_dir, move_into_place, write_text_atomic
 
 ARTIFACTS_DIRNAME = "neuron-compiled-artifacts"
 ROOT_ENV = "NEURONPACK_ARTIFACTS_ROOT"
@@ -67,19 +66,7 @@ def new_staging(parent: Path, key: str) -> Path:
 
 def publish(staging: Path, final: Path, *, replace: bool = False) -> Path:
     """Make ``staging`` visible as ``final`` in one rename after fsyncing its content (manifest already written)."""
-    fsync_tree(staging)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():
-        if not replace:
-            raise FileExistsError(final)
-        trash = make_staging_dir(hidden_dir(final.parent, "staging"), "replaced-")
-        os.replace(final, trash / "old")
-        os.replace(staging, final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(staging, final)
-    fsync_dir(final.parent)
-    return final
+    return move_into_place(staging, final, replace=replace)
 
 
 def record_failure(parent: Path, key: str, message: str, log: str) -> Path:

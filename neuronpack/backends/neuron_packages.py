@@ -21,12 +21,14 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from neuronpack.backends.base import Availability
+from neuronpack.backends.torch_aot.target import cxx_compiler
 
 NEURON_REPO = "https://pip.repos.neuron.amazonaws.com"
 PLACEHOLDER_MARK = "WRONG PACKAGE"
@@ -133,24 +135,20 @@ def probe_all() -> list[PackageStatus]:
     return [probe_package(module, dist) for module, dist in NEURON_MODULES.items()]
 
 
+def sdk_availability(module: str) -> Availability:
+    """Whether a Neuron framework (``module``) and the Neuron compiler can build here, and why not."""
+    package = probe_package(module)
+    if not package.ok:
+        return Availability(False, package.reason)
+    cc = probe_package("neuronxcc", "neuronx-cc")
+    if cc.state in ("missing", "placeholder"):
+        return Availability(False, f"the Neuron compiler is absent: {cc.reason}")
+    return Availability(True, package.reason)
+
+
 def versions_of(dists: tuple[str, ...]) -> dict[str, str]:
     """``{dist: version or "absent"}`` from metadata only (what backends put into the key and manifest)."""
     return {dist: dist_version(dist) or "absent" for dist in dists}
-
-
-def find_cxx() -> dict:
-    """The C++ compiler AOTInductor would use ($CXX, else c++/g++/clang++), with its first version line.
-
-    Example::
-
-        find_cxx()   # {"path": "/usr/bin/c++", "version": "c++ (Debian 12.2.0-14) 12.2.0"}
-    """
-    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
-    for name in candidates:
-        path = shutil.which(name)
-        if path:
-            return {"path": path, "version": _first_line([path, "--version"])}
-    return {"path": None, "version": None}
 
 
 def neuron_devices(dev: Path = Path("/dev")) -> list[str]:
@@ -244,7 +242,7 @@ def environment_report(environ: Mapping[str, str] | None = None) -> dict:
         "python": python_info(),
         "torch": dist_version("torch"),
         "transformers": dist_version("transformers"),
-        "cxx": find_cxx(),
+        "cxx": cxx_compiler() or {"path": None, "version": None},
         "packages": [status.to_dict() for status in probe_all()],
         "neuronx_cc": dist_version("neuronx-cc"),
         "platform": {

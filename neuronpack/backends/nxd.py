@@ -24,9 +24,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from neuronpack import __version__
 from neuronpack.backends.base import Availability, BuildRequest
-from neuronpack.backends.neuron_packages import probe_package, versions_of
+from neuronpack.backends.neuron_packages import sdk_availability, versions_of
 from neuronpack.errors import ArtifactError, BuildError, CheckpointError, RecipeError, UnsupportedModelError
 from neuronpack.recipe import NEURON_INSTANCES, Recipe
 
@@ -53,16 +52,10 @@ class NxdBackend:
     quantizes_on_load = False
 
     def availability(self) -> Availability:
-        nxd = probe_package("neuronx_distributed_inference")
-        if not nxd.ok:
-            return Availability(False, nxd.reason)
-        cc = probe_package("neuronxcc", "neuronx-cc")
-        if cc.state in ("missing", "placeholder"):
-            return Availability(False, f"the Neuron compiler is absent: {cc.reason}")
-        return Availability(True, nxd.reason)
+        return sdk_availability("neuronx_distributed_inference")
 
     def versions(self) -> dict[str, str]:
-        return {"neuronpack": __version__, **versions_of(NXD_DISTS)}
+        return versions_of(NXD_DISTS)
 
     def target(self, recipe: Recipe) -> dict[str, Any]:
         instance = neuron_instance(recipe, "nxd")

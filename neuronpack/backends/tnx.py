@@ -27,9 +27,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from neuronpack import __version__
 from neuronpack.backends.base import Availability, BuildRequest
-from neuronpack.backends.neuron_packages import neuron_devices, probe_package, versions_of
+from neuronpack.backends.neuron_packages import neuron_devices, sdk_availability, versions_of
 from neuronpack.backends.nxd import neuron_instance, nxd_dtype, read_model_config
 from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
 from neuronpack.recipe import Recipe
@@ -53,16 +52,10 @@ class TnxBackend:
     quantizes_on_load = True
 
     def availability(self) -> Availability:
-        tnx = probe_package("transformers_neuronx")
-        if not tnx.ok:
-            return Availability(False, tnx.reason)
-        cc = probe_package("neuronxcc", "neuronx-cc")
-        if cc.state in ("missing", "placeholder"):
-            return Availability(False, f"the Neuron compiler is absent: {cc.reason}")
-        return Availability(True, tnx.reason)
+        return sdk_availability("transformers_neuronx")
 
     def versions(self) -> dict[str, str]:
-        return {"neuronpack": __version__, **versions_of(TNX_DISTS)}
+        return versions_of(TNX_DISTS)
 
     def target(self, recipe: Recipe) -> dict[str, Any]:
         instance = neuron_instance(recipe, "tnx")

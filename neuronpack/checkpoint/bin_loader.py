@@ -17,7 +17,7 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuronpack.checkpoint.safetensors_header import TensorInfo
+from neuronpack.checkpoint.safetensors_header import TensorInfo, duplicate_tensor_error
 from neuronpack.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -38,11 +38,7 @@ def load_bin_files(files: list[Path]) -> tuple[dict[str, torch.Tensor], dict[str
     for file in files:
         for name, tensor in load_bin_file(file).items():
             if name in tensors:
-                raise CheckpointError(
-                    f"duplicate tensor name {name!r} in two shards",
-                    where=f"{file_of[name].name} and {file.name}",
-                    fix="the checkpoint is inconsistent; re-export it with save_pretrained",
-                )
+                raise duplicate_tensor_error(name, file_of[name], file)
             tensors[name] = tensor
             file_of[name] = file
     return tensors, file_of

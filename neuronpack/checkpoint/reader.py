@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.checkpoint import bin_loader
-from neuronpack.checkpoint.safetensors_header import TensorInfo, read_safetensors_header
+from neuronpack.checkpoint.safetensors_header import TensorInfo, duplicate_tensor_error, read_safetensors_header
 from neuronpack.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -229,11 +229,7 @@ def _safetensors_infos(files: list[Path], weight_map: dict[str, str] | None) -> 
     for file in files:
         for name, info in read_safetensors_header(file).items():
             if name in infos:
-                raise CheckpointError(
-                    f"duplicate tensor name {name!r} in two shards",
-                    where=f"{infos[name].file.name} and {file.name}",
-                    fix="the checkpoint is inconsistent; re-export it with save_pretrained",
-                )
+                raise duplicate_tensor_error(name, infos[name].file, file)
             infos[name] = info
     if weight_map is not None:
         _check_index_matches(weight_map, {n: i.file for n, i in infos.items()}, files[0].parent)

@@ -80,6 +80,15 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     return {info.name: info for _begin, _end, info in infos}
 
 
+def duplicate_tensor_error(name: str, first: Path, second: Path) -> CheckpointError:
+    """The error for one tensor name stored in two shards (any checkpoint format)."""
+    return CheckpointError(
+        f"duplicate tensor name {name!r} in two shards",
+        where=f"{Path(first).name} and {Path(second).name}",
+        fix="the checkpoint is inconsistent; re-export it with save_pretrained",
+    )
+
+
 def read_safetensors_metadata(path: Path) -> dict[str, str]:
     """The ``__metadata__`` strings of a safetensors file (``{}`` when absent), e.g. ``{"format": "pt"}``."""
     header, _start, _size = _read_raw_header(Path(path))

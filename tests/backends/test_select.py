@@ -6,6 +6,7 @@ import pytest
 from neuron_standin import fixtures as standin
 from neuron_standin.fixtures import make_placeholder
 
+from neuronpack.artifacts.key import toolchain_versions
 from neuronpack.backends.neuron_packages import probe_package
 from neuronpack.backends.select import choose_framework, get_backend
 from neuronpack.errors import NeuronpackError
@@ -124,7 +125,8 @@ def test_registry_and_versions_from_metadata(nxd_sdk):
     assert versions["neuronx-distributed-inference"] == "0.9.0"
     assert versions["neuronx-cc"] == "2.19.8089.0"
     assert versions["torch-neuronx"] == "2.6.0.2.8.0"
-    assert set(versions) == {"neuronpack", "neuronx-distributed-inference", "neuronx-cc", "torch-neuronx"}
+    assert set(versions) == {"neuronx-distributed-inference", "neuronx-cc", "torch-neuronx"}
+    assert set(toolchain_versions(backend)) == {"neuronpack", *versions}
     assert get_backend("tnx").versions()["transformers-neuronx"] == "absent"
     assert get_backend("torch").name == "torch"
     with pytest.raises(NeuronpackError):

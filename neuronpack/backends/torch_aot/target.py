@@ -62,6 +62,7 @@ def cpu_capability(cpuinfo: str | None = None, env: dict[str, str] | None = None
 
 
 @functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def cxx_compiler(cxx_env: str | None = None) -> dict[str, str] | None:
     """The C++ compiler inductor would use (``$CXX`` or g++), as ``{"path", "version"}``; None if there is none.
 
