@@ -1,3 +1,3 @@
-"""neuronpack: ahead-of-time compile and package LLMs for AWS Neuron (and any CPU/GPU through PyTorch)."""
+"""neuronpack: ahead-of-time compile and package LLMs for AWS Neuron (and any CPU through PyTorch)."""
 
 __version__ = "0.1.0"

@@ -26,7 +26,7 @@ from neuronpack.cli._console import handle_errors
 app = typer.Typer(
     name="neuronpack",
     help="Compile and package LLMs ahead of time for AWS Neuron (NxD Inference / transformers-neuronx) and vLLM, "
-    "with a portable PyTorch backend that runs on any CPU or GPU.",
+    "with a portable PyTorch backend that runs on any CPU.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
