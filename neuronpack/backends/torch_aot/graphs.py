@@ -13,12 +13,16 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from neuronpack.backends.torch_aot.layout import CONTEXT, WEIGHT_PREFIX
+
+# torch's own pytree pickling trips its LeafSpec deprecation once per exported graph; nothing a user can act on.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
 
 if TYPE_CHECKING:
     from neuronpack.models.llama import LlamaForCausalLM
