@@ -13,18 +13,11 @@ from eagle_fixtures import (
     make_eagle1_draft,
     make_eagle3_draft,
     target_tensor,
-    tiny_target,
     vocab_of,
 )
 
 from neuronpack.convert.eagle import MANIFEST, convert_eagle, eagle_nxd_hints
 from neuronpack.progress import NullReporter
-
-
-@pytest.fixture(scope="session")
-def target(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp() / "eagle-targets"
-    return lambda kind: tiny_target(base, kind)
 
 
 def _tree_state(root):

@@ -11,19 +11,12 @@ from eagle_fixtures import (
     eagle1_tensors,
     make_eagle1_draft,
     make_eagle3_draft,
-    tiny_target,
     vocab_of,
     write_draft,
 )
 
 from neuronpack.convert.eagle import convert_eagle
 from neuronpack.errors import ConversionError, NeuronpackError, OutputExistsError
-
-
-@pytest.fixture(scope="session")
-def target(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp() / "eagle-targets"
-    return lambda kind: tiny_target(base, kind)
 
 
 def _refused(draft, tgt, out, **kwargs) -> ConversionError:
