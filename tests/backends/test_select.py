@@ -134,11 +134,9 @@ def test_registry_and_versions_from_metadata(nxd_sdk):
 
 
 def test_selection_does_not_import_torch():
-    import subprocess
-    import sys
+    from fresh_interpreter import run_fresh
 
-    code = ("import sys; from neuronpack.backends.select import choose_framework, get_backend; "
-            "c = choose_framework('auto', {}); get_backend('nxd').versions(); "
-            "print(c.name, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["torch", "False"]
+    code = ("from neuronpack.backends.select import choose_framework, get_backend; "
+            "c = choose_framework('auto', {}); get_backend('nxd').versions(); print(c.name)")
+    out, torch_imported = run_fresh(code)
+    assert out == "torch" and not torch_imported

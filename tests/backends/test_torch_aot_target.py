@@ -43,18 +43,19 @@ def test_cpu_capability_from_flags():
 
 
 def test_target_is_computed_without_importing_torch():
+    from fresh_interpreter import run_fresh
+
     code = (
-        "import json, sys\n"
+        "import json\n"
         "from neuronpack.backends.torch_aot import TorchAotBackend\n"
         "from neuronpack.recipe import Recipe\n"
-        "t = TorchAotBackend().target(Recipe())\n"
-        "print(json.dumps({'torch_imported': 'torch' in sys.modules, 'target': t}))\n"
+        "print(json.dumps(TorchAotBackend().target(Recipe())))\n"
     )
-    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                    check=True).stdout)
-    assert out["torch_imported"] is False
-    assert out["target"]["torch"] == torch.__version__
-    assert out["target"]["device"] == "cpu"
+    out, torch_imported = run_fresh(code)
+    target = json.loads(out)
+    assert not torch_imported
+    assert target["torch"] == torch.__version__
+    assert target["device"] == "cpu"
 
 
 def test_aoti_target_records_compiler_and_settings():

@@ -223,13 +223,11 @@ def test_bin_that_is_not_a_zip(tmp_path, tiny_llama):
 
 
 def test_open_checkpoint_and_identity_do_not_import_torch(tiny_llama):
-    import subprocess
-    import sys
+    from fresh_interpreter import run_fresh
 
     code = (
-        "import sys; from neuronpack.checkpoint import open_checkpoint;"
-        f"c = open_checkpoint({str(tiny_llama)!r}); c.weight_identity(); c.lm_head_name(); c.tied;"
-        "print('torch' in sys.modules)"
+        "from neuronpack.checkpoint import open_checkpoint;"
+        f"c = open_checkpoint({str(tiny_llama)!r}); c.weight_identity(); c.lm_head_name(); c.tied"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    _, torch_imported = run_fresh(code)
+    assert not torch_imported

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+from fresh_interpreter import run_fresh
 from typer.testing import CliRunner
 
 from neuronpack import __version__
@@ -29,8 +30,8 @@ def test_cli_start_and_buckets_do_not_import_torch():
         "assert r.exit_code == 0, r.output\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    out, torch_imported = run_fresh(code)
+    assert out == "[]" and not torch_imported
 
 
 def test_python_dash_m_entry_point():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fresh_interpreter import run_fresh
 from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
@@ -69,7 +69,7 @@ def test_bad_env_value_is_reported_not_fatal(sdk_path):
 
 
 def test_doctor_does_not_import_torch():
-    code = ("import sys; from typer.testing import CliRunner; from neuronpack.cli.app import app; "
-            "r = CliRunner().invoke(app, ['doctor', '--format', 'json']); print(r.exit_code, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["0", "False"]
+    code = ("from typer.testing import CliRunner; from neuronpack.cli.app import app; "
+            "r = CliRunner().invoke(app, ['doctor', '--format', 'json']); print(r.exit_code)")
+    out, torch_imported = run_fresh(code)
+    assert out == "0" and not torch_imported

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from fresh_interpreter import run_fresh
 from safetensors import safe_open
 
 from neuronpack.convert import quant_stream
@@ -180,12 +179,12 @@ def test_quantized_checkpoint_path_is_keyed_and_torch_free(bf16_llama, tmp_path)
     assert path == tmp_path / "quantized-checkpoints" / result.key
     assert quantized_checkpoint_path(tmp_path, bf16_llama, QuantizeOptions("fp8")) != path
     code = (
-        "import sys; from pathlib import Path; from neuronpack.convert.quantize import QuantizeOptions, "
+        "from pathlib import Path; from neuronpack.convert.quantize import QuantizeOptions, "
         f"quantized_checkpoint_path as q; print(q(Path('{tmp_path}'), Path('{bf16_llama}'), "
-        "QuantizeOptions('int8')).name, 'torch' in sys.modules)"
+        "QuantizeOptions('int8')).name)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.split() == [result.key, "False"]
+    out, torch_imported = run_fresh(code)
+    assert out == result.key and not torch_imported
 
 
 def test_nxd_quantization_fields(bf16_llama, tmp_path):
