@@ -30,10 +30,6 @@ def artifacts_root(root: Path | None = None) -> Path:
     return Path(base).expanduser().absolute() / ARTIFACTS_DIRNAME
 
 
-def artifact_path(store: Path, key: str) -> Path:
-    return store / key
-
-
 def hidden_dir(store_or_parent: Path, name: str) -> Path:
     path = store_or_parent / f".{name}"
     path.mkdir(parents=True, exist_ok=True)

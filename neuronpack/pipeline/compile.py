@@ -22,7 +22,7 @@ from neuronpack.artifacts.manifest import build_manifest, write_manifest
 from neuronpack.artifacts.store import artifacts_root, key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.backends.base import BuildRequest
-from neuronpack.errors import BuildError, NeuronpackError
+from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
 from neuronpack.pipeline.inputs import ResolvedInputs, resolve_inputs
 from neuronpack.pipeline.prepare import (
     converted_draft_path,
@@ -92,7 +92,7 @@ def _request(inputs: ResolvedInputs, model_dir: Path, draft_dir: Path | None, st
 
 def _prequantize(inputs: ResolvedInputs) -> bool:
     """Offline quantization runs unless the framework quantizes at load time itself (transformers-neuronx)."""
-    return inputs.recipe.quantization is not None and not getattr(inputs.backend, "quantizes_on_load", False)
+    return inputs.recipe.quantization is not None and not inputs.backend.quantizes_on_load
 
 
 def compile_model(
@@ -134,28 +134,24 @@ def compile_model(
         return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, None, config, timings,
                              dry_run=True)
 
-    if not force and quick_check(final, key) is not None:
-        return _hit(final, key, inputs, timings)
+    if not force and (manifest := quick_check(final, key)) is not None:
+        return _hit(final, key, inputs, timings, manifest)
 
     availability = inputs.backend.availability()
     if not availability.ok:
-        from neuronpack.errors import BackendUnavailableError
-
         raise BackendUnavailableError(
             f"framework {inputs.framework} cannot build here: {availability.reason}",
             fix="run on a machine with the Neuron SDK, use --framework torch, or --dry-run to see the configuration",
         )
     with key_lock(final.parent / ".locks", final.name,
                   on_wait=lambda: reporter.info("another build of this key is running; waiting for it")):
-        if not force and quick_check(final, key) is not None:
-            return _hit(final, key, inputs, timings)
+        if not force and (manifest := quick_check(final, key)) is not None:
+            return _hit(final, key, inputs, timings, manifest)
         return _build(inputs, key, ki, final, cache_root, timings, reporter, replace=final.exists())
 
 
-def _hit(final: Path, key: str, inputs: ResolvedInputs, timings: dict[str, float]) -> CompileResult:
-    from neuronpack.artifacts.manifest import read_manifest
-
-    manifest = read_manifest(final)
+def _hit(final: Path, key: str, inputs: ResolvedInputs, timings: dict[str, float],
+         manifest: dict[str, Any]) -> CompileResult:
     return CompileResult(final, key, True, inputs.framework, inputs.framework_reason, manifest,
                          manifest.get("compile_config", {}), timings)
 

@@ -29,6 +29,7 @@ class TorchAotBackend:
     """Backend "torch": builds graphs.pt2 + weights/ + neuron_config.json (see build.py)."""
 
     name = "torch"
+    quantizes_on_load = False  # runs NxDI-format quantized checkpoints made by `neuronpack quantize`
 
     def availability(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
