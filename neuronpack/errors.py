@@ -71,6 +71,10 @@ class ServeError(NeuronpackError):
     """The server or runtime cannot start with what it was given."""
 
 
+class AccuracyError(NeuronpackError):
+    """An accuracy check cannot run with what it was given (prompts file, reference checkpoint, artifact)."""
+
+
 class UnsupportedModelError(NeuronpackError):
     """The checkpoint's architecture or a config field is not supported by the portable (torch) model code."""
 

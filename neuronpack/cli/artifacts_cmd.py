@@ -57,10 +57,22 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("files", f"{len(m['files'])} ({_size(sum(f['size'] for f in m['files']))})"),
         ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.get("timings", {}).items())),
         ("created", str(m.get("created_at"))),
+        ("accuracy", _accuracy_line(m.get("accuracy"))),
     ]
     for field, value in rows:
         table.add_row(field, value)
     stdout.print(table)
+
+
+def _accuracy_line(accuracy: dict | None) -> str:
+    if not accuracy:
+        return "not checked (neuronpack eval, or compile --check-accuracy)"
+    summary = accuracy.get("summary") or {}
+    if not summary:
+        return str(accuracy.get("status"))
+    return (f"{accuracy['status']} ({accuracy.get('precision')}): top-1 {summary['top1_agreement']:.4f}, "
+            f"mean KL {summary['kl_mean']:.3g}, greedy match min {summary['greedy_match_min']}/"
+            f"{summary['continuation_tokens']}")
 
 
 def verify_command(

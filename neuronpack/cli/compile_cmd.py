@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stdout
+from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr, stdout
 from neuronpack.cli._options import FormatOpt, QuietOpt
 
 
@@ -40,6 +40,10 @@ def compile_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the resolved configuration and key; build nothing")
     ] = False,
+    check_accuracy: Annotated[
+        bool, typer.Option("--check-accuracy", help="compare the build with the checkpoint (like `neuronpack eval`) "
+                           "and record the figures in the manifest; exit 1 when it fails, 3 when it cannot run here")
+    ] = False,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,
 ) -> None:
@@ -55,6 +59,7 @@ def compile_command(
         out_root=out_root,
         force=force,
         dry_run=dry_run,
+        check_accuracy=check_accuracy,
         reporter=reporter,
     )
     if dry_run:
@@ -77,10 +82,24 @@ def compile_command(
             "files": len(manifest.get("files", [])),
             "size": sum(f["size"] for f in manifest.get("files", [])),
             "timings": result.timings if result.cache_hit else manifest.get("timings", {}),
+            **({"accuracy": result.accuracy} if result.accuracy else {}),
         })
+        _exit_for_accuracy(result.accuracy)
         return
     if result.cache_hit:
         reporter.info(f"cache hit: {result.key[:16]} (built {manifest.get('created_at', '?')})")
     else:
         reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
-    stdout.print(str(result.path), markup=False, highlight=False)
+    if result.accuracy:
+        from neuronpack.cli.eval_cmd import print_report
+
+        print_report(result.accuracy, str(result.path), console=stderr)  # stdout stays the path alone
+    stdout.print(str(result.path), markup=False, highlight=False)  # last line: scripts take the path from here
+    _exit_for_accuracy(result.accuracy)
+
+
+def _exit_for_accuracy(accuracy: dict | None) -> None:
+    from neuronpack.cli.eval_cmd import exit_code
+
+    if accuracy and exit_code(accuracy):
+        raise typer.Exit(exit_code(accuracy))

@@ -44,6 +44,7 @@ class CompileResult:
     compile_config: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     dry_run: bool = False
+    accuracy: dict[str, Any] | None = None  # with check_accuracy: the AccuracyReport as a dict (also in the manifest)
 
 
 def _key_for(inputs: ResolvedInputs) -> tuple[str, dict[str, Any]]:
@@ -105,10 +106,16 @@ def compile_model(
     dest: Path | None = None,
     force: bool = False,
     dry_run: bool = False,
+    check_accuracy: bool = False,
     reporter: Reporter | None = None,
 ) -> CompileResult:
     """Compile MODEL with a recipe into ``<root>/neuron-compiled-artifacts/<key>/`` (or exactly ``dest``), or return
-    the existing artifact for the same key. Raises NeuronpackError subclasses on bad input or a failed build."""
+    the existing artifact for the same key. Raises NeuronpackError subclasses on bad input or a failed build.
+
+    ``check_accuracy``: a new build is compared with the checkpoint (``neuronpack.accuracy``) in staging, before
+    the manifest is written, and the figures are recorded in it under ``accuracy`` (results, not key inputs; a
+    failing check still publishes: the caller decides, by ``result.accuracy["status"]``). A cache hit returns the
+    recorded figures, or runs the check on the published artifact without modifying it."""
     reporter = reporter or NullReporter()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -135,7 +142,7 @@ def compile_model(
                              dry_run=True)
 
     if not force and (manifest := quick_check(final, key)) is not None:
-        return _hit(final, key, inputs, timings, manifest)
+        return _hit(final, key, inputs, timings, manifest, check_accuracy, reporter)
 
     availability = inputs.backend.availability()
     if not availability.ok:
@@ -146,18 +153,33 @@ def compile_model(
     with key_lock(final.parent / ".locks", final.name,
                   on_wait=lambda: reporter.info("another build of this key is running; waiting for it")):
         if not force and (manifest := quick_check(final, key)) is not None:
-            return _hit(final, key, inputs, timings, manifest)
-        return _build(inputs, key, ki, final, cache_root, timings, reporter, replace=final.exists())
+            return _hit(final, key, inputs, timings, manifest, check_accuracy, reporter)
+        return _build(inputs, key, ki, final, cache_root, timings, reporter, replace=final.exists(),
+                      check_accuracy=check_accuracy)
 
 
-def _hit(final: Path, key: str, inputs: ResolvedInputs, timings: dict[str, float],
-         manifest: dict[str, Any]) -> CompileResult:
+def _hit(final: Path, key: str, inputs: ResolvedInputs, timings: dict[str, float], manifest: dict[str, Any],
+         check_accuracy: bool, reporter: Reporter) -> CompileResult:
+    accuracy = None
+    if check_accuracy:
+        accuracy = manifest.get("accuracy")
+        if accuracy is None:  # built without the check: run it now, leave the published artifact untouched
+            accuracy = {**_accuracy(manifest, final, reporter), "recorded": False}
     return CompileResult(final, key, True, inputs.framework, inputs.framework_reason, manifest,
-                         manifest.get("compile_config", {}), timings)
+                         manifest.get("compile_config", {}), timings, accuracy=accuracy)
+
+
+def _accuracy(manifest: dict[str, Any], artifact_dir: Path, reporter: Reporter) -> dict[str, Any]:
+    from neuronpack.accuracy import check_accuracy, subject_from_manifest
+
+    report = check_accuracy(subject_from_manifest(manifest, artifact_dir), reporter=reporter)
+    record = report.to_dict()
+    record.pop("artifact")  # a staging path during a build; the manifest's own directory is the artifact
+    return record
 
 
 def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, cache_root: Path,
-           timings: dict[str, float], reporter: Reporter, *, replace: bool) -> CompileResult:
+           timings: dict[str, float], reporter: Reporter, *, replace: bool, check_accuracy: bool) -> CompileResult:
     staging = new_staging(final.parent, key)
     try:
         model_dir = inputs.model_dir
@@ -187,6 +209,10 @@ def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, ca
             root=staging,
         )
         timings["manifest"] = time.perf_counter() - t0
+        if check_accuracy:  # after the file list, before the manifest exists: the check writes nothing here
+            t0 = time.perf_counter()
+            manifest["accuracy"] = {**_accuracy(manifest, staging, reporter), "recorded": True}
+            timings["accuracy"] = time.perf_counter() - t0
         manifest["timings"] = {k: round(v, 3) for k, v in timings.items()}
         write_manifest(staging, manifest)  # last: only now can the directory load as valid
         publish(staging, final, replace=replace)
@@ -201,4 +227,5 @@ def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, ca
         log = record_failure(final.parent, key, repr(exc), traceback.format_exc())
         raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}", where=str(log),
                          fix="read the log; rerun with NEURONPACK_DEBUG=1 for a traceback") from exc
-    return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest, config, timings)
+    return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest, config, timings,
+                         accuracy=manifest.get("accuracy"))
