@@ -35,28 +35,29 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
 
     m = read_manifest(artifact)
     if output_format is OutputFormat.json:
-        print_json(m)
+        print_json(m.to_json())
         return
     table = Table(title=str(artifact), show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    recipe, serve = m.get("recipe", {}), m.get("serve", {})
+    recipe = m.recipe
+    section = recipe.to_dict()  # sections as the recipe file spells them
     rows = [
-        ("key", m["key"]),
-        ("model", f"{m.get('model', {}).get('source')}  ({m.get('model', {}).get('path')})"),
-        ("framework", f"{m['framework']}  ({m.get('build', {}).get('framework_reason', '')})"),
-        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))),
-        ("target", ", ".join(f"{k}={v}" for k, v in sorted(m["target"].items()) if not isinstance(v, dict))),
-        ("dtype", str(recipe.get("model", {}).get("dtype"))),
-        ("batch / tp", f"{recipe.get('target', {}).get('batch_size')} / {recipe.get('target', {}).get('tp_degree')}"),
-        ("context buckets", ", ".join(map(str, m["buckets"]["context"]))),
-        ("token-gen buckets", ", ".join(map(str, m["buckets"]["token_generation"]))),
-        ("max model len", str(serve.get("max_model_len"))),
-        ("quantization", str(recipe.get("quantization"))),
-        ("speculation", str(recipe.get("speculation"))),
-        ("files", f"{len(m['files'])} ({_size(sum(f['size'] for f in m['files']))})"),
-        ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.get("timings", {}).items())),
-        ("created", str(m.get("created_at"))),
+        ("key", m.key),
+        ("model", f"{m.model.source}  ({m.model.path})"),
+        ("framework", f"{m.framework}  ({m.build.get('framework_reason', '')})"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(m.versions.items()))),
+        ("target", ", ".join(f"{k}={v}" for k, v in sorted(m.target.items()) if not isinstance(v, dict))),
+        ("dtype", recipe.model.dtype),
+        ("batch / tp", f"{recipe.target.batch_size} / {recipe.target.tp_degree}"),
+        ("context buckets", ", ".join(map(str, m.buckets.context))),
+        ("token-gen buckets", ", ".join(map(str, m.buckets.token_generation))),
+        ("max model len", str(m.serve.max_model_len)),
+        ("quantization", str(section.get("quantization"))),
+        ("speculation", str(section.get("speculation"))),
+        ("files", f"{len(m.files)} ({_size(m.total_size)})"),
+        ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.timings.items())),
+        ("created", str(m.created_at)),
     ]
     for field, value in rows:
         table.add_row(field, value)
@@ -73,13 +74,13 @@ def verify_command(
 ) -> None:
     """Check schema, key, every file's size and sha256, and that this machine's toolchain matches (exit 1 naming the
     first problem)."""
-    from neuronpack.artifacts.verify import verify_artifact
+    from neuronpack.pipeline import verify_artifact
 
     m = verify_artifact(artifact, check_env=not no_env)
     if output_format is OutputFormat.json:
-        print_json({"ok": True, "path": str(artifact), "key": m["key"], "files": len(m["files"])})
+        print_json({"ok": True, "path": str(artifact), "key": m.key, "files": len(m.files)})
     else:
-        stdout.print(f"ok: {artifact} ({len(m['files'])} files, key {m['key'][:16]})", markup=False)
+        stdout.print(f"ok: {artifact} ({len(m.files)} files, key {m.key[:16]})", markup=False)
 
 
 def ls_command(*, root: RootOpt = None, output_format: FormatOpt = OutputFormat.text) -> None:

@@ -65,7 +65,7 @@ def compile_command(
         else:
             stdout.print(json.dumps(payload, indent=2, sort_keys=True, default=str), markup=False)
         return
-    manifest = result.manifest or {}
+    manifest = result.manifest
     if output_format is OutputFormat.json:
         print_json({
             "path": str(result.path),
@@ -73,14 +73,14 @@ def compile_command(
             "cache_hit": result.cache_hit,
             "framework": result.framework,
             "framework_reason": result.framework_reason,
-            "buckets": manifest.get("buckets"),
-            "files": len(manifest.get("files", [])),
-            "size": sum(f["size"] for f in manifest.get("files", [])),
-            "timings": result.timings if result.cache_hit else manifest.get("timings", {}),
+            "buckets": manifest.buckets.to_dict(),
+            "files": len(manifest.files),
+            "size": manifest.total_size,
+            "timings": result.timings if result.cache_hit else manifest.timings,
         })
         return
     if result.cache_hit:
-        reporter.info(f"cache hit: {result.key[:16]} (built {manifest.get('created_at', '?')})")
+        reporter.info(f"cache hit: {result.key[:16]} (built {manifest.created_at or '?'})")
     else:
         reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
     stdout.print(str(result.path), markup=False, highlight=False)

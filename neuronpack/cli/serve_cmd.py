@@ -9,12 +9,15 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr, stdout
 from neuronpack.cli._options import FormatOpt, QuietOpt
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
 
 
 def serve_command(
@@ -47,14 +50,14 @@ def serve_command(
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (built-in runtime for torch artifacts, vLLM for Neuron)."""
     from neuronpack.artifacts.manifest import read_manifest
-    from neuronpack.artifacts.resolve import resolve_serving_artifact
+    from neuronpack.pipeline import resolve_serving_artifact
 
     reporter = RichReporter(quiet=quiet)
     path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter)
     manifest = read_manifest(path)
     if served_model_name:
-        manifest = {**manifest, "serve": {**(manifest.get("serve") or {}), "served_model_name": served_model_name}}
-    if manifest.get("framework") != "torch":
+        manifest = manifest.with_serve(served_model_name=served_model_name)
+    if manifest.framework != "torch":
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
                      output_format=output_format)
         return
@@ -88,7 +91,7 @@ def generate_command(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate one completion from an artifact through the serving engine; the text goes to stdout."""
-    from neuronpack.artifacts.resolve import resolve_serving_artifact
+    from neuronpack.pipeline import resolve_serving_artifact
     from neuronpack.runtime.engine import GenerationRequest
     from neuronpack.runtime.loader import load_engine
     from neuronpack.runtime.sampling import SamplingParams
@@ -116,7 +119,7 @@ def generate_command(
                   f"{result.timings['tokens_per_s']:.1f} tokens/s, load {loaded.load_seconds:.1f} s]")
 
 
-def _serve_torch(path: Path, manifest: dict[str, Any], *, host: str, port: int, api_key: str | None,
+def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  threads: int | None, reporter: RichReporter, quiet: bool) -> None:
     from neuronpack.runtime.loader import load_engine
     from neuronpack.runtime.server import create_app, run_server
@@ -135,7 +138,7 @@ def _serve_torch(path: Path, manifest: dict[str, Any], *, host: str, port: int, 
     run_server(app, host=host, port=port, log_level="warning" if quiet else "info")
 
 
-def _launch_vllm(path: Path, manifest: dict[str, Any], *, host: str, port: int, api_key: str | None,
+def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  print_only: bool, output_format: OutputFormat) -> None:
     from neuronpack.backends.vllm_launch import format_command, run_vllm, vllm_command
 
