@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr, stdout
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
+from neuronpack.cli._options import FormatOpt, QuietOpt, SetOpt
 
 if TYPE_CHECKING:
     from neuronpack.artifacts.manifest import Manifest
@@ -35,7 +35,7 @@ def serve_command(
         str | None, typer.Option("--model", help="model to compile into $NEURON_COMPILED_ARTIFACTS when it is invalid")
     ] = None,
     recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="recipe for that compile")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="recipe override for that compile")] = None,
+    set_: SetOpt = None,
     served_model_name: Annotated[
         str | None, typer.Option("--served-model-name", help="the name clients send as 'model'")
     ] = None,
@@ -109,12 +109,11 @@ def generate_command(
     )
     result = loaded.engine.generate(request)
     timings = {"load_s": round(loaded.load_seconds, 4), **{k: round(v, 4) for k, v in result.timings.items()}}
+    print_result(output_format, {"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
+                                 "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                                 "model": loaded.served_model_name, "timings": timings}, result.text)
     if output_format is OutputFormat.json:
-        print_json({"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
-                    "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                    "model": loaded.served_model_name, "timings": timings})
         return
-    stdout.print(result.text, markup=False, highlight=False)
     reporter.info(f"[{result.completion_tokens} tokens, finish_reason={result.finish_reason}, "
                   f"{result.timings['tokens_per_s']:.1f} tokens/s, load {loaded.load_seconds:.1f} s]")
 
@@ -144,11 +143,10 @@ def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
 
     cmd = vllm_command(path, manifest, host=host, port=port, api_key=api_key)
     if print_only:
-        if output_format is OutputFormat.json:
-            print_json({"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes,
-                        "per_node": [{"argv": n.argv, "env": n.env} for n in cmd.per_node]})
-        else:
-            stdout.print(format_command(cmd), markup=False, highlight=False, soft_wrap=True)
+        print_result(output_format, {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes,
+                                     "per_node": [{"argv": n.argv, "env": n.env} for n in cmd.per_node]},
+                     format_command(cmd))
+        if output_format is OutputFormat.text:
             for note in cmd.notes:
                 stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
         return
@@ -159,11 +157,8 @@ def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
 
 
 def _print_command(argv: list[str], env: dict[str, str], notes: list[str], output_format: OutputFormat) -> None:
-    if output_format is OutputFormat.json:
-        print_json({"argv": argv, "env": env, "notes": notes, "per_node": []})
-        return
-    line = " ".join(shlex.quote(a) for a in argv)
-    stdout.print(line, markup=False, highlight=False, soft_wrap=True)
+    print_result(output_format, {"argv": argv, "env": env, "notes": notes, "per_node": []},
+                 " ".join(shlex.quote(a) for a in argv))
 
 
 def _url_host(host: str) -> str:
