@@ -21,12 +21,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuronpack.accuracy.metrics import THRESHOLDS, PromptStats, Thresholds, compare_logits, precision_class, summarize
 from neuronpack.accuracy.prompts import DEFAULT_PROMPTS, EvalPrompt, encode_prompt
 from neuronpack.errors import AccuracyError, NeuronpackError
 from neuronpack.progress import NullReporter, Reporter
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
 
 DEFAULT_NEW_TOKENS = 32
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not_run"
@@ -79,17 +82,18 @@ class AccuracyReport:
         }
 
 
-def subject_from_manifest(manifest: dict[str, Any], artifact_dir: Path, reference: Path | None = None) -> Subject:
-    """The Subject of a published artifact: precision from its compile config and recipe, reference = the checkpoint
-    it was compiled from (before quantization) unless ``reference`` is given."""
-    compile_config = manifest.get("compile_config") or {}
-    recipe = manifest.get("recipe") or {}
-    quant = (recipe.get("quantization") or {}).get("dtype")
-    dtype = compile_config.get("torch_dtype") or (recipe.get("model") or {}).get("dtype") or "float32"
-    model = manifest.get("model") or {}
-    source = reference or model.get("original_path") or model.get("path")
-    return Subject(Path(artifact_dir), str(manifest.get("framework")), precision_class(str(dtype), quant),
-                   Path(source) if source else None, (manifest.get("target") or {}).get("instance"))
+def subject_from_manifest(manifest: Manifest, artifact_dir: Path, reference: Path | None = None) -> Subject:
+    """The Subject of an artifact: precision from its compile config (the resolved dtype) and recipe (quantization),
+    reference = the checkpoint it was compiled from (before quantization) unless ``reference`` is given."""
+    recipe = manifest.recipe
+    quant = recipe.quantization.dtype if recipe.quantization else None
+    config = manifest.compile_config
+    dtype = config.get("torch_dtype") or (config.get("neuron_config") or {}).get("torch_dtype") or recipe.model.dtype
+    if dtype == "auto":  # the checkpoint's own dtype
+        dtype = manifest.model.config.get("torch_dtype") or manifest.model.config.get("dtype") or "float32"
+    source = reference or manifest.model.original_path or manifest.model.path
+    return Subject(Path(artifact_dir), manifest.framework, precision_class(str(dtype), quant),
+                   Path(source) if source else None, manifest.target.get("instance"))
 
 
 def check_accuracy(

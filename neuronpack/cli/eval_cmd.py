@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr, stdout
+from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr, stdout
 from neuronpack.cli._options import FormatOpt, QuietOpt
 
 # Exit code when the check could not run here (NxDI / TNx artifacts need a Neuron device): not a pass, not a fail.
@@ -60,7 +60,7 @@ def eval_command(
                             new_tokens=max_new_tokens, thresholds=limits, reporter=RichReporter(quiet=quiet))
     data = report.to_dict()
     if output_format is OutputFormat.json:
-        print_json(data)
+        print_result(output_format, data)
     else:
         print_report(data, str(artifact))
     raise typer.Exit(exit_code(data))
@@ -82,7 +82,7 @@ def print_report(data: dict[str, Any], artifact: str, console: Console = stdout)
         for step in data["plan"]:
             console.print(f"  - {step}", markup=False)
         return
-    table = Table(title=f"{artifact} ({data['precision']}) vs {data['reference']}")
+    table = Table(title=cell(f"{artifact} ({data['precision']}) vs {data['reference']}"))
     for col in ("prompt", "tokens", "top-1", "max |diff|", "mean |diff|", "mean KL", "max KL", "greedy match"):
         table.add_column(col, justify="left" if col == "prompt" else "right")
     rows = [*data["prompts"], {"name": "all", **(data["summary"] or {})}]
@@ -90,7 +90,7 @@ def print_report(data: dict[str, Any], artifact: str, console: Console = stdout)
         greedy = (f"{p['greedy_match']}/{p['continuation_tokens']}" if "greedy_match" in p
                   else f"min {p['greedy_match_min']}/{p['continuation_tokens']}")
         tokens = f"{p['prompt_tokens']}+{p['continuation_tokens']}" if "prompt_tokens" in p else str(p["positions"])
-        table.add_row(p["name"] + (" (cut)" if p.get("truncated") else ""), tokens, f"{p['top1_agreement']:.4f}",
+        table.add_row(cell(p["name"] + (" (cut)" if p.get("truncated") else "")), tokens, f"{p['top1_agreement']:.4f}",
                       f"{p['max_abs_diff']:.3g}", f"{p['mean_abs_diff']:.3g}", f"{p['kl_mean']:.3g}",
                       f"{p['kl_max']:.3g}", greedy)
     console.print(table)
