@@ -124,7 +124,7 @@ THRESHOLDS: dict[str, Thresholds] = {
     "bfloat16": Thresholds(min_top1_agreement=0.9, max_kl_mean=0.02, max_kl=0.5),
     "float16": Thresholds(min_top1_agreement=0.95, max_kl_mean=5e-3, max_kl=0.2),
     "int8": Thresholds(min_top1_agreement=0.85, max_kl_mean=0.05, max_kl=1.0),
-    "fp8": Thresholds(min_top1_agreement=0.8, max_kl_mean=0.1, max_kl=2.0),
+    "fp8": Thresholds(min_top1_agreement=0.75, max_kl_mean=0.1, max_kl=2.0),
 }
 
 
