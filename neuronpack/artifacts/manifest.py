@@ -80,20 +80,27 @@ def read_manifest(artifact_dir: Path) -> dict[str, Any]:
                             fix="run `neuronpack compile` or check the path")
     path = artifact_dir / MANIFEST_NAME
     try:
-        manifest = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ArtifactError(f"no {MANIFEST_NAME}: not a neuronpack artifact or an unfinished build",
                             where=str(artifact_dir), fix="rebuild it with `neuronpack compile`") from None
+    return parse_manifest(text, where=str(path))
+
+
+def parse_manifest(text: str | bytes, *, where: str) -> dict[str, Any]:
+    """A manifest from its JSON text (a local file or a remote object named by ``where``), schema checked."""
+    try:
+        manifest = json.loads(text)
     except ValueError as exc:
-        raise ArtifactError(f"{MANIFEST_NAME} is not valid JSON ({exc})", where=str(path),
+        raise ArtifactError(f"{MANIFEST_NAME} is not valid JSON ({exc})", where=where,
                             fix="rebuild it with `neuronpack compile --force`") from None
     if not isinstance(manifest, dict):
-        raise ArtifactError(f"{MANIFEST_NAME} is not a JSON object", where=str(path), fix="rebuild the artifact")
+        raise ArtifactError(f"{MANIFEST_NAME} is not a JSON object", where=where, fix="rebuild the artifact")
     missing = [f for f in REQUIRED_FIELDS if f not in manifest]
     if missing:
-        raise ArtifactError(f"{MANIFEST_NAME} lacks {', '.join(missing)}", where=str(path),
+        raise ArtifactError(f"{MANIFEST_NAME} lacks {', '.join(missing)}", where=where,
                             fix="rebuild it with `neuronpack compile --force`")
     if manifest["schema"] != MANIFEST_SCHEMA:
-        raise ArtifactError(f"manifest schema {manifest['schema']} is not {MANIFEST_SCHEMA}", where=str(path),
+        raise ArtifactError(f"manifest schema {manifest['schema']} is not {MANIFEST_SCHEMA}", where=where,
                             fix="rebuild it with this neuronpack version")
     return manifest

@@ -6,7 +6,8 @@ manifest that does not match its key, a missing, resized or (full check) modifie
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from neuronpack.artifacts.key import compute_key, toolchain_versions
@@ -15,6 +16,29 @@ from neuronpack.digest import sha256_stream
 from neuronpack.errors import ArtifactError
 
 REBUILD = "rebuild it with `neuronpack compile --force`"
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_file_entries(manifest: dict[str, Any], *, where: str) -> None:
+    """The manifest's file list is safe to materialize: relative paths inside the artifact (no ``..``, no absolute
+    path, no duplicates, not the manifest itself), integer sizes, sha256 hex digests. Run before writing any file a
+    manifest from elsewhere (a remote store) names."""
+    seen: set[str] = set()
+    if not isinstance(manifest["files"], list):
+        raise ArtifactError("the manifest's files is not a list", where=where, fix="refuse this artifact")
+    for entry in manifest["files"]:
+        rel = entry.get("path") if isinstance(entry, dict) else None
+        parts = PurePosixPath(rel).parts if isinstance(rel, str) and rel else ()
+        if (not parts or rel.startswith("/") or "\\" in rel or ".." in parts or "." in parts or "\0" in rel
+                or rel != PurePosixPath(rel).as_posix() or rel == MANIFEST_NAME or rel in seen):
+            raise ArtifactError(f"the manifest lists an unsafe or duplicate file path {rel!r}", where=where,
+                                fix="refuse this artifact; rebuild and push it from a trusted build")
+        seen.add(rel)
+        size, digest = entry.get("size"), entry.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(digest, str) \
+                or not _SHA256_RE.match(digest):
+            raise ArtifactError(f"the manifest's entry for {rel} lacks a valid size or sha256", where=where,
+                                fix="refuse this artifact; rebuild and push it from a trusted build")
 
 
 def quick_check(artifact_dir: Path, key: str | None = None) -> dict[str, Any] | None:
