@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from neuronpack.cli._console import OutputFormat
+from neuronpack.cli._progress import ProgressMode
 
 FormatOpt = Annotated[
     OutputFormat, typer.Option("--format", help="text for people, json for CI pipelines (one object on stdout)")
@@ -20,4 +21,21 @@ RootOpt = Annotated[
         "--out-root",
         help="artifact root (default: $NEURONPACK_ARTIFACTS_ROOT, else the current directory)",
     ),
+]
+ProgressOpt = Annotated[
+    ProgressMode,
+    typer.Option("--progress", help="auto: bars on a terminal, plain log lines otherwise (CI); rich, plain or none"),
+]
+RemoteOpt = Annotated[
+    str | None,
+    typer.Option("--remote", envvar="NEURONPACK_REMOTE",
+                 help="remote artifact store: s3://bucket/prefix or file:///path (default $NEURONPACK_REMOTE)"),
+]
+StoreOpt = Annotated[
+    str | None, typer.Option("--remote", help="act on a remote store (s3://bucket/prefix or file:///path) instead")
+]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option("--endpoint-url",
+                 help="S3-compatible endpoint (MinIO, Ceph...); default: AWS_ENDPOINT_URL or AWS's own"),
 ]

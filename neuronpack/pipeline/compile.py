@@ -19,6 +19,9 @@ from typing import Any
 
 from neuronpack.artifacts.key import compute_key, directory_identity, key_inputs, toolchain_versions
 from neuronpack.artifacts.manifest import build_manifest, write_manifest
+from neuronpack.artifacts.remote.pull import fetch_manifest, pull_artifact
+from neuronpack.artifacts.remote.push import push_artifact
+from neuronpack.artifacts.remote.transport import REMOTE_ENV, Transport
 from neuronpack.artifacts.store import artifacts_root, key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.backends.base import BuildRequest
@@ -44,6 +47,9 @@ class CompileResult:
     compile_config: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     dry_run: bool = False
+    remote_hit: bool = False  # pulled from the remote store instead of building
+    in_remote: bool | None = None  # --dry-run with a remote store: is the key there?
+    pushed: dict[str, Any] | None = None  # --push: what push_artifact did
 
 
 def _key_for(inputs: ResolvedInputs) -> tuple[str, dict[str, Any]]:
@@ -106,10 +112,27 @@ def compile_model(
     force: bool = False,
     dry_run: bool = False,
     reporter: Reporter | None = None,
+    remote: Transport | None = None,
+    push: bool = False,
 ) -> CompileResult:
     """Compile MODEL with a recipe into ``<root>/neuron-compiled-artifacts/<key>/`` (or exactly ``dest``), or return
-    the existing artifact for the same key. Raises NeuronpackError subclasses on bad input or a failed build."""
+    the existing artifact for the same key. With ``remote``, a key missing locally is looked up there first (one
+    request) and pulled on a hit; ``push`` publishes the artifact there afterwards. Raises NeuronpackError subclasses
+    on bad input or a failed build."""
     reporter = reporter or NullReporter()
+    if push and remote is None:
+        raise NeuronpackError("--push needs a remote store", where="--push",
+                              fix=f"pass --remote s3://bucket/prefix (or set {REMOTE_ENV})")
+    result = _compile(model, recipe=recipe, overrides=overrides, framework=framework, out_root=out_root, dest=dest,
+                      force=force, dry_run=dry_run, reporter=reporter, remote=remote)
+    if push and not dry_run and not result.remote_hit:
+        result.pushed = push_artifact(result.path, remote, reporter=reporter).to_dict()
+    return result
+
+
+def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str], framework: str | None,
+             out_root: Path | None, dest: Path | None, force: bool, dry_run: bool, reporter: Reporter,
+             remote: Transport | None) -> CompileResult:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     inputs = resolve_inputs(model, recipe_path=recipe, overrides=overrides, framework=framework, reporter=reporter)
@@ -131,11 +154,14 @@ def compile_model(
         if draft is not None and inputs.recipe.speculation.kind == "eagle":
             draft = converted_draft_path(cache_root, draft, inputs.model_dir)
         config = inputs.backend.compile_config(_request(inputs, model_dir, draft, final, reporter))
+        in_remote = None if remote is None else fetch_manifest(remote, key) is not None
         return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, None, config, timings,
-                             dry_run=True)
+                             dry_run=True, in_remote=in_remote)
 
     if not force and (manifest := quick_check(final, key)) is not None:
         return _hit(final, key, inputs, timings, manifest)
+    if not force and remote is not None and (pulled := _pull_hit(remote, key, final, timings, reporter)):
+        return _hit(final, key, inputs, timings, pulled, remote_hit=True)
 
     availability = inputs.backend.availability()
     if not availability.ok:
@@ -151,9 +177,24 @@ def compile_model(
 
 
 def _hit(final: Path, key: str, inputs: ResolvedInputs, timings: dict[str, float],
-         manifest: dict[str, Any]) -> CompileResult:
+         manifest: dict[str, Any], *, remote_hit: bool = False) -> CompileResult:
     return CompileResult(final, key, True, inputs.framework, inputs.framework_reason, manifest,
-                         manifest.get("compile_config", {}), timings)
+                         manifest.get("compile_config", {}), timings, remote_hit=remote_hit)
+
+
+def _pull_hit(remote: Transport, key: str, final: Path, timings: dict[str, float],
+              reporter: Reporter) -> dict[str, Any] | None:
+    """The manifest of the artifact pulled from the remote store, or None when the key is not there (one request)."""
+    t0 = time.perf_counter()
+    manifest = fetch_manifest(remote, key)
+    timings["remote_lookup"] = time.perf_counter() - t0
+    if manifest is None:
+        reporter.info(f"remote miss: {key[:16]} is not in {remote.url}; building")
+        return None
+    reporter.info(f"remote hit: pulling {key[:16]} from {remote.url}")
+    pulled = pull_artifact(remote, key, final, manifest=manifest, reporter=reporter)
+    timings["pull"] = pulled.seconds
+    return manifest
 
 
 def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, cache_root: Path,
