@@ -147,6 +147,7 @@ class _S3Errors:
 
     def __init__(self, transport: S3Transport, path: str) -> None:
         self.where = f"{transport.url}/{path}".rstrip("/")
+        self.bucket_level = not path  # a 404 on a bucket-level request (HEAD has no error body) = no bucket
         self.endpoint = transport._endpoint_url
 
     def __enter__(self) -> None:
@@ -156,14 +157,14 @@ class _S3Errors:
         if exc is None or isinstance(exc, RemoteError):
             return False
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-        from s3transfer.exceptions import RetriesExceededError, S3TransferFailedError
+        from s3transfer.exceptions import RetriesExceededError, S3DownloadFailedError, S3UploadFailedError
 
         if isinstance(exc, NoCredentialsError):
             raise RemoteError("no AWS credentials found", where=self.where,
                               fix="set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or use a role") from None
         if isinstance(exc, ClientError):
             code = _code(exc)
-            if code in ("NoSuchBucket",):
+            if code == "NoSuchBucket" or code == "404" and self.bucket_level:
                 raise RemoteError("the bucket does not exist", where=self.where,
                                   fix="create it or fix the s3:// URL") from None
             if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
@@ -172,7 +173,7 @@ class _S3Errors:
                     from None
             raise RemoteError(f"the store refused the request ({code}: {exc.response['Error'].get('Message', '')})",
                               where=self.where, fix="check the URL, --endpoint-url and permissions") from None
-        if isinstance(exc, BotoCoreError | S3TransferFailedError | RetriesExceededError):
+        if isinstance(exc, BotoCoreError | S3DownloadFailedError | S3UploadFailedError | RetriesExceededError):
             endpoint = f" at {self.endpoint}" if self.endpoint else ""
             raise RemoteError(f"cannot reach the store{endpoint} ({type(exc).__name__})", where=self.where,
                               fix="check the network and --endpoint-url / AWS_ENDPOINT_URL, then retry") from None
