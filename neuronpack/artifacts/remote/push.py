@@ -120,7 +120,10 @@ class _Lease:
         self._stop.set()
         self._thread.join()
         if not self.lost:
-            self.transport.delete([self.path])
+            try:
+                self.transport.delete([self.path])
+            except RemoteError:
+                pass  # the store is unreachable: the lease goes stale and the next push takes it over
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 import email.utils
 import time
 from functools import cached_property
+from urllib.parse import urlsplit, urlunsplit
 
 from neuronpack.artifacts.remote.transport import ByteCallback, ObjectInfo
 from neuronpack.errors import RemoteError
@@ -148,7 +149,7 @@ class _S3Errors:
     def __init__(self, transport: S3Transport, path: str) -> None:
         self.where = f"{transport.url}/{path}".rstrip("/")
         self.bucket_level = not path  # a 404 on a bucket-level request (HEAD has no error body) = no bucket
-        self.endpoint = transport._endpoint_url
+        self.endpoint = _without_userinfo(transport._endpoint_url)
 
     def __enter__(self) -> None:
         return None
@@ -178,6 +179,14 @@ class _S3Errors:
             raise RemoteError(f"cannot reach the store{endpoint} ({type(exc).__name__})", where=self.where,
                               fix="check the network and --endpoint-url / AWS_ENDPOINT_URL, then retry") from None
         return False
+
+
+def _without_userinfo(url: str | None) -> str | None:
+    """An endpoint URL fit for a message: any user:password@ part removed."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _code(exc) -> str:
