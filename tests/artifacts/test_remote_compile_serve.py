@@ -6,12 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 from moto_s3 import free_port
-from runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES
+from runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, wait_for_health
 from typer.testing import CliRunner
 
 from neuronpack.artifacts.store import artifacts_root
@@ -91,16 +90,7 @@ def test_serve_from_neuron_compiled_artifacts_url_answers_requests(s3_store, tin
     proc = subprocess.Popen([sys.executable, "-m", "neuronpack", "serve", "--port", str(port), "--threads", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.3)
+        wait_for_health(proc, port)
         name = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"]
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                            json={"model": name, "prompt": "hello", "max_tokens": 3, "temperature": 0}, timeout=60)
