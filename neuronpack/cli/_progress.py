@@ -63,7 +63,8 @@ class PlainTask:
         self._start = self._last = time.monotonic()
 
     def __enter__(self) -> PlainTask:
-        self._emit(f"{self._description}: started" + (f" ({self._amount(self._total)})" if self._total else ""))
+        size = self._amount(self._total) if self._bytes else f"{self._total:g} steps"
+        self._emit(f"{self._description}: started" + (f" ({size})" if self._total and self._total > 1 else ""))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -53,8 +53,13 @@ def test_compile_pushes_then_another_machine_pulls_instead_of_building(s3_store,
 
 
 def test_compile_builds_on_a_remote_miss_and_pushes(s3_store, tiny_llama, tmp_path):
-    built = cli_json(*compile_args(tiny_llama, "buckets.context=[16]"), "--out-root", tmp_path, "--remote", s3_store,
-                     "--push", "--progress", "plain")
+    result = runner.invoke(app, [*compile_args(tiny_llama, "buckets.context=[16]"), "--out-root", str(tmp_path),
+                                 "--remote", s3_store, "--push", "--progress", "plain", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    built = json.loads(result.stdout)
+    # CI logs: one line per stage start and end (not a terminal, so `auto` would print the same)
+    assert "remote miss" in result.stderr and "compile context:16 (export): started" in result.stderr
+    assert f"push {built['key'][:12]}: done in" in result.stderr
     assert not built["cache_hit"] and not built["remote_hit"] and built["pushed"]["pushed"]
     listed = cli_json("ls", "--remote", s3_store)
     assert [a["key"] for a in listed["artifacts"]] == [built["key"]]
