@@ -8,14 +8,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from manifests import make_manifest
-from neuron_standin import fixtures as standin
 
 from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.nxd import NxdBackend
 from neuronpack.backends.tnx import TnxBackend
 from neuronpack.errors import ArtifactError, BuildError, RecipeError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
+from tests.backends.neuron_standin import fixtures as standin
+from tests.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures

@@ -16,8 +16,7 @@ from neuronpack.artifacts.store import artifacts_root
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import BuildError, NeuronpackError, RecipeError
 from neuronpack.pipeline import compile_model, verify_artifact
-
-from .conftest import FAST, RECIPE
+from tests.pipeline.builds import FAST, RECIPE
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.Popen:
