@@ -19,14 +19,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from neuronpack.checkpoint.dtypes import FLOAT_CODES
 from neuronpack.errors import CheckpointError
 from neuronpack.fsutil import atomic_output_dir
 from neuronpack.progress import NullReporter, Reporter
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GGUF_MAGIC = b"GGUF"
-# GGML tensor types that are stored unquantized, and the torch dtype "auto" keeps for them.
-_PLAIN_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# GGML tensor types that are stored unquantized (named like safetensors' codes), and the torch dtype "auto" keeps
+_PLAIN_TYPES = FLOAT_CODES
 
 
 def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Reporter = NullReporter()) -> Path:
