@@ -30,7 +30,7 @@ GGUF_MAGIC = b"GGUF"
 _PLAIN_TYPES = FLOAT_CODES
 
 
-def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Reporter = NullReporter()) -> Path:
+def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Reporter | None = None) -> Path:
     """Convert ``gguf_file`` into an HF checkpoint directory ``out`` (created atomically; must not exist).
 
     ``dtype``: ``auto`` keeps float16/bfloat16 GGUF files as they are and dequantizes quantized ones (Q4_1, Q8_0,
@@ -42,6 +42,7 @@ def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Re
         import_gguf(Path("SmolLM2-135M-Instruct.Q4_1.gguf"), Path("smollm2"))
         # smollm2/: config.json model.safetensors tokenizer.json tokenizer_config.json generation_config.json
     """
+    reporter = reporter or NullReporter()
     gguf_file = _check_gguf_file(Path(gguf_file).expanduser())
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}", where="--dtype", fix=f"choose one of {', '.join(DTYPES)}")

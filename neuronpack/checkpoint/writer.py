@@ -54,7 +54,7 @@ def write_safetensors_sharded(
     *,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     metadata: dict[str, str] | None = None,
-    reporter: Reporter = NullReporter(),
+    reporter: Reporter | None = None,
 ) -> list[Path]:
     """Stream tensors into safetensors shards in ``out_dir``; return the shard paths in order.
 
@@ -71,6 +71,7 @@ def write_safetensors_sharded(
         rows = ((s.name, t) for t in big.split(1024))       # 1024-row chunks
         write_safetensors_sharded(staging, specs, rows)     # -> [staging / "model.safetensors"]
     """
+    reporter = reporter or NullReporter()
     out_dir = Path(out_dir)
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be positive")

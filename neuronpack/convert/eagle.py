@@ -82,7 +82,7 @@ def convert_eagle(
     *,
     dtype: str = "auto",
     overwrite_head: bool = False,
-    reporter: Reporter = NullReporter(),
+    reporter: Reporter | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> EagleResult:
     """Convert an EAGLE draft for NxDI into ``out`` (a new directory, published atomically).
@@ -97,6 +97,7 @@ def convert_eagle(
         convert_eagle(Path("eagle-draft"), Path("llama-3-8b"), Path("eagle-nxd"), dtype="float16").casts
         # ({"name": "lm_head.weight", "from": "BF16", "to": "F16"},)
     """
+    reporter = reporter or NullReporter()
     from neuronpack.checkpoint import resolve_model
 
     draft_dir, target_dir = resolve_model(draft, reporter=reporter), resolve_model(target, reporter=reporter)
