@@ -198,15 +198,6 @@ def _placeholder_reason(dist: str, version: str | None) -> str:
     ).replace("  ", " ")
 
 
-def _first_line(argv: list[str]) -> str | None:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = (out.stdout or out.stderr).strip().splitlines()
-    return lines[0] if lines else None
-
-
 VALIDATED = (
     "recipe -> NxDI NeuronConfig / TNx from_pretrained mapping, for every shipped recipe (contract tests)",
     "the compile call sequence and artifact layout, against a stand-in SDK with the real module and class names",

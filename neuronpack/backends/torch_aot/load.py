@@ -171,11 +171,6 @@ class CompiledLM:
             return self._runners[L.graph_name(L.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
                                                                      self.v_caches)
 
-    def reset(self) -> None:
-        """Zero the whole KV cache."""
-        for cache in (*self.k_caches, *self.v_caches):
-            cache.zero_()
-
     def _check_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         if len(slots) != len(prompts) or not slots:
             raise ValueError(f"prefill needs one slot per prompt, got {len(slots)} slots and {len(prompts)} prompts")
