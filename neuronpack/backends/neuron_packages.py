@@ -21,7 +21,6 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
