@@ -2,13 +2,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from moto_s3 import MotoServer
+
+from tests.moto_s3 import MotoServer
 
 
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory, tiny_llama) -> Path:
     """The tiny serving artifact (export-only graphs): the same key and root as tests/runtime's, built once."""
-    from runtime.serving import build_artifact
+    from tests.runtime.serving import build_artifact
 
     return build_artifact(tiny_llama, tmp_path_factory.getbasetemp() / "serve-root")
 

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from moto_s3 import MotoServer, free_port
 from typer.testing import CliRunner
 
 from neuronpack.artifacts.key import compute_key
@@ -21,11 +20,11 @@ from neuronpack.artifacts.remote import open_transport
 from neuronpack.artifacts.remote.pull import fetch_manifest, pull_artifact
 from neuronpack.artifacts.remote.push import push_artifact
 from neuronpack.artifacts.store import artifacts_root
-from neuronpack.artifacts.verify import verify_artifact
 from neuronpack.cli.app import app
 from neuronpack.errors import RemoteError
-
-from .conftest import use_s3
+from neuronpack.pipeline import verify_artifact
+from tests.artifacts.conftest import use_s3
+from tests.moto_s3 import MotoServer, free_port
 
 runner = CliRunner(env={"COLUMNS": "120"})
 
@@ -103,7 +102,7 @@ def test_tampered_remote_file_is_refused_and_nothing_installed(any_store, tiny_a
 def test_edited_or_unsafe_remote_manifest_is_refused(s3_store, tiny_artifact, tmp_path):
     key = tiny_artifact.name
     cli_json("push", tiny_artifact, s3_store)
-    manifest = read_manifest(tiny_artifact)
+    manifest = read_manifest(tiny_artifact).to_json()
 
     evil = {**manifest, "files": [*manifest["files"], {"path": "../../escaped.txt", "size": 1, "sha256": "0" * 64}]}
     _tamper(s3_store, key, "neuronpack.json", lambda _: json.dumps(evil).encode())
@@ -168,7 +167,7 @@ def test_server_stopped_mid_pull_leaves_nothing_installed_and_next_pull_resumes(
                                                                                   monkeypatch):
     key = tiny_artifact.name
     final = artifacts_root(tmp_path / "pod") / key
-    largest = max(e["size"] for e in read_manifest(tiny_artifact)["files"])
+    largest = max(e.size for e in read_manifest(tiny_artifact).files)
     with MotoServer() as first:
         transport = open_transport(use_s3(first, monkeypatch))
         push_artifact(tiny_artifact, transport)
@@ -213,10 +212,10 @@ def test_concurrent_pushes_of_one_key_commit_once(s3_store, tiny_artifact, tmp_p
 
 def _variant(artifact: Path, dest_root: Path, label: str) -> Path:
     """A copy of ``artifact`` as another key (its recorded inputs differ by a label): a distinct valid artifact."""
-    manifest = read_manifest(artifact)
-    manifest["key_inputs"] = {**manifest["key_inputs"], "variant": label}
-    manifest["key"] = compute_key(manifest["key_inputs"])
-    path = dest_root / manifest["key"]
+    original = read_manifest(artifact)
+    key_inputs = {**original.key_inputs, "variant": label}
+    manifest = original.model_copy(update={"key_inputs": key_inputs, "key": compute_key(key_inputs)})
+    path = dest_root / manifest.key
     shutil.copytree(artifact, path)
     write_manifest(path, manifest)
     return path

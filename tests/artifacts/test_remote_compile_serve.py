@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import httpx
-from moto_s3 import free_port
-from runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, wait_for_health
 from typer.testing import CliRunner
 
 from neuronpack.artifacts.store import artifacts_root
-from neuronpack.artifacts.verify import verify_artifact
 from neuronpack.cli.app import app
+from neuronpack.pipeline import verify_artifact
+from tests.moto_s3 import free_port
+from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, wait_for_health
 
 runner = CliRunner(env={"COLUMNS": "120"})
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from neuronpack.artifacts.manifest import MANIFEST_NAME, parse_manifest
+from neuronpack.artifacts.manifest import MANIFEST_NAME, Manifest
+from neuronpack.artifacts.remote.pull import read_remote_manifest
 from neuronpack.artifacts.remote.push import LEASE_STALE
 from neuronpack.artifacts.remote.transport import ObjectInfo, Transport, is_key
 
@@ -22,7 +23,8 @@ UNFINISHED_GRACE = 4 * LEASE_STALE
 class RemoteKey:
     key: str
     objects: list[ObjectInfo]
-    manifest: dict[str, Any] | None  # None: never committed
+    committed: bool  # its manifest is there
+    manifest: Manifest | None = None  # read when asked for
 
     @property
     def pushed_at(self) -> float:
@@ -41,10 +43,9 @@ def scan_remote(transport: Transport, *, read_manifests: bool = True) -> list[Re
         manifest = None
         if committed and read_manifests:
             data = transport.read(f"{name}/{MANIFEST_NAME}")
-            manifest = parse_manifest(data, where=f"{transport.url}/{name}/{MANIFEST_NAME}") if data else None
-        elif committed:
-            manifest = {}
-        keys.append(RemoteKey(name, objects, manifest))
+            where = f"{transport.url}/{name}/{MANIFEST_NAME}"
+            manifest = read_remote_manifest(data, where=where) if data else None
+        keys.append(RemoteKey(name, objects, committed, manifest))
     return keys
 
 
@@ -59,11 +60,11 @@ def list_remote(transport: Transport) -> list[dict[str, Any]]:
         rows.append({
             "key": item.key,
             "url": f"{transport.url}/{item.key}",
-            "model": (m.get("model") or {}).get("source"),
-            "framework": m.get("framework"),
-            "buckets": m.get("buckets"),
-            "size": sum(f.get("size", 0) for f in m.get("files", [])),
-            "created_at": m.get("created_at"),
+            "model": m.model.source,
+            "framework": m.framework,
+            "buckets": m.buckets.to_dict(),
+            "size": m.total_size,
+            "created_at": m.created_at,
             "age_seconds": round(max(0.0, now - item.pushed_at), 1),
         })
     return sorted(rows, key=lambda r: r["age_seconds"])
@@ -82,7 +83,7 @@ def plan_remote_gc(transport: Transport, *, keep: int | None = None,
                    older_than: float | None = None) -> list[RemoteGcItem]:
     now = transport.now()
     scanned = scan_remote(transport, read_manifests=False)
-    committed = sorted((k for k in scanned if k.manifest is not None), key=lambda k: -k.pushed_at)
+    committed = sorted((k for k in scanned if k.committed), key=lambda k: -k.pushed_at)
     items = []
     for index, item in enumerate(committed):
         reasons = []
@@ -93,7 +94,7 @@ def plan_remote_gc(transport: Transport, *, keep: int | None = None,
         if reasons:
             items.append(_item(item, "artifact", " and ".join(reasons)))
     for item in scanned:
-        if item.manifest is None and now - item.pushed_at > UNFINISHED_GRACE:
+        if not item.committed and now - item.pushed_at > UNFINISHED_GRACE:
             items.append(_item(item, "unfinished", "no manifest (an interrupted push)"))
     return items
 

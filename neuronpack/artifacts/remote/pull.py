@@ -11,6 +11,7 @@ rest.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.artifacts.key import compute_key
-from neuronpack.artifacts.manifest import MANIFEST_NAME, parse_manifest, write_manifest
+from neuronpack.artifacts.manifest import MANIFEST_NAME, FileEntry, Manifest, parse_manifest, write_manifest
 from neuronpack.artifacts.remote.transport import Transport, run_parallel
 from neuronpack.artifacts.store import hidden_dir, key_lock, new_staging, publish
 from neuronpack.artifacts.verify import check_file_entries, check_files, quick_check
@@ -54,24 +55,34 @@ def remote_manifest_path(key: str) -> str:
     return f"{key}/{MANIFEST_NAME}"
 
 
-def fetch_manifest(transport: Transport, key: str) -> dict[str, Any] | None:
+def read_remote_manifest(data: bytes, *, where: str) -> Manifest:
+    """A manifest from a remote object's bytes (schema and types checked by parse_manifest)."""
+    try:
+        obj = json.loads(data)
+    except ValueError as exc:
+        raise ArtifactError(f"{MANIFEST_NAME} is not valid JSON ({exc})", where=where,
+                            fix="remove the key with `neuronpack gc --remote` and push it again") from None
+    return parse_manifest(obj, where=where)
+
+
+def fetch_manifest(transport: Transport, key: str) -> Manifest | None:
     """The remote manifest of ``key`` (checked: key, inputs, file list), or None when the key is not committed."""
     data = transport.read(remote_manifest_path(key))
     if data is None:
         return None
     where = f"{transport.url}/{remote_manifest_path(key)}"
-    manifest = parse_manifest(data, where=where)
-    if manifest["key"] != key:
-        raise ArtifactError(f"the manifest stored under {key[:16]} is for key {str(manifest['key'])[:16]}",
+    manifest = read_remote_manifest(data, where=where)
+    if manifest.key != key:
+        raise ArtifactError(f"the manifest stored under {key[:16]} is for key {manifest.key[:16]}",
                             where=where, fix="remove the key with `neuronpack gc --remote` and push it again")
-    if compute_key(manifest["key_inputs"]) != key:
+    if compute_key(manifest.key_inputs) != key:
         raise ArtifactError("the remote manifest's key does not match its recorded inputs (the manifest was edited)",
                             where=where, fix="remove the key with `neuronpack gc --remote` and push it again")
     check_file_entries(manifest, where=where)
     return manifest
 
 
-def pull_artifact(transport: Transport, key: str, final: Path, *, manifest: dict[str, Any] | None = None,
+def pull_artifact(transport: Transport, key: str, final: Path, *, manifest: Manifest | None = None,
                   reporter: Reporter | None = None, workers: int = FILE_WORKERS) -> PullResult:
     """Install the remote artifact ``key`` as ``final`` (``<store>/<key>``, or any path whose parent is a store),
     or return at once when it is already there. Raises RemoteError when the key is not in the store."""
@@ -97,14 +108,12 @@ def pull_artifact(transport: Transport, key: str, final: Path, *, manifest: dict
         except ArtifactError:
             shutil.rmtree(staging, ignore_errors=True)  # refused content is never kept for a resume
             raise
-    size = sum(e["size"] for e in manifest["files"])
-    return PullResult(final, key, transport.url, True, len(manifest["files"]), size, downloaded, reused,
+    return PullResult(final, key, transport.url, True, len(manifest.files), manifest.total_size, downloaded, reused,
                       time.perf_counter() - t0)
 
 
-def _present(final: Path, key: str, transport: Transport, manifest: dict[str, Any], t0: float) -> PullResult:
-    size = sum(e["size"] for e in manifest["files"])
-    return PullResult(final, key, transport.url, False, len(manifest["files"]), size,
+def _present(final: Path, key: str, transport: Transport, manifest: Manifest, t0: float) -> PullResult:
+    return PullResult(final, key, transport.url, False, len(manifest.files), manifest.total_size,
                       seconds=time.perf_counter() - t0)
 
 
@@ -125,36 +134,35 @@ def _staging_for(store: Path, key: str) -> Path:
     return fresh
 
 
-def _fill(transport: Transport, key: str, manifest: dict[str, Any], staging: Path, reporter: Reporter,
+def _fill(transport: Transport, key: str, manifest: Manifest, staging: Path, reporter: Reporter,
           workers: int) -> tuple[int, int]:
     """Make staging hold exactly the manifest's files (verified); returns (bytes downloaded, files reused)."""
-    entries = {e["path"]: e for e in manifest["files"]}
+    entries = {e.path: e for e in manifest.files}
     for path in sorted(staging.rglob("*"), reverse=True):
         rel = path.relative_to(staging).as_posix()
         if path.is_file() and rel not in entries or path.is_symlink():
             path.unlink()
-    reused = [e for e in entries.values() if _already_there(staging / e["path"], e)]
-    todo = sorted((e for e in entries.values() if e not in reused), key=lambda e: -e["size"])
-    total = sum(e["size"] for e in entries.values())
-    with reporter.task(f"pull {key[:12]}", total=total, unit="bytes") as task:
-        task.advance(sum(e["size"] for e in reused))
+    reused = {e.path for e in entries.values() if _already_there(staging / e.path, e)}
+    todo = sorted((e for e in entries.values() if e.path not in reused), key=lambda e: -e.size)
+    with reporter.task(f"pull {key[:12]}", total=manifest.total_size, unit="bytes") as task:
+        task.advance(sum(entries[p].size for p in reused))
         run_parallel([lambda e=e: _download_one(transport, key, e, staging, task.advance) for e in todo], workers)
-    return sum(e["size"] for e in todo), len(reused)
+    return sum(e.size for e in todo), len(reused)
 
 
-def _already_there(path: Path, entry: dict[str, Any]) -> bool:
-    return path.is_file() and path.stat().st_size == entry["size"] and sha256_stream(path) == entry["sha256"]
+def _already_there(path: Path, entry: FileEntry) -> bool:
+    return path.is_file() and path.stat().st_size == entry.size and sha256_stream(path) == entry.sha256
 
 
-def _download_one(transport: Transport, key: str, entry: dict[str, Any], staging: Path, on_bytes) -> None:
-    rel = entry["path"]
+def _download_one(transport: Transport, key: str, entry: FileEntry, staging: Path, on_bytes) -> None:
+    rel = entry.path
     dest = staging / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
     transport.download(f"{key}/{rel}", str(dest), on_bytes=on_bytes)
     size = dest.stat().st_size
-    if size != entry["size"] or sha256_stream(dest) != entry["sha256"]:
+    if size != entry.size or sha256_stream(dest) != entry.sha256:
         dest.unlink(missing_ok=True)
-        detail = f"{size} bytes, the manifest says {entry['size']}" if size != entry["size"] else "sha256 differs"
+        detail = f"{size} bytes, the manifest says {entry.size}" if size != entry.size else "sha256 differs"
         raise ArtifactError(
             f"remote file {rel} does not match the manifest ({detail}): refused, nothing installed",
             where=f"{transport.url}/{key}/{rel}",

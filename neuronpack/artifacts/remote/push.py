@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuronpack.artifacts.manifest import MANIFEST_NAME, read_manifest
+from neuronpack.artifacts.manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest
 from neuronpack.artifacts.remote.pull import remote_manifest_path
 from neuronpack.artifacts.remote.transport import Transport, run_parallel
 from neuronpack.artifacts.verify import check_files, check_key
@@ -59,11 +59,11 @@ def push_artifact(artifact_dir: Path, transport: Transport, *, reporter: Reporte
     manifest = read_manifest(artifact_dir)
     check_key(artifact_dir, manifest)
     check_files(artifact_dir, manifest, check_hashes=False)
-    key = manifest["key"]
-    size = sum(e["size"] for e in manifest["files"])
+    key = manifest.key
 
     def result(pushed: bool, reason: str) -> PushResult:
-        return PushResult(key, transport.url, pushed, reason, len(manifest["files"]), size, time.perf_counter() - t0)
+        return PushResult(key, transport.url, pushed, reason, len(manifest.files), manifest.total_size,
+                          time.perf_counter() - t0)
 
     if transport.stat(remote_manifest_path(key)) is not None:
         return result(False, "already in the store")
@@ -78,19 +78,19 @@ def push_artifact(artifact_dir: Path, transport: Transport, *, reporter: Reporte
     return result(True, "uploaded")
 
 
-def _upload_files(root: Path, transport: Transport, key: str, manifest: dict[str, Any], reporter: Reporter,
+def _upload_files(root: Path, transport: Transport, key: str, manifest: Manifest, reporter: Reporter,
                   workers: int) -> None:
-    entries = sorted(manifest["files"], key=lambda e: -e["size"])
-    with reporter.task(f"push {key[:12]}", total=sum(e["size"] for e in entries), unit="bytes") as task:
+    entries = sorted(manifest.files, key=lambda e: -e.size)
+    with reporter.task(f"push {key[:12]}", total=manifest.total_size, unit="bytes") as task:
         run_parallel([lambda e=e: _upload_one(root, transport, key, e, task.advance) for e in entries], workers)
 
 
-def _upload_one(root: Path, transport: Transport, key: str, entry: dict[str, Any], on_bytes) -> None:
-    path = root / entry["path"]
-    if sha256_stream(path) != entry["sha256"]:
-        raise ArtifactError(f"file {entry['path']} does not match its sha256 (corrupted or modified): not pushed",
+def _upload_one(root: Path, transport: Transport, key: str, entry: FileEntry, on_bytes) -> None:
+    path = root / entry.path
+    if sha256_stream(path) != entry.sha256:
+        raise ArtifactError(f"file {entry.path} does not match its sha256 (corrupted or modified): not pushed",
                             where=str(root), fix="rebuild it with `neuronpack compile --force`")
-    transport.upload(f"{key}/{entry['path']}", str(path), sha256=entry["sha256"], on_bytes=on_bytes)
+    transport.upload(f"{key}/{entry.path}", str(path), sha256=entry.sha256, on_bytes=on_bytes)
 
 
 class _Lease:

@@ -5,7 +5,7 @@ is the commit marker, so a key without it is invisible to readers. Two transport
 ``s3://bucket/prefix`` (any S3-compatible service, through boto3) and ``file:///path`` (a shared filesystem such as
 NFS or EFS). Every path handed to a transport is relative to the store's prefix and uses ``/``.
 
-Example::
+Example (``open_transport`` is in the package, ``neuronpack.artifacts.remote``)::
 
     transport = open_transport("s3://models/neuronpack", endpoint_url="http://127.0.0.1:9000")
     transport.read(f"{key}/neuronpack.json")   # bytes, or None when absent
@@ -68,20 +68,6 @@ class Transport(Protocol):
 
 def is_remote_url(value: object) -> bool:
     return isinstance(value, str) and value.startswith(SCHEMES)
-
-
-def open_transport(url: str, *, endpoint_url: str | None = None) -> Transport:
-    """The transport for ``s3://bucket[/prefix]`` or ``file:///path``; RemoteError for anything else."""
-    if url.startswith("s3://"):
-        from neuronpack.artifacts.remote.s3 import S3Transport
-
-        return S3Transport(url, endpoint_url=endpoint_url)
-    if url.startswith("file://"):
-        from neuronpack.artifacts.remote.filesystem import FileTransport
-
-        return FileTransport(url)
-    raise RemoteError(f"unsupported remote store {url!r}", where="--remote",
-                      fix="use s3://bucket/prefix (any S3-compatible service) or file:///path (a shared filesystem)")
 
 
 def split_artifact_url(url: str) -> tuple[str, str]:
