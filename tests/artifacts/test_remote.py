@@ -260,7 +260,7 @@ def test_remote_lookup_costs_one_request(s3_store, tiny_artifact):
     assert len(requests) == 1
     push_artifact(tiny_artifact, open_transport(s3_store))
     requests.clear()
-    assert fetch_manifest(transport, tiny_artifact.name)["key"] == tiny_artifact.name
+    assert fetch_manifest(transport, tiny_artifact.name).key == tiny_artifact.name
     assert len(requests) == 1
 
 
