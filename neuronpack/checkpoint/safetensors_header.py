@@ -124,6 +124,12 @@ def _read_raw_header(path: Path) -> tuple[dict, int, int]:
         raise _bad(path, "header is not valid JSON (nested too deeply)") from None
     if not isinstance(header, dict):
         raise _bad(path, "header is not a JSON object")
+    try:
+        # A lone UTF-16 surrogate escape such as \ud800 parses in Python but is not UTF-8 text: the safetensors
+        # library refuses it, and printing such a tensor name would fail later.
+        json.dumps(header, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(path, "header has a string that is not valid UTF-8 (a lone surrogate escape)") from None
     return header, 8 + header_len, file_size
 
 

@@ -118,8 +118,8 @@ def test_tnx_env_parsing(value, default):
         return
     assert parsed and all(isinstance(b, int) for b in parsed)
     try:
-        plan = plan_from_tnx_env({"NEURON_CONTEXT_LENGTH_BUCKETS": value or "", "NEURON_TOKEN_GEN_BUCKETS": value or ""},
-                                 default)
+        env = {"NEURON_CONTEXT_LENGTH_BUCKETS": value or "", "NEURON_TOKEN_GEN_BUCKETS": value or ""}
+        plan = plan_from_tnx_env(env, default)
     except BucketError as exc:
         assert_one_line(exc)
         return

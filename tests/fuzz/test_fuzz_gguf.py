@@ -11,10 +11,10 @@ import struct
 from pathlib import Path
 
 import pytest
+from checkpoint.tiny_gguf import write_tiny_gguf
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from checkpoint.tiny_gguf import write_tiny_gguf
 from neuronpack.checkpoint import import_gguf, open_checkpoint
 from neuronpack.checkpoint.gguf_import import gguf_auto_dtype
 from neuronpack.errors import NeuronpackError
@@ -55,7 +55,8 @@ def import_or_refuse(path: Path, out: Path) -> Path | None:
 
 
 @fuzz_settings(300)
-@given(kind=st.sampled_from(["truncate", "flip", "u64", "u32"]), pos=st.integers(0, 2**31), value=st.integers(0, 2**64 - 1))
+@given(kind=st.sampled_from(["truncate", "flip", "u64", "u32"]), pos=st.integers(0, 2**31),
+       value=st.integers(0, 2**64 - 1))
 def test_header_mutations_parse_or_refuse(tmp_path, tiny_gguf, kind, pos, value):
     """The parse step alone (cheap): gguf_auto_dtype raises CheckpointError for anything gguf-py cannot read."""
     blob, data_offset = tiny_gguf
@@ -68,7 +69,8 @@ def test_header_mutations_parse_or_refuse(tmp_path, tiny_gguf, kind, pos, value)
 
 
 @fuzz_settings(30)
-@given(kind=st.sampled_from(["truncate", "flip", "u64", "u32"]), pos=st.integers(0, 2**31), value=st.integers(0, 2**64 - 1))
+@given(kind=st.sampled_from(["truncate", "flip", "u64", "u32"]), pos=st.integers(0, 2**31),
+       value=st.integers(0, 2**64 - 1))
 def test_mutated_files_import_or_refuse(tmp_path, tiny_gguf, kind, pos, value):
     blob, data_offset = tiny_gguf
     # Mostly the header/metadata/tensor-info region; sometimes the data region (truncation there is a corrupt file).

@@ -20,15 +20,16 @@ from . import assert_one_line, fuzz_settings
 LIB_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2, "I32": 4, "U32": 4, "F32": 4,
               "I64": 8, "U64": 8, "F64": 8}
 
-json_scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8)
+json_scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+                | st.text(max_size=8))
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=12,
 )
 tensor_specs = st.lists(
-    st.tuples(st.text(min_size=1, max_size=10).filter(lambda n: n != "__metadata__"), st.sampled_from(sorted(LIB_DTYPES)),
-              st.lists(st.integers(0, 4), max_size=3)),
+    st.tuples(st.text(min_size=1, max_size=10).filter(lambda n: n != "__metadata__"),
+              st.sampled_from(sorted(LIB_DTYPES)), st.lists(st.integers(0, 4), max_size=3)),
     min_size=1, max_size=5, unique_by=lambda t: t[0],
 )
 
@@ -146,8 +147,10 @@ def test_every_dtype_name_is_known(tmp_path, dtype):
          "unknown dtype []"),  # was TypeError: unhashable type: 'list'
         (frame(json.dumps({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode(), bytes(5)),
          "1 bytes after the last tensor"),  # was accepted; the safetensors library then refused the file
+        (frame(b'{"a\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', bytes(4)),
+         "not valid UTF-8"),  # was accepted; the safetensors library refused it ("unexpected end of hex escape")
     ],
-    ids=["deep-nesting", "unhashable-dtype", "trailing-bytes"],
+    ids=["deep-nesting", "unhashable-dtype", "trailing-bytes", "lone-surrogate"],
 )
 def test_regressions_found_by_fuzzing(tmp_path, blob, message):
     path = tmp_path / "f.safetensors"
