@@ -106,7 +106,8 @@ def kill_sweep(args: list[str], *, root: Path, check: Callable[[], None], reset:
     total = len(calibration.markers)
     assert total > 0, "the command reported no markers"
     rng = random.Random(seed)
-    points = sorted({1, total, *rng.sample(range(1, total + 1), min(max(0, kills - 2), total))})
+    inner = range(2, total)
+    points = sorted({1, total, *rng.sample(inner, min(max(0, kills - 2), len(inner)))})
     reset()
     sweep = Sweep(markers=total, kill_points=points, killed=0)
     for point in points:
