@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -141,6 +142,21 @@ def remove_dead_staging(parent: Path, label: str) -> int:
             shutil.rmtree(path, ignore_errors=True)
             removed += 1
     return removed
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a full disk or quota: ENOSPC / EDQUOT, also when a
+    library wrapped it in its own exception type (torch's stream writer says "No space left on device")."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(current) or "Disk quota exceeded" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def write_text_atomic(path: Path, text: str) -> None:

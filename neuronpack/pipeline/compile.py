@@ -23,6 +23,7 @@ from neuronpack.artifacts.store import artifacts_root, key_lock, new_staging, pu
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.backends.base import BuildRequest
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
+from neuronpack.fsutil import disk_full
 from neuronpack.pipeline.inputs import ResolvedInputs, resolve_inputs
 from neuronpack.pipeline.prepare import (
     converted_draft_path,
@@ -199,6 +200,11 @@ def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, ca
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         log = record_failure(final.parent, key, repr(exc), traceback.format_exc())
-        raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}", where=str(log),
+        if disk_full(exc):
+            raise BuildError("no space left on device while building the artifact", where=str(final.parent),
+                             fix="free space there (`neuronpack gc --keep N` removes old artifacts) or choose "
+                             "another --out-root") from exc
+        raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}",
+                         where=str(log) if log else str(final.parent),
                          fix="read the log; rerun with NEURONPACK_DEBUG=1 for a traceback") from exc
     return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest, config, timings)
