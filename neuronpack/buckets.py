@@ -1,4 +1,5 @@
-"""Bucket plans and routing, matching NxD Inference and transformers-neuronx exactly (see neuron-facts.md).
+"""Bucket plans and routing, matching NxD Inference and transformers-neuronx exactly (see docs/neuron.md, "Facts
+the code relies on").
 
 A bucket is a compiled sequence length. Context-encoding buckets are sized by prompt length (max:
 max_context_length), token-generation buckets by attention length (max: seq_len).

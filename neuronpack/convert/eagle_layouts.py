@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from neuronpack.checkpoint import dtypes as checkpoint_dtypes
 from neuronpack.checkpoint.safetensors_header import TensorInfo
 from neuronpack.errors import ConversionError
 
-FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+FLOAT_DTYPES = checkpoint_dtypes.FLOAT_CODES  # "F16" -> "float16"
 FLOAT_CODES = {name: code for code, name in FLOAT_DTYPES.items()}  # "float16" -> "F16"
 DTYPE_CHOICES = ("auto", "float16", "bfloat16", "float32")
 HEAD = "lm_head.weight"

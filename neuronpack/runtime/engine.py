@@ -30,18 +30,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from neuronpack.errors import InvalidRequestError, ServeError
 from neuronpack.runtime.metrics import EngineMetrics
 from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample_rows
-from neuronpack.runtime.scheduler import Sequence as EngineSequence
-from neuronpack.runtime.scheduler import SlotScheduler, StepOutput
-from neuronpack.runtime.stopping import IncrementalDetokenizer, SequenceOutput, StopRules
+from neuronpack.runtime.scheduler import SlotScheduler
+from neuronpack.runtime.stopping import FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
-
-FINISH_ABORT = "abort"
-FINISH_ERROR = "error"
-
 
 class CompiledModel(Protocol):
     """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
@@ -56,6 +51,10 @@ class CompiledModel(Protocol):
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> Tensor: ...
 
     def decode(self, tokens: Tensor, positions: Tensor) -> Tensor: ...
+
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> Tensor:
+        """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -77,10 +76,48 @@ class GenerationResult:
 
     text: str
     token_ids: list[int]
-    finish_reason: str
+    finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     timings: dict[str, float]
+
+
+@dataclass
+class StepOutput:
+    """What one request gets after a step: the new token(s) and text, and the finish reason once it ends."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None  # set when the model failed; finish_reason is then ERROR
+
+
+@dataclass(eq=False)
+class RequestState:
+    """One request inside the engine (what the scheduler queues and seats). ``sink`` receives every StepOutput
+    (called on the engine thread)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampler: RowSampler
+    output: SequenceOutput
+    sink: Callable[[StepOutput], None]
+    arrival: float = field(default_factory=time.monotonic)
+    slot: int | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def last_token(self) -> int:
+        return self.output.token_ids[-1]
+
+    @property
+    def next_position(self) -> int:
+        # The last sampled token is not in the cache yet: it goes at position total_len - 1.
+        return self.output.total_len - 1
 
 
 class Engine:
@@ -110,7 +147,7 @@ class Engine:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.metrics = metrics or EngineMetrics(model.batch_size)
-        self.scheduler = SlotScheduler(model.batch_size)
+        self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -168,7 +205,7 @@ class Engine:
         prompt = list(request.prompt_ids)
         output = SequenceOutput(rules, prompt, IncrementalDetokenizer(self.tokenizer, prompt))
         sampler = RowSampler(request.sampling.resolve(self.global_topk))
-        seq = EngineSequence(request.request_id, prompt, sampler, output, sink)
+        seq = RequestState(request.request_id, prompt, sampler, output, sink)
         self._inbox.put(("add", seq))
         self._wake.set()
         return request.request_id
@@ -217,7 +254,7 @@ class Engine:
             self._thread.join(timeout)
             self._thread = None
         for seq in [*self.scheduler.waiting, *self.scheduler.running]:
-            self._finish_without_token(seq, FINISH_ABORT)
+            self._finish_without_token(seq, FinishReason.ABORT)
 
     def step(self) -> bool:
         """One iteration: inbox, prefills, one decode step. Returns False when there was nothing to do."""
@@ -242,7 +279,7 @@ class Engine:
                 busy = self.step()
             except Exception as exc:  # a bug or a model failure outside a request: fail everyone, keep serving
                 for seq in [*self.scheduler.waiting, *self.scheduler.running]:
-                    self._finish_without_token(seq, FINISH_ERROR, error=f"{type(exc).__name__}: {exc}")
+                    self._finish_without_token(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
                 busy = False
             if not busy:
                 self._wake.wait(timeout=0.5)
@@ -259,9 +296,9 @@ class Engine:
             elif kind == "abort":
                 seq = self.scheduler.remove(payload)
                 if seq is not None:
-                    self._finish_without_token(seq, FINISH_ABORT)
+                    self._finish_without_token(seq, FinishReason.ABORT)
 
-    def _prefill(self, seqs: list[EngineSequence]) -> None:
+    def _prefill(self, seqs: list[RequestState]) -> None:
         # One call per prompt: each routes to its own context bucket, so a request's logits never depend on what
         # it was admitted with (the compiled model runs prompts one by one anyway).
         for seq in seqs:
@@ -270,7 +307,8 @@ class Engine:
                 logits = self.model.prefill([seq.slot], [seq.prompt_ids])  # [1, vocab]
                 token = int(sample_rows(logits, [seq.sampler])[0])
             except Exception as exc:
-                self._finish_without_token(seq, FINISH_ERROR, error=f"prefill failed: {type(exc).__name__}: {exc}")
+                error = f"prefill failed: {type(exc).__name__}: {exc}"
+                self._finish_without_token(seq, FinishReason.ERROR, error=error)
                 continue
             self.metrics.prefill_seconds.observe(time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
@@ -288,14 +326,14 @@ class Engine:
             next_tokens = sample_rows(rows, [s.sampler for s in running]).tolist()
         except Exception as exc:
             for seq in running:
-                self._finish_without_token(seq, FINISH_ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
+                self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
             return
         self.metrics.decode_seconds.observe(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
         for seq, token in zip(running, next_tokens, strict=True):
             self._emit(seq, token)
 
-    def _emit(self, seq: EngineSequence, token: int) -> None:
+    def _emit(self, seq: RequestState, token: int) -> None:
         now = time.monotonic()
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -312,21 +350,19 @@ class Engine:
             self.metrics.observe_finish(delta.finish_reason, now - seq.arrival)
         self._deliver(seq, out)
 
-    def _finish_without_token(self, seq: EngineSequence, reason: str, error: str | None = None) -> None:
-        self.scheduler.release(seq)
-        if seq in self.scheduler.waiting:
-            self.scheduler.waiting.remove(seq)
+    def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None) -> None:
+        self.scheduler.discard(seq)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error)
         self._deliver(seq, out)
 
-    def _deliver(self, seq: EngineSequence, out: StepOutput) -> None:
+    def _deliver(self, seq: RequestState, out: StepOutput) -> None:
         try:
             seq.sink(out)
         except Exception:  # the consumer is gone (closed event loop): stop generating for it
             if out.finish_reason is None:
                 self.scheduler.remove(seq.request_id)
-                self.metrics.observe_finish(FINISH_ABORT, time.monotonic() - seq.arrival)
+                self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival)
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
@@ -341,14 +377,14 @@ def _check_sampling(params: SamplingParams) -> None:
 
 def _result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:
     last = outputs[-1]
-    if last.finish_reason == FINISH_ERROR:
+    if last.finish_reason is FinishReason.ERROR:
         raise ServeError(f"generation failed: {last.error}", fix="run with NEURONPACK_DEBUG=1 and report the error")
     token_ids = [t for o in outputs for t in o.token_ids]
     total = time.monotonic() - started
     return GenerationResult(
         text="".join(o.text for o in outputs),
         token_ids=token_ids,
-        finish_reason=last.finish_reason or FINISH_ERROR,
+        finish_reason=last.finish_reason or FinishReason.ERROR,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         timings={

@@ -15,64 +15,38 @@ Example::
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-from neuronpack.runtime.sampling import RowSampler
-from neuronpack.runtime.stopping import SequenceOutput
+from typing import Generic, Protocol, TypeVar
 
 
-@dataclass
-class StepOutput:
-    """What one request gets after a step: the new token(s) and text, and the finish reason once it ends."""
+class Schedulable(Protocol):
+    """What the scheduler needs of a sequence (the engine's ``RequestState``)."""
 
     request_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None  # set when the model failed; finish_reason is then "error"
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the engine. ``sink`` receives every StepOutput (called on the engine thread)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    sampler: RowSampler
-    output: SequenceOutput
-    sink: Callable[[StepOutput], None]
-    arrival: float = field(default_factory=time.monotonic)
-    slot: int | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
+    slot: int | None
 
     @property
-    def last_token(self) -> int:
-        return self.output.token_ids[-1]
+    def last_token(self) -> int: ...
 
     @property
-    def next_position(self) -> int:
-        # The last sampled token is not in the cache yet: it goes at position total_len - 1.
-        return self.output.total_len - 1
+    def next_position(self) -> int: ...
 
 
-class SlotScheduler:
+S = TypeVar("S", bound=Schedulable)
+
+
+class SlotScheduler(Generic[S]):
     """Waiting queue + slot table for one compiled batch."""
 
     def __init__(self, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
-        self.waiting: deque[Sequence] = deque()
-        self.slots: list[Sequence | None] = [None] * batch_size
+        self.waiting: deque[S] = deque()
+        self.slots: list[S | None] = [None] * batch_size
 
     @property
-    def running(self) -> list[Sequence]:
+    def running(self) -> list[S]:
         """Sequences holding a slot, in slot order."""
         return [s for s in self.slots if s is not None]
 
@@ -84,12 +58,12 @@ class SlotScheduler:
     def idle(self) -> bool:
         return not self.waiting and self.free_slots == self.batch_size
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: S) -> None:
         self.waiting.append(seq)
 
-    def admit(self, limit: int) -> list[Sequence]:
+    def admit(self, limit: int) -> list[S]:
         """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled)."""
-        admitted: list[Sequence] = []
+        admitted: list[S] = []
         while self.waiting and len(admitted) < limit and None in self.slots:
             seq = self.waiting.popleft()
             seq.slot = self.slots.index(None)
@@ -97,13 +71,19 @@ class SlotScheduler:
             admitted.append(seq)
         return admitted
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: S) -> None:
         """Give a finished sequence's slot back."""
         if seq.slot is not None and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
         seq.slot = None
 
-    def remove(self, request_id: str) -> Sequence | None:
+    def discard(self, seq: S) -> None:
+        """Drop a sequence wherever it is (waiting or holding a slot); nothing happens when it is in neither."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.release(seq)
+
+    def remove(self, request_id: str) -> S | None:
         """Drop a request wherever it is (waiting or running); returns it, or None when it already finished."""
         for seq in self.waiting:
             if seq.request_id == request_id:

@@ -25,12 +25,11 @@ from neuronpack import fsutil
 from neuronpack.artifacts import manifest as manifest_module
 from neuronpack.artifacts import store as store_module
 from neuronpack.artifacts.store import artifacts_root
-from neuronpack.artifacts.verify import verify_artifact
 from neuronpack.errors import NeuronpackError
 from neuronpack.fsutil import dir_size
 from neuronpack.pipeline import compile_model
-
-from .conftest import RECIPE
+from neuronpack.pipeline.verify import verify_artifact
+from tests.pipeline.builds import RECIPE
 
 SCENARIO = Path(__file__).with_name("disk_full_scenario.py")
 OTHER_KEY = ["--set", "compiler=export", "--set", "buckets.context=[32]"]  # a second key beside the stored one

@@ -13,10 +13,11 @@ import pytest
 
 from neuronpack import digest
 from neuronpack.artifacts.store import artifacts_root
-from neuronpack.artifacts.verify import quick_check, verify_artifact
+from neuronpack.artifacts.verify import quick_check
 from neuronpack.digest import file_sha256, sha256_stream
+from neuronpack.pipeline.verify import verify_artifact
+from tests.pipeline.builds import RECIPE
 
-from .conftest import RECIPE
 from .killpoints import kill_sweep
 
 KEYS = [f"{i:x}" * 64 for i in range(1, 4)]  # three copies of one artifact under distinct key-shaped names

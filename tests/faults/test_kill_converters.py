@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from checkpoint.tiny_gguf import write_tiny_gguf
-from fuzz.synthetic import eagle_dtypes, eagle_shapes, llama_config, llama_shapes, write_checkpoint
 
 from neuronpack.checkpoint import open_checkpoint
 from neuronpack.digest import sha256_stream
+from tests.checkpoint.tiny_gguf import write_tiny_gguf
+from tests.fuzz.synthetic import eagle_dtypes, eagle_shapes, llama_config, llama_shapes, write_checkpoint
 
 from .killpoints import kill_sweep
 

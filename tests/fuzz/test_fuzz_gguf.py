@@ -11,13 +11,13 @@ import struct
 from pathlib import Path
 
 import pytest
-from checkpoint.tiny_gguf import write_tiny_gguf
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from neuronpack.checkpoint import import_gguf, open_checkpoint
 from neuronpack.checkpoint.gguf_import import gguf_auto_dtype
 from neuronpack.errors import NeuronpackError
+from tests.checkpoint.tiny_gguf import write_tiny_gguf
 
 from . import assert_one_line, fuzz_settings
 
