@@ -8,34 +8,14 @@ manifest's framework), so this module never reaches into backends.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Protocol
 
 from neuronpack.artifacts.key import compute_key, toolchain_versions
 from neuronpack.artifacts.manifest import MANIFEST_NAME, REBUILD, Manifest, read_manifest
+from neuronpack.artifacts.paths import check_no_symlinks, member_path
 from neuronpack.digest import sha256_stream
 from neuronpack.errors import ArtifactError
-
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-def check_file_entries(manifest: Manifest, *, where: str) -> None:
-    """The manifest's file list is safe to materialize: relative paths inside the artifact (no ``..``, no absolute
-    path, no duplicates, not the manifest itself), sizes >= 0, sha256 hex digests. Run before writing any file a
-    manifest from elsewhere (a remote store) names."""
-    seen: set[str] = set()
-    for entry in manifest.files:
-        rel = entry.path
-        parts = PurePosixPath(rel).parts if rel else ()
-        if (not parts or rel.startswith("/") or "\\" in rel or ".." in parts or "\0" in rel
-                or rel != PurePosixPath(rel).as_posix() or rel == MANIFEST_NAME or rel in seen):
-            raise ArtifactError(f"the manifest lists an unsafe or duplicate file path {rel!r}", where=where,
-                                fix="refuse this artifact; rebuild and push it from a trusted build")
-        seen.add(rel)
-        if entry.size < 0 or not _SHA256_RE.match(entry.sha256):
-            raise ArtifactError(f"the manifest's entry for {rel} lacks a valid size or sha256", where=where,
-                                fix="refuse this artifact; rebuild and push it from a trusted build")
 
 
 class ToolchainJudge(Protocol):
@@ -55,20 +35,25 @@ def quick_check(artifact_dir: Path, key: str | None = None) -> Manifest | None:
     if key is not None and manifest.key != key:
         return None
     for entry in manifest.files:
-        path = Path(artifact_dir) / entry.path
+        try:
+            path = member_path(artifact_dir, entry.path)
+        except ArtifactError:
+            return None
         if not path.is_file() or path.stat().st_size != entry.size:
             return None
     return manifest
 
 
 def check_files(artifact_dir: Path, manifest: Manifest, *, check_hashes: bool = True) -> None:
-    """Every listed file present with its size and sha256; no unlisted files. Raises on the first problem."""
+    """Every listed file inside the artifact (paths.member_path), present with its size and sha256; no symlinks and
+    no unlisted files. Raises on the first problem."""
     root = Path(artifact_dir)
+    check_no_symlinks(root)
     listed = set()
     for entry in manifest.files:
         rel = entry.path
         listed.add(rel)
-        path = root / rel
+        path = member_path(root, rel)
         if not path.is_file():
             raise ArtifactError(f"file {rel} is missing", where=str(root), fix=REBUILD)
         size = path.stat().st_size

@@ -137,12 +137,14 @@ def gc_command(
     endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs (with
-    --remote: old keys of a remote store, and keys whose push never committed)."""
+    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs; prune
+    digest-cache entries of files that are gone (with --remote: old keys of a remote store, and keys whose push never
+    committed)."""
     from neuronpack.artifacts.listing import parse_duration, plan_gc, run_gc
     from neuronpack.artifacts.store import artifacts_root
 
     age = parse_duration(older_than) if older_than else None
+    pruned = 0
     if remote:
         from neuronpack.artifacts.remote import open_transport
         from neuronpack.artifacts.remote.listing import plan_remote_gc, run_remote_gc
@@ -154,15 +156,15 @@ def gc_command(
         rows = [(f"{transport.url}/{i.key}", i.kind, i.size, i.reason) for i in remote_items]
     else:
         items = plan_gc(artifacts_root(root), keep=keep, older_than=age)
-        if not dry_run:
-            run_gc(items)
+        pruned = 0 if dry_run else run_gc(items)
         rows = [(str(i.path), i.kind, i.size, i.reason) for i in items]
     freed = sum(size for _, _, size, _ in rows)
     verb = "would remove" if dry_run else "removed"
     lines = "\n".join(f"{verb} {kind}: {path} ({_size(size)}; {reason})" for path, kind, size, reason in rows)
-    print_result(output_format, {"dry_run": dry_run, "freed_bytes": freed,
+    print_result(output_format, {"dry_run": dry_run, "freed_bytes": freed, "digest_cache_pruned": pruned,
                                  "removed": [{"path": path, "kind": kind, "size": size, "reason": reason}
                                              for path, kind, size, reason in rows]},
                  lines or None)
     if output_format is OutputFormat.text:
-        stderr.print(f"{verb} {len(rows)} item(s), {_size(freed)}", markup=False)
+        pruned_text = f"; pruned {pruned} digest-cache entr{'y' if pruned == 1 else 'ies'}" if pruned else ""
+        stderr.print(f"{verb} {len(rows)} item(s), {_size(freed)}{pruned_text}", markup=False)

@@ -21,9 +21,10 @@ from typing import Any
 
 from neuronpack.artifacts.key import compute_key
 from neuronpack.artifacts.manifest import MANIFEST_NAME, FileEntry, Manifest, parse_manifest, write_manifest
+from neuronpack.artifacts.paths import member_path
 from neuronpack.artifacts.remote.transport import Transport, run_parallel
 from neuronpack.artifacts.store import hidden_dir, key_lock, new_staging, publish
-from neuronpack.artifacts.verify import check_file_entries, check_files, quick_check
+from neuronpack.artifacts.verify import check_files, quick_check
 from neuronpack.digest import sha256_stream
 from neuronpack.errors import ArtifactError, RemoteError
 from neuronpack.fsutil import STAGING_PREFIX
@@ -78,7 +79,6 @@ def fetch_manifest(transport: Transport, key: str) -> Manifest | None:
     if compute_key(manifest.key_inputs) != key:
         raise ArtifactError("the remote manifest's key does not match its recorded inputs (the manifest was edited)",
                             where=where, fix="remove the key with `neuronpack gc --remote` and push it again")
-    check_file_entries(manifest, where=where)
     return manifest
 
 
@@ -138,6 +138,8 @@ def _fill(transport: Transport, key: str, manifest: Manifest, staging: Path, rep
           workers: int) -> tuple[int, int]:
     """Make staging hold exactly the manifest's files (verified); returns (bytes downloaded, files reused)."""
     entries = {e.path: e for e in manifest.files}
+    for rel in entries:  # before anything is written: every name stays inside the artifact (paths.py)
+        member_path(staging, rel)
     for path in sorted(staging.rglob("*"), reverse=True):
         rel = path.relative_to(staging).as_posix()
         if path.is_file() and rel not in entries or path.is_symlink():
@@ -156,7 +158,7 @@ def _already_there(path: Path, entry: FileEntry) -> bool:
 
 def _download_one(transport: Transport, key: str, entry: FileEntry, staging: Path, on_bytes) -> None:
     rel = entry.path
-    dest = staging / rel
+    dest = member_path(staging, rel)
     dest.parent.mkdir(parents=True, exist_ok=True)
     transport.download(f"{key}/{rel}", str(dest), on_bytes=on_bytes)
     size = dest.stat().st_size
