@@ -36,8 +36,12 @@ def load() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+SETS: list[str] = []
+
+
 def compile_argv(model: Path, root: Path, compiler: str, *extra: str) -> list[str]:
-    return [*NEURONPACK, "compile", str(model), "--recipe", str(RECIPE), "--set", f"compiler={compiler}",
+    sets = [arg for s in SETS for arg in ("--set", s)]
+    return [*NEURONPACK, "compile", str(model), "--recipe", str(RECIPE), "--set", f"compiler={compiler}", *sets,
             "--out-root", str(root), "--format", "json", "--progress", "none", *extra]
 
 
@@ -85,11 +89,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEMO, help="HF checkpoint of SmolLM2-135M-Instruct (copied)")
     parser.add_argument("--compiler", default="aoti", choices=["aoti", "export"])
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        help="extra recipe override for the compile (repeatable), e.g. model.dtype=bfloat16")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=ROOT / ".demo" / "bench-remote",
                         help="keeps the model copy and the compiled artifact between runs")
     args = parser.parse_args()
 
+    SETS.extend(args.sets)
     work = args.workdir.absolute()
     model = work / "SmolLM2-135M-Instruct"
     if not (model / "config.json").exists():
@@ -167,6 +174,7 @@ def main() -> None:
     save_results("remote", {
         "repeats": args.repeats,
         "compiler": args.compiler,
+        "recipe_overrides": args.sets,
         "artifact": {"key": built["key"], "files": built["files"], "bytes": size},
         "server": "moto (python -m moto.server) on 127.0.0.1, in-memory",
         "client": "boto3 / s3transfer",
