@@ -5,7 +5,9 @@ The plain copy uses the same client library (boto3 / s3transfer), the same trans
 files in flight; push and pull add what makes them safe (sha256 of every file, the lease, the manifest last, staging,
 fsync, the atomic rename). Target: push and pull throughput >= 0.8x the plain copy.
 
-    .venv/bin/python bench/remote.py [--model .demo/SmolLM2-135M-Instruct] [--compiler aoti|export] [--repeats 3]
+    .venv/bin/python bench/remote.py [--model .demo/SmolLM2-135M-Instruct] [--compiler aoti|export] [--repeats 1]
+
+(An export-only artifact is ~3.5 GB: each graph carries its own copy of the weights; AOTInductor's is ~0.6 GB.)
 """
 
 from __future__ import annotations
@@ -35,8 +37,12 @@ def load() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+SETS: list[str] = []
+
+
 def compile_argv(model: Path, root: Path, compiler: str, *extra: str) -> list[str]:
-    return [*NEURONPACK, "compile", str(model), "--recipe", str(RECIPE), "--set", f"compiler={compiler}",
+    sets = [arg for s in SETS for arg in ("--set", s)]
+    return [*NEURONPACK, "compile", str(model), "--recipe", str(RECIPE), "--set", f"compiler={compiler}", *sets,
             "--out-root", str(root), "--format", "json", "--progress", "none", *extra]
 
 
@@ -67,6 +73,13 @@ def plain_download(client, bucket: str, prefix: str, dest: Path) -> None:
     run_parallel([lambda k=o["Key"]: get(k) for o in objects], FILE_WORKERS)
 
 
+def _delete_prefix(client, bucket: str, prefix: str) -> None:
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        objects = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if objects:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": objects})
+
+
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -77,11 +90,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEMO, help="HF checkpoint of SmolLM2-135M-Instruct (copied)")
     parser.add_argument("--compiler", default="aoti", choices=["aoti", "export"])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        help="extra recipe override for the compile (repeatable), e.g. model.dtype=bfloat16")
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=ROOT / ".demo" / "bench-remote",
                         help="keeps the model copy and the compiled artifact between runs")
     args = parser.parse_args()
 
+    SETS.extend(args.sets)
     work = args.workdir.absolute()
     model = work / "SmolLM2-135M-Instruct"
     if not (model / "config.json").exists():
@@ -121,10 +137,13 @@ def main() -> None:
             rows["copy_down"].append(timed(lambda i=i, d=down: plain_download(client, "bench", f"plain{i}",
                                                                               d / "plain")))
             shutil.rmtree(down, ignore_errors=True)
+            _delete_prefix(client, "bench", f"plain{i}")  # the server keeps objects on local disk: bound it
+            if i < args.repeats - 1:
+                _delete_prefix(client, "bench", f"push{i}")
         loads["after_transfers"] = load()
 
         # A compile on another machine: the remote store has the key (pulled) vs the local root has it (hit).
-        remote = "s3://bench/push0"
+        remote = f"s3://bench/push{args.repeats - 1}"
         hit_remote, hit_local = [], []
         for i in range(args.repeats):
             argv = compile_argv(model, work / f"pod{i}", args.compiler, "--remote", remote)
@@ -156,6 +175,7 @@ def main() -> None:
     save_results("remote", {
         "repeats": args.repeats,
         "compiler": args.compiler,
+        "recipe_overrides": args.sets,
         "artifact": {"key": built["key"], "files": built["files"], "bytes": size},
         "server": "moto (python -m moto.server) on 127.0.0.1, in-memory",
         "client": "boto3 / s3transfer",
