@@ -4,6 +4,10 @@ Pure bookkeeping (no model calls, no threads), so the policy is testable on its 
 (the lowest one) when it is prefilled, keeps it while it decodes, and gives it back the moment it finishes or is
 aborted. Decode always runs the whole compiled batch; idle slots get token 0 at position 0 and their rows are ignored.
 
+Parallel sampling (``n`` > 1) shares one prefill: the first sequence of a fork group waits in the queue carrying the
+others (``forks``), and the group is admitted only when every member gets a slot at once, so the prompt's KV can be
+copied from the leader's slot into the others' right after the leader is prefilled.
+
 Example::
 
     sched = SlotScheduler(batch_size=4)
@@ -20,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from neuronpack.runtime.logprobs import TokenLogprobs
 from neuronpack.runtime.sampling import RowSampler
 from neuronpack.runtime.stopping import SequenceOutput
 
@@ -35,6 +40,9 @@ class StepOutput:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None  # set when the model failed; finish_reason is then "error"
+    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked for them
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
+    stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
 
 
 @dataclass(eq=False)
@@ -50,6 +58,12 @@ class Sequence:
     slot: int | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
+    forks: list[Sequence] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
+
+    @property
+    def group_size(self) -> int:
+        return 1 + len(self.forks)
 
     @property
     def last_token(self) -> int:
@@ -87,13 +101,19 @@ class SlotScheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def all_sequences(self) -> list[Sequence]:
+        """Every unfinished sequence: waiting ones (fork group members included), then running ones."""
+        return [m for seq in self.waiting for m in (seq, *seq.forks)] + self.running
+
     def admit(self, limit: int) -> list[Sequence]:
-        """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled)."""
+        """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled).
+        A fork group counts as one and takes all its slots at once (it waits until that many are free)."""
         admitted: list[Sequence] = []
-        while self.waiting and len(admitted) < limit and None in self.slots:
+        while self.waiting and len(admitted) < limit and self.free_slots >= self.waiting[0].group_size:
             seq = self.waiting.popleft()
-            seq.slot = self.slots.index(None)
-            self.slots[seq.slot] = seq
+            for member in (seq, *seq.forks):
+                member.slot = self.slots.index(None)
+                self.slots[member.slot] = member
             admitted.append(seq)
         return admitted
 
@@ -105,10 +125,17 @@ class SlotScheduler:
 
     def remove(self, request_id: str) -> Sequence | None:
         """Drop a request wherever it is (waiting or running); returns it, or None when it already finished."""
-        for seq in self.waiting:
+        for index, seq in enumerate(self.waiting):
             if seq.request_id == request_id:
-                self.waiting.remove(seq)
+                del self.waiting[index]
+                if seq.forks:  # the next member leads the group now
+                    leader, leader.forks, seq.forks = seq.forks[0], seq.forks[1:], []
+                    self.waiting.insert(index, leader)
                 return seq
+            for fork in seq.forks:
+                if fork.request_id == request_id:
+                    seq.forks.remove(fork)
+                    return fork
         for seq in self.running:
             if seq.request_id == request_id:
                 self.release(seq)
@@ -120,7 +147,7 @@ class SlotScheduler:
         tokens = [0] * self.batch_size
         positions = [0] * self.batch_size
         for slot, seq in enumerate(self.slots):
-            if seq is not None:
+            if seq is not None and seq.output.token_ids:  # admitted but not prefilled yet: idle this step
                 tokens[slot] = seq.last_token
                 positions[slot] = seq.next_position
         return tokens, positions

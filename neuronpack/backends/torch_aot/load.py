@@ -141,6 +141,15 @@ class CompiledLM:
             return self._runners[L.graph_name(L.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
                                                                      self.v_caches)
 
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst`` (parallel sampling shares
+        one prefilled prompt)."""
+        import torch
+
+        with torch.inference_mode():
+            for cache in (*self.k_caches, *self.v_caches):
+                cache[dst, :, :length].copy_(cache[src, :, :length])
+
     def reset(self) -> None:
         """Zero the whole KV cache."""
         for cache in (*self.k_caches, *self.v_caches):
