@@ -1,0 +1,81 @@
+"""Third-party clients against ``neuronpack serve``: lm-evaluation-harness (multiple-choice loglikelihoods through
+``local-completions``, compared with lm-eval's own ``hf`` model on the same checkpoint) and guidellm (synthetic load).
+Shared by the smoke tests (tiny model, a few examples) and ``bench/eval_clients.py`` (``make eval-clients``).
+
+Example::
+
+    served = run_lm_eval("local-completions", local_completions_args(url, "tiny", ckpt), tmp_path, limit=4)
+    reference = run_lm_eval("hf", hf_args(ckpt), tmp_path, limit=4)
+    served.acc == reference.acc
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+TASK_DIR = Path(__file__).parent / "data" / "lm_eval"
+TASK = "neuronpack_mc"
+
+
+@dataclass
+class LmEvalRun:
+    acc: float
+    loglikelihoods: list[list[float]]  # per document (in doc order), per choice
+    is_greedy: list[list[bool]]
+
+
+def task_include_dir(out: Path) -> Path:
+    """The shipped task YAML with its JSONL path made absolute (lm-eval resolves data files from the cwd)."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = (TASK_DIR / f"{TASK}.yaml").read_text()
+    text = text.replace(f"test: {TASK}.jsonl", f"test: {TASK_DIR / f'{TASK}.jsonl'}")
+    (out / f"{TASK}.yaml").write_text(text)
+    return out
+
+
+def local_completions_args(base_url: str, model: str, tokenizer_dir: Path, *, api_key: str | None = None,
+                           num_concurrent: int = 1) -> str:
+    """lm-eval's ``local-completions`` model against our server: token-id prompts, the checkpoint's tokenizer.
+    (lm-eval's ``batch_size`` becomes the number of prompts per request.)"""
+    args = {"base_url": f"{base_url}/v1/completions", "model": model, "tokenizer": str(tokenizer_dir),
+            "tokenizer_backend": "huggingface", "tokenized_requests": True, "num_concurrent": num_concurrent,
+            "max_retries": 1, "timeout": 600}
+    if api_key:
+        args["auth_token"] = api_key
+    return ",".join(f"{k}={v}" for k, v in args.items())
+
+
+def hf_args(checkpoint: Path) -> str:
+    return f"pretrained={checkpoint},dtype=float32,device=cpu"
+
+
+def run_lm_eval(model: str, model_args: str, work: Path, *, limit: int | None = None, batch_size: int = 1
+                ) -> LmEvalRun:
+    """Run lm-eval on the shipped task, in a fresh interpreter (lm-eval configures logging and datasets globally).
+    Returns accuracy and every (document, choice) loglikelihood."""
+    include = task_include_dir(work / "task")
+    out = work / f"lm-eval-{model}.json"
+    code = f"""
+import json, sys
+import lm_eval
+from lm_eval.tasks import TaskManager
+res = lm_eval.simple_evaluate(model={model!r}, model_args={model_args!r}, tasks=[{TASK!r}], limit={limit!r},
+                              batch_size={batch_size!r}, log_samples=True,
+                              task_manager=TaskManager(include_path={str(include)!r}))
+samples = sorted(res["samples"][{TASK!r}], key=lambda s: s["doc_id"])
+json.dump({{"acc": res["results"][{TASK!r}]["acc,none"],
+           "lls": [[r[0][0] for r in s["resps"]] for s in samples],
+           "greedy": [[r[0][1] for r in s["resps"]] for s in samples]}}, open({str(out)!r}, "w"))
+"""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "HF_DATASETS_CACHE": str(work / "datasets-cache"), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "x")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"lm-eval {model} failed:\n{done.stderr[-4000:]}")
+    data = json.loads(out.read_text())
+    return LmEvalRun(data["acc"], data["lls"], data["greedy"])

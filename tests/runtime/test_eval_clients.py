@@ -1,0 +1,28 @@
+"""Smoke tests with clients nobody here wrote (bounded: the tiny model, a few examples). The full runs on
+SmolLM2-135M are ``make eval-clients`` (bench/eval_clients.py)."""
+
+import pytest
+
+from eval_clients import hf_args, local_completions_args, run_lm_eval
+from neuronpack.runtime.engine import Engine
+from neuronpack.runtime.server import create_app
+from runtime.serving import LiveServer
+
+NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def server(compiled_lm, artifact_tokenizer):
+    with LiveServer(create_app(Engine(compiled_lm, artifact_tokenizer), served_model_name=NAME)) as live:
+        yield live
+
+
+def test_lm_eval_local_completions_equals_its_hf_model(server, tiny_llama, tmp_path):
+    served = run_lm_eval("local-completions", local_completions_args(server.url, NAME, tiny_llama), tmp_path,
+                         limit=6, batch_size=4)
+    reference = run_lm_eval("hf", hf_args(tiny_llama), tmp_path, limit=6)
+    assert len(served.loglikelihoods) == 6 and all(len(lls) == 4 for lls in served.loglikelihoods)
+    assert served.acc == reference.acc
+    for ours, theirs in zip(served.loglikelihoods, reference.loglikelihoods, strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-3)
+    assert served.is_greedy == reference.is_greedy
