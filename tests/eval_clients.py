@@ -79,3 +79,50 @@ json.dump({{"acc": res["results"][{TASK!r}]["acc,none"],
         raise RuntimeError(f"lm-eval {model} failed:\n{done.stderr[-4000:]}")
     data = json.loads(out.read_text())
     return LmEvalRun(data["acc"], data["lls"], data["greedy"])
+
+
+def run_guidellm(target: str, model: str, tokenizer_dir: Path, out_json: Path, *, profile: str = "kind=synchronous",
+                 max_requests: int = 4, prompt_tokens: int = 32, output_tokens: int = 16,
+                 overrides: tuple[str, ...] = ()) -> list[dict]:
+    """``guidellm run`` (its CLI, as a user runs it) with synthetic prompts against ``target``; the full report goes
+    to ``out_json``. Returns one summary per benchmark (strategy, request counts, throughput, latencies)."""
+    argv = [str(Path(sys.executable).parent / "guidellm"), "run",
+            "--backend", f"kind=openai_http,target={target},model={model}",
+            "--profile", profile,
+            "--constraint", f"kind=max_requests,count={max_requests}",
+            "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir}",
+            "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={output_tokens}",
+            "--output", f"kind=json,path={out_json}", "--disable-console-interactive"]
+    for override in overrides:
+        argv += ["--override", *override.split(" ", 1)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=7200)
+    if done.returncode != 0:
+        raise RuntimeError(f"guidellm failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return guidellm_summary(json.loads(out_json.read_text()))
+
+
+def guidellm_summary(report: dict) -> list[dict]:
+    """The numbers worth reading from a guidellm report, one dict per benchmark."""
+    rows = []
+    for bench in report["benchmarks"]:
+        m = bench["metrics"]
+
+        def ok(name: str, stat: str = "median", m=m) -> float:
+            return m[name]["successful"][stat]
+
+        strategy = bench["config"]["strategy"]
+        rows.append({
+            "strategy": strategy["type_"],
+            "max_concurrency": strategy.get("max_concurrency") or strategy.get("streams"),
+            "requests": m["request_totals"],
+            "requests_per_s": ok("requests_per_second", "mean"),
+            "output_tokens_per_s": ok("output_tokens_per_second", "mean"),
+            "concurrency_mean": ok("request_concurrency", "mean"),
+            "ttft_ms_p50": ok("time_to_first_token_ms"),
+            "ttft_ms_p99": m["time_to_first_token_ms"]["successful"]["percentiles"]["p99"],
+            "itl_ms_p50": ok("inter_token_latency_ms"),
+            "latency_s_p50": ok("request_latency"),
+            "output_tokens_per_request": ok("output_token_count"),
+        })
+    return rows

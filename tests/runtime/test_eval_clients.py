@@ -2,8 +2,8 @@
 SmolLM2-135M are ``make eval-clients`` (bench/eval_clients.py)."""
 
 import pytest
+from eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval
 
-from eval_clients import hf_args, local_completions_args, run_lm_eval
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.server import create_app
 from runtime.serving import LiveServer
@@ -26,3 +26,11 @@ def test_lm_eval_local_completions_equals_its_hf_model(server, tiny_llama, tmp_p
     for ours, theirs in zip(served.loglikelihoods, reference.loglikelihoods, strict=True):
         assert ours == pytest.approx(theirs, abs=1e-3)
     assert served.is_greedy == reference.is_greedy
+
+
+def test_guidellm_benchmark_runs_to_completion(server, tiny_llama, tmp_path):
+    rows = run_guidellm(server.url, NAME, tiny_llama, tmp_path / "guidellm.json", max_requests=4, output_tokens=8)
+    (row,) = rows
+    assert row["requests"]["successful"] == 4 and row["requests"]["errored"] == 0
+    assert row["output_tokens_per_request"] == 8  # ignore_eos honoured: exactly the asked length
+    assert row["output_tokens_per_s"] > 0 and row["ttft_ms_p50"] > 0
