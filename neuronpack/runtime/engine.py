@@ -13,7 +13,8 @@ context bucket and leave room for one token below ``max_model_len``; ``max_token
 
 Parallel sampling: ``submit_forks`` queues several requests for one prompt (n > 1); the prompt is prefilled once and
 its KV copied into the other members' slots (``CompiledModel.copy_slot``), then each samples with its own generator.
-Prompt logprobs (echo) need logits at every prompt position: ``_prefill_all_logits`` provides them.
+Prompt logprobs (echo) need logits at every prompt position: ``CompiledModel.prompt_logits`` prefills the prompt
+and returns them in one context pass.
 
 Example::
 
@@ -63,7 +64,13 @@ class CompiledModel(Protocol):
 
     def decode(self, tokens: Tensor, positions: Tensor) -> Tensor: ...
 
-    def copy_slot(self, src: int, dst: int, length: int) -> None: ...
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
+        ...
+
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> Tensor:
+        """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -304,7 +311,7 @@ class Engine:
             try:
                 prompt_lp = None
                 if seq.prompt_logprobs is not None:
-                    all_logits = self._prefill_all_logits(seq)  # [T, vocab]
+                    all_logits = self.model.prompt_logits(seq.prompt_ids, seq.slot)  # [T, vocab], KV written
                     prompt_lp = prompt_logprobs(all_logits, seq.prompt_ids, seq.prompt_logprobs)
                     logits = all_logits[-1:]
                 else:
@@ -326,23 +333,6 @@ class Engine:
                     self._finish_without_token(member, FINISH_LENGTH, prompt_logprobs=prompt_lp)
                 else:
                     self._emit(member, int(tokens[i]), entries[i], prompt_lp)
-
-    def _prefill_all_logits(self, seq: EngineSequence) -> Tensor:
-        """Write ``seq``'s prompt KV into its slot and return float32 logits at every prompt position [T, vocab].
-
-        The compiled context graphs return one position's logits, so this teacher-forces the prompt through the
-        compiled decode graphs, one position per call. The other rows replay their pending step (the same token
-        at the same position, which the next decode step writes again), so running sequences are unaffected.
-        """
-        import torch
-
-        tokens, positions = self.scheduler.decode_inputs()
-        rows = []
-        for position, token in enumerate(seq.prompt_ids):
-            tokens[seq.slot], positions[seq.slot] = token, position
-            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions))  # [batch, vocab]
-            rows.append(logits[seq.slot])
-        return torch.stack(rows)
 
     def _decode(self) -> None:
         import torch

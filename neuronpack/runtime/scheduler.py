@@ -147,7 +147,7 @@ class SlotScheduler:
         tokens = [0] * self.batch_size
         positions = [0] * self.batch_size
         for slot, seq in enumerate(self.slots):
-            if seq is not None and seq.output.token_ids:  # admitted but not prefilled yet: idle this step
+            if seq is not None:
                 tokens[slot] = seq.last_token
                 positions[slot] = seq.next_position
         return tokens, positions
