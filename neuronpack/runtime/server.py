@@ -205,7 +205,8 @@ def _usage(choices: list[_Choice], n: int) -> dict[str, int]:
 
 def _completion_choice(engine: Engine, body: oa.CompletionRequest, index: int, choice: _Choice,
                        echo: tuple[str, list[int]] | None) -> dict[str, Any]:
-    text, token_ids, entries = choice.text, choice.token_ids, list[TokenLogprobs | None](choice.logprobs)
+    text, token_ids = choice.text, choice.token_ids
+    entries: list[TokenLogprobs | None] = list(choice.logprobs)
     if echo is not None:  # the prompt (and its logprobs) first, as vLLM does
         text, token_ids = echo[0] + text, [*echo[1], *token_ids]
         entries = [*(choice.prompt_logprobs or [None] * len(echo[1])), *entries]
