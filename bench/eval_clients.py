@@ -32,9 +32,9 @@ STREAMS = (1, 4, 8)
 
 
 def compare_lm_eval(url: str, model: Path, work: Path, limit: int | None) -> dict:
-    served = run_lm_eval("local-completions", local_completions_args(url, SERVED_NAME, model, num_concurrent=4),
-                         work, limit=limit, batch_size=4)
-    reference = run_lm_eval("hf", hf_args(model), work, limit=limit)
+    served, reference = run_lm_eval([("local-completions", local_completions_args(url, SERVED_NAME, model,
+                                                                                num_concurrent=4)),
+                                     ("hf", hf_args(model))], work, limit=limit, batch_size=4)
     diffs = [abs(a - b) for ours, theirs in zip(served.loglikelihoods, reference.loglikelihoods, strict=True)
              for a, b in zip(ours, theirs, strict=True)]
     return {

@@ -4,8 +4,8 @@ Shared by the smoke tests (tiny model, a few examples) and ``bench/eval_clients.
 
 Example::
 
-    served = run_lm_eval("local-completions", local_completions_args(url, "tiny", ckpt), tmp_path, limit=4)
-    reference = run_lm_eval("hf", hf_args(ckpt), tmp_path, limit=4)
+    served, reference = run_lm_eval([("local-completions", local_completions_args(url, "tiny", ckpt)),
+                                     ("hf", hf_args(ckpt))], tmp_path, limit=4)
     served.acc == reference.acc
 """
 
@@ -54,31 +54,34 @@ def hf_args(checkpoint: Path) -> str:
     return f"pretrained={checkpoint},dtype=float32,device=cpu"
 
 
-def run_lm_eval(model: str, model_args: str, work: Path, *, limit: int | None = None, batch_size: int = 1
-                ) -> LmEvalRun:
-    """Run lm-eval on the shipped task, in a fresh interpreter (lm-eval configures logging and datasets globally).
-    Returns accuracy and every (document, choice) loglikelihood."""
+def run_lm_eval(runs: list[tuple[str, str]], work: Path, *, limit: int | None = None, batch_size: int = 1
+                ) -> list[LmEvalRun]:
+    """Run lm-eval on the shipped task for each (model, model_args), one after the other in one fresh interpreter
+    (lm-eval configures logging and datasets globally; its imports are paid once). Returns, per run, accuracy and
+    every (document, choice) loglikelihood."""
     include = task_include_dir(work / "task")
-    out = work / f"lm-eval-{model}.json"
+    out = work / "lm-eval-runs.json"
     code = f"""
-import json, sys
+import json
 import lm_eval
 from lm_eval.tasks import TaskManager
-res = lm_eval.simple_evaluate(model={model!r}, model_args={model_args!r}, tasks=[{TASK!r}], limit={limit!r},
-                              batch_size={batch_size!r}, log_samples=True,
-                              task_manager=TaskManager(include_path={str(include)!r}))
-samples = sorted(res["samples"][{TASK!r}], key=lambda s: s["doc_id"])
-json.dump({{"acc": res["results"][{TASK!r}]["acc,none"],
-           "lls": [[r[0][0] for r in s["resps"]] for s in samples],
-           "greedy": [[r[0][1] for r in s["resps"]] for s in samples]}}, open({str(out)!r}, "w"))
+runs = []
+for model, model_args in {runs!r}:
+    res = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=[{TASK!r}], limit={limit!r},
+                                  batch_size={batch_size!r}, log_samples=True,
+                                  task_manager=TaskManager(include_path={str(include)!r}))
+    samples = sorted(res["samples"][{TASK!r}], key=lambda s: s["doc_id"])
+    runs.append({{"acc": res["results"][{TASK!r}]["acc,none"],
+                 "lls": [[r[0][0] for r in s["resps"]] for s in samples],
+                 "greedy": [[r[0][1] for r in s["resps"]] for s in samples]}})
+json.dump(runs, open({str(out)!r}, "w"))
 """
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_DATASETS_CACHE": str(work / "datasets-cache"), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "x")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
-        raise RuntimeError(f"lm-eval {model} failed:\n{done.stderr[-4000:]}")
-    data = json.loads(out.read_text())
-    return LmEvalRun(data["acc"], data["lls"], data["greedy"])
+        raise RuntimeError(f"lm-eval failed:\n{done.stderr[-4000:]}")
+    return [LmEvalRun(r["acc"], r["lls"], r["greedy"]) for r in json.loads(out.read_text())]
 
 
 def run_guidellm(target: str, model: str, tokenizer_dir: Path, out_json: Path, *, profile: str = "kind=synchronous",

@@ -18,9 +18,8 @@ def server(compiled_lm, artifact_tokenizer):
 
 
 def test_lm_eval_local_completions_equals_its_hf_model(server, tiny_llama, tmp_path):
-    served = run_lm_eval("local-completions", local_completions_args(server.url, NAME, tiny_llama), tmp_path,
-                         limit=6, batch_size=4)
-    reference = run_lm_eval("hf", hf_args(tiny_llama), tmp_path, limit=6)
+    served, reference = run_lm_eval([("local-completions", local_completions_args(server.url, NAME, tiny_llama)),
+                                     ("hf", hf_args(tiny_llama))], tmp_path, limit=6, batch_size=4)
     assert len(served.loglikelihoods) == 6 and all(len(lls) == 4 for lls in served.loglikelihoods)
     assert served.acc == reference.acc
     for ours, theirs in zip(served.loglikelihoods, reference.loglikelihoods, strict=True):
