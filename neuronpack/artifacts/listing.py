@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuronpack.artifacts.manifest import MANIFEST_NAME
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import NeuronpackError
 from neuronpack.fsutil import dir_size
@@ -46,15 +47,15 @@ def list_artifacts(store: Path) -> list[dict[str, Any]]:
         manifest = quick_check(path)
         if manifest is None:
             continue
-        mtime = (path / "neuronpack.json").stat().st_mtime
+        mtime = (path / MANIFEST_NAME).stat().st_mtime
         rows.append({
-            "key": manifest["key"],
+            "key": manifest.key,
             "path": str(path),
-            "model": manifest.get("model", {}).get("source"),
-            "framework": manifest["framework"],
-            "buckets": manifest["buckets"],
-            "size": sum(f["size"] for f in manifest["files"]),
-            "created_at": manifest.get("created_at"),
+            "model": manifest.model.source,
+            "framework": manifest.framework,
+            "buckets": manifest.buckets.to_dict(),
+            "size": manifest.total_size,
+            "created_at": manifest.created_at,
             "age_seconds": round(now - mtime, 1),
         })
     return sorted(rows, key=lambda r: r["age_seconds"])

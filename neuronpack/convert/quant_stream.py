@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.checkpoint import Checkpoint, copy_aux_files
+from neuronpack.convert.quant_options import QuantizeOptions
 from neuronpack.convert.quant_plan import QuantPlan, module_prefix
 from neuronpack.convert.quant_report import build_report, tensor_entry, write_report
 from neuronpack.errors import QuantizationError
@@ -26,7 +27,6 @@ from neuronpack.progress import Reporter
 if TYPE_CHECKING:
     import torch
 
-    from neuronpack.convert.quantize import QuantizeOptions
 
 METHOD = "neuronpack-symmetric"
 # Rows per chunk are chosen so a chunk holds about this many elements: 4M float32 = 16 MiB per temporary.

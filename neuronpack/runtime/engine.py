@@ -37,18 +37,13 @@ from neuronpack.errors import InvalidRequestError, ServeError
 from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.metrics import EngineMetrics
 from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample
-from neuronpack.runtime.scheduler import Sequence as EngineSequence
-from neuronpack.runtime.scheduler import SlotScheduler, StepOutput
-from neuronpack.runtime.stopping import FINISH_LENGTH, IncrementalDetokenizer, SequenceOutput, StopRules
+from neuronpack.runtime.scheduler import SlotScheduler
+from neuronpack.runtime.stopping import FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
-
-FINISH_ABORT = "abort"
-FINISH_ERROR = "error"
-
 
 class CompiledModel(Protocol):
     """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
@@ -95,10 +90,53 @@ class GenerationResult:
 
     text: str
     token_ids: list[int]
-    finish_reason: str
+    finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     timings: dict[str, float]
+
+
+@dataclass
+class StepOutput:
+    """What one request gets after a step: the new token(s) and text, and the finish reason once it ends."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None  # set when the model failed; finish_reason is then ERROR
+    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked for them
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
+    stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
+
+
+@dataclass(eq=False)
+class RequestState:
+    """One request inside the engine (what the scheduler queues and seats). ``sink`` receives every StepOutput
+    (called on the engine thread)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampler: RowSampler
+    output: SequenceOutput
+    sink: Callable[[StepOutput], None]
+    arrival: float = field(default_factory=time.monotonic)
+    slot: int | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
+    forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
+
+    @property
+    def last_token(self) -> int:
+        return self.output.token_ids[-1]
+
+    @property
+    def next_position(self) -> int:
+        # The last sampled token is not in the cache yet: it goes at position total_len - 1.
+        return self.output.total_len - 1
 
 
 class Engine:
@@ -128,7 +166,7 @@ class Engine:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.metrics = metrics or EngineMetrics(model.batch_size)
-        self.scheduler = SlotScheduler(model.batch_size)
+        self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -195,7 +233,7 @@ class Engine:
         self._wake.set()
         return [r.request_id for r in requests]
 
-    def _sequence(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> EngineSequence:
+    def _sequence(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> RequestState:
         max_tokens = self.check(request)
         rules = StopRules(
             eos_token_ids=self.eos_token_ids,
@@ -210,7 +248,7 @@ class Engine:
         prompt = list(request.prompt_ids)
         output = SequenceOutput(rules, prompt, IncrementalDetokenizer(self.tokenizer, prompt))
         sampler = RowSampler(request.sampling.resolve(self.global_topk))
-        return EngineSequence(request.request_id, prompt, sampler, output, sink,
+        return RequestState(request.request_id, prompt, sampler, output, sink,
                               prompt_logprobs=request.prompt_logprobs)
 
     def abort(self, request_id: str) -> None:
@@ -257,7 +295,7 @@ class Engine:
             self._thread.join(timeout)
             self._thread = None
         for seq in self.scheduler.all_sequences():
-            self._finish_without_token(seq, FINISH_ABORT)
+            self._finish_without_token(seq, FinishReason.ABORT)
 
     def step(self) -> bool:
         """One iteration: inbox, prefills, one decode step. Returns False when there was nothing to do."""
@@ -282,7 +320,7 @@ class Engine:
                 busy = self.step()
             except Exception as exc:  # a bug or a model failure outside a request: fail everyone, keep serving
                 for seq in self.scheduler.all_sequences():
-                    self._finish_without_token(seq, FINISH_ERROR, error=f"{type(exc).__name__}: {exc}")
+                    self._finish_without_token(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
                 busy = False
             if not busy:
                 self._wake.wait(timeout=0.5)
@@ -299,9 +337,9 @@ class Engine:
             elif kind == "abort":
                 seq = self.scheduler.remove(payload)
                 if seq is not None:
-                    self._finish_without_token(seq, FINISH_ABORT)
+                    self._finish_without_token(seq, FinishReason.ABORT)
 
-    def _prefill(self, seqs: list[EngineSequence]) -> None:
+    def _prefill(self, seqs: list[RequestState]) -> None:
         # One call per prompt: each routes to its own context bucket, so a request's logits never depend on what
         # it was admitted with (the compiled model runs prompts one by one anyway).
         for seq in seqs:
@@ -323,14 +361,14 @@ class Engine:
                     tokens, entries = sample(logits.expand(len(members), -1), [m.sampler for m in members])
             except Exception as exc:
                 for member in members:
-                    self._finish_without_token(member, FINISH_ERROR,
+                    self._finish_without_token(member, FinishReason.ERROR,
                                                error=f"prefill failed: {type(exc).__name__}: {exc}")
                 continue
             self.metrics.prefill_seconds.observe(time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
             for i, member in enumerate(members):
                 if scoring_only:
-                    self._finish_without_token(member, FINISH_LENGTH, prompt_logprobs=prompt_lp)
+                    self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
                 else:
                     self._emit(member, int(tokens[i]), entries[i], prompt_lp)
 
@@ -346,14 +384,14 @@ class Engine:
             next_tokens, entries = sample(rows, [s.sampler for s in running])
         except Exception as exc:
             for seq in running:
-                self._finish_without_token(seq, FINISH_ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
+                self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
             return
         self.metrics.decode_seconds.observe(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
         for seq, token, entry in zip(running, next_tokens.tolist(), entries, strict=True):
             self._emit(seq, token, entry)
 
-    def _emit(self, seq: EngineSequence, token: int, logprobs: TokenLogprobs | None = None,
+    def _emit(self, seq: RequestState, token: int, logprobs: TokenLogprobs | None = None,
               prompt_lp: list[TokenLogprobs | None] | None = None) -> None:
         now = time.monotonic()
         if seq.first_token_at is None:
@@ -372,22 +410,21 @@ class Engine:
             self.metrics.observe_finish(delta.finish_reason, now - seq.arrival)
         self._deliver(seq, out)
 
-    def _finish_without_token(self, seq: EngineSequence, reason: str, error: str | None = None,
+    def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
                               prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
-        self.scheduler.release(seq)
-        self.scheduler.remove(seq.request_id)  # when still waiting (shutdown)
+        self.scheduler.discard(seq)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
                          prompt_logprobs=prompt_logprobs)
         self._deliver(seq, out)
 
-    def _deliver(self, seq: EngineSequence, out: StepOutput) -> None:
+    def _deliver(self, seq: RequestState, out: StepOutput) -> None:
         try:
             seq.sink(out)
         except Exception:  # the consumer is gone (closed event loop): stop generating for it
             if out.finish_reason is None:
                 self.scheduler.remove(seq.request_id)
-                self.metrics.observe_finish(FINISH_ABORT, time.monotonic() - seq.arrival)
+                self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival)
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
@@ -402,14 +439,14 @@ def _check_sampling(params: SamplingParams) -> None:
 
 def _result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:
     last = outputs[-1]
-    if last.finish_reason == FINISH_ERROR:
+    if last.finish_reason is FinishReason.ERROR:
         raise ServeError(f"generation failed: {last.error}", fix="run with NEURONPACK_DEBUG=1 and report the error")
     token_ids = [t for o in outputs for t in o.token_ids]
     total = time.monotonic() - started
     return GenerationResult(
         text="".join(o.text for o in outputs),
         token_ids=token_ids,
-        finish_reason=last.finish_reason or FINISH_ERROR,
+        finish_reason=last.finish_reason or FinishReason.ERROR,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         timings={

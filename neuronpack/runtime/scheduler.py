@@ -19,74 +19,39 @@ Example::
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-from neuronpack.runtime.logprobs import TokenLogprobs
-from neuronpack.runtime.sampling import RowSampler
-from neuronpack.runtime.stopping import SequenceOutput
+from typing import Generic, Protocol, TypeVar
 
 
-@dataclass
-class StepOutput:
-    """What one request gets after a step: the new token(s) and text, and the finish reason once it ends."""
+class Schedulable(Protocol):
+    """What the scheduler needs of a sequence (the engine's ``RequestState``)."""
 
     request_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None  # set when the model failed; finish_reason is then "error"
-    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked for them
-    prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
-    stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the engine. ``sink`` receives every StepOutput (called on the engine thread)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    sampler: RowSampler
-    output: SequenceOutput
-    sink: Callable[[StepOutput], None]
-    arrival: float = field(default_factory=time.monotonic)
-    slot: int | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
-    forks: list[Sequence] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
+    slot: int | None
+    forks: list  # same-prompt sequences admitted (and prefilled) together with this one; empty once admitted
 
     @property
-    def group_size(self) -> int:
-        return 1 + len(self.forks)
+    def last_token(self) -> int: ...
 
     @property
-    def last_token(self) -> int:
-        return self.output.token_ids[-1]
-
-    @property
-    def next_position(self) -> int:
-        # The last sampled token is not in the cache yet: it goes at position total_len - 1.
-        return self.output.total_len - 1
+    def next_position(self) -> int: ...
 
 
-class SlotScheduler:
+S = TypeVar("S", bound=Schedulable)
+
+
+class SlotScheduler(Generic[S]):
     """Waiting queue + slot table for one compiled batch."""
 
     def __init__(self, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
-        self.waiting: deque[Sequence] = deque()
-        self.slots: list[Sequence | None] = [None] * batch_size
+        self.waiting: deque[S] = deque()
+        self.slots: list[S | None] = [None] * batch_size
 
     @property
-    def running(self) -> list[Sequence]:
+    def running(self) -> list[S]:
         """Sequences holding a slot, in slot order."""
         return [s for s in self.slots if s is not None]
 
@@ -98,18 +63,18 @@ class SlotScheduler:
     def idle(self) -> bool:
         return not self.waiting and self.free_slots == self.batch_size
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: S) -> None:
         self.waiting.append(seq)
 
-    def all_sequences(self) -> list[Sequence]:
+    def all_sequences(self) -> list[S]:
         """Every unfinished sequence: waiting ones (fork group members included), then running ones."""
         return [m for seq in self.waiting for m in (seq, *seq.forks)] + self.running
 
-    def admit(self, limit: int) -> list[Sequence]:
+    def admit(self, limit: int) -> list[S]:
         """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled).
         A fork group counts as one and takes all its slots at once (it waits until that many are free)."""
-        admitted: list[Sequence] = []
-        while self.waiting and len(admitted) < limit and self.free_slots >= self.waiting[0].group_size:
+        admitted: list[S] = []
+        while self.waiting and len(admitted) < limit and self.free_slots >= 1 + len(self.waiting[0].forks):
             seq = self.waiting.popleft()
             for member in (seq, *seq.forks):
                 member.slot = self.slots.index(None)
@@ -117,29 +82,40 @@ class SlotScheduler:
             admitted.append(seq)
         return admitted
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: S) -> None:
         """Give a finished sequence's slot back."""
         if seq.slot is not None and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
         seq.slot = None
 
-    def remove(self, request_id: str) -> Sequence | None:
+    def discard(self, seq: S) -> None:
+        """Drop a sequence wherever it is (waiting or holding a slot); nothing happens when it is in neither."""
+        self._unqueue(lambda s: s is seq)
+        self.release(seq)
+
+    def remove(self, request_id: str) -> S | None:
         """Drop a request wherever it is (waiting or running); returns it, or None when it already finished."""
-        for index, seq in enumerate(self.waiting):
-            if seq.request_id == request_id:
-                del self.waiting[index]
-                if seq.forks:  # the next member leads the group now
-                    leader, leader.forks, seq.forks = seq.forks[0], seq.forks[1:], []
-                    self.waiting.insert(index, leader)
-                return seq
-            for fork in seq.forks:
-                if fork.request_id == request_id:
-                    seq.forks.remove(fork)
-                    return fork
+        if (seq := self._unqueue(lambda s: s.request_id == request_id)) is not None:
+            return seq
         for seq in self.running:
             if seq.request_id == request_id:
                 self.release(seq)
                 return seq
+        return None
+
+    def _unqueue(self, match) -> S | None:
+        # A waiting leader hands its fork group to the next member; a waiting fork leaves its group.
+        for index, seq in enumerate(self.waiting):
+            if match(seq):
+                del self.waiting[index]
+                if seq.forks:
+                    leader, leader.forks, seq.forks = seq.forks[0], seq.forks[1:], []
+                    self.waiting.insert(index, leader)
+                return seq
+            for fork in seq.forks:
+                if match(fork):
+                    seq.forks.remove(fork)
+                    return fork
         return None
 
     def decode_inputs(self) -> tuple[list[int], list[int]]:

@@ -2,9 +2,11 @@
 
 Endpoints: ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (both with SSE streaming). Errors use OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}``: 400 for invalid requests (bad JSON and field validation
-included, so the openai client raises BadRequestError), 401 for a wrong or missing API key, 404 for an unknown model,
-500 when the model fails. /health and /metrics never need the API key (like vLLM).
+``{"error": {"message", "type", "param", "code"}}``: 400 for invalid requests (``InvalidRequestError``, bad JSON and
+field validation included, so the openai client raises BadRequestError), 401 for a wrong or missing API key, 404 for
+an unknown model, 500 for a server fault (the model fails; any other ``ServeError``, e.g. a broken tokenizer or chat
+template). Chat templates are rendered on a worker thread, never on the event loop. /health and /metrics never need
+the API key (like vLLM).
 
 Example::
 
@@ -26,14 +28,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from neuronpack.errors import InvalidRequestError, ServeError
 from neuronpack.runtime import openai_responses as resp
 from neuronpack.runtime import openai_schema as oa
-from neuronpack.runtime.engine import Engine, GenerationRequest
+from neuronpack.runtime.engine import Engine, GenerationRequest, StepOutput
 from neuronpack.runtime.logprobs import TokenLogprobs
-from neuronpack.runtime.scheduler import StepOutput
+from neuronpack.runtime.stopping import FinishReason
 from neuronpack.runtime.streams import RequestGroup, run_unless_disconnected
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
@@ -120,7 +123,8 @@ def create_app(
     async def chat_completions(body: oa.ChatCompletionRequest, request: Request) -> Response:
         _check_model(body.model, names)
         body.refuse_unsupported()
-        prompt_ids = engine.tokenizer.encode_chat([m.as_template_dict() for m in body.messages])
+        messages = [m.as_template_dict() for m in body.messages]
+        prompt_ids = await run_in_threadpool(engine.tokenizer.encode_chat, messages)
         gen_requests = [_generation_request(body, prompt_ids, body.completion_limit, index=i)
                         for i in range(body.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -183,7 +187,7 @@ class _Choice:
     token_ids: list[int]
     logprobs: list[TokenLogprobs]
     prompt_logprobs: list[TokenLogprobs | None] | None
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     stop_reason: str | int | None
     prompt_tokens: int
     completion_tokens: int
@@ -224,9 +228,9 @@ def _chat_logprobs(engine: Engine, body: oa.ChatCompletionRequest, entries: list
 
 
 def _raise_if_failed(out: StepOutput) -> None:
-    if out.finish_reason == "error":
+    if out.finish_reason is FinishReason.ERROR:
         raise _HTTPError(500, f"generation failed: {out.error}", "server_error")
-    if out.finish_reason == "abort":
+    if out.finish_reason is FinishReason.ABORT:
         raise _HTTPError(503, "the server is shutting down", "server_error")
 
 
@@ -337,8 +341,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         return reply(400, exc.one_line(), "invalid_request_error", exc.param, 400)
 
     @app.exception_handler(ServeError)
-    async def serve_error(_req: Request, exc: ServeError) -> JSONResponse:
-        return reply(400, exc.one_line(), "invalid_request_error", None, 400)
+    async def server_fault(_req: Request, exc: ServeError) -> JSONResponse:
+        # not an InvalidRequestError (that handler is more specific): the server's fault, not the request's
+        return reply(500, exc.one_line(), "server_error", None, 500)
 
     @app.exception_handler(RequestValidationError)
     async def validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

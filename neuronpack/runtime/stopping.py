@@ -21,10 +21,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol
 
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
+
+class FinishReason(str, Enum):
+    """Why a sequence ended; the values are OpenAI's ``finish_reason`` (and the metrics label)."""
+
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the model length
+    ABORT = "abort"  # the client went away or the server shut down
+    ERROR = "error"  # the model failed
+
+    def __str__(self) -> str:  # the wire value in f-strings and labels, on every Python version
+        return self.value
+
+
 # Prompt tokens decoded together with the first output tokens, so tokenizers that drop a leading space when a text
 # starts (SentencePiece) still produce the right first word (vLLM uses the same window).
 PROMPT_CONTEXT_TOKENS = 5
@@ -82,7 +94,7 @@ class StopRules:
 @dataclass
 class Delta:
     text: str  # newly streamable text (may be "")
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
 
 
 @dataclass
@@ -94,7 +106,7 @@ class SequenceOutput:
     detokenizer: IncrementalDetokenizer
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     _emitted: int = 0  # characters of ``text`` already handed out
 
@@ -127,15 +139,15 @@ class SequenceOutput:
     def total_len(self) -> int:
         return len(self.prompt_ids) + len(self.token_ids)
 
-    def _check_token(self, token_id: int) -> str | None:
+    def _check_token(self, token_id: int) -> FinishReason | None:
         if token_id in self.rules.stop_token_ids:
             self.stop_reason = token_id
-            return FINISH_STOP
+            return FinishReason.STOP
         if token_id in self.rules.eos_token_ids and not self.rules.ignore_eos:
-            return FINISH_STOP
+            return FinishReason.STOP
         return None
 
-    def _check_stop_strings(self) -> str | None:
+    def _check_stop_strings(self) -> FinishReason | None:
         if not self.rules.stop:
             return None
         longest = max(len(s) for s in self.rules.stop)
@@ -147,14 +159,14 @@ class SequenceOutput:
         index, stop = min(hits)
         self.stop_reason = stop
         self.text = self.text[: index + len(stop) if self.rules.include_stop_str_in_output else index]
-        return FINISH_STOP
+        return FinishReason.STOP
 
-    def _check_length(self) -> str | None:
+    def _check_length(self) -> FinishReason | None:
         if len(self.token_ids) >= self.rules.max_tokens:
-            return FINISH_LENGTH
+            return FinishReason.LENGTH
         total = self.total_len
         if total >= self.rules.max_model_len or total + self.rules.lookahead > self.rules.max_model_len:
-            return FINISH_LENGTH
+            return FinishReason.LENGTH
         return None
 
     def _take_streamable(self) -> str:

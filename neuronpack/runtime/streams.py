@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from neuronpack.runtime.scheduler import StepOutput
+from neuronpack.runtime.engine import StepOutput
 
 if TYPE_CHECKING:
     from starlette.requests import Request

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from manifests import make_manifest
 from neuron_standin import fixtures as standin
 
 from neuronpack.backends.base import BuildRequest
@@ -143,9 +144,9 @@ def test_validate_artifact_checks_files_and_versions(tiny_llama, tmp_path, nxd_s
     backend = NxdBackend()
     config = backend.compile_config(_request(recipe, tiny_llama, staging))
     backend.build(_request(recipe, tiny_llama, staging))
-    manifest = {"versions": backend.versions(), "compile_config": config, "model": {"path": str(tiny_llama)}}
+    manifest = make_manifest(versions=backend.versions(), compile_config=config, model={"path": str(tiny_llama)})
     backend.validate_artifact(staging, manifest)
-    old = {**manifest, "versions": {**manifest["versions"], "neuronx-cc": "2.18.0.0"}}
+    old = manifest.model_copy(update={"versions": {**manifest.versions, "neuronx-cc": "2.18.0.0"}})
     with pytest.raises(ArtifactError) as info:
         backend.validate_artifact(staging, old)
     assert "built with neuronx-cc 2.18.0.0, this machine has 2.19.8089.0" in info.value.what

@@ -13,9 +13,9 @@ import pytest
 
 from neuronpack.artifacts.manifest import read_manifest
 from neuronpack.artifacts.store import artifacts_root
-from neuronpack.artifacts.verify import quick_check, verify_artifact
+from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import BuildError, NeuronpackError, RecipeError
-from neuronpack.pipeline import compile_model
+from neuronpack.pipeline import compile_model, verify_artifact
 
 from .conftest import FAST, RECIPE
 
@@ -30,16 +30,18 @@ def test_build_publishes_a_verified_artifact(built_artifact, tiny_llama):
     assert not built_artifact.cache_hit
     assert path.parent.name == "neuron-compiled-artifacts" and path.name == built_artifact.key
     manifest = verify_artifact(path)
-    assert manifest["framework"] == "torch"
-    assert manifest["buckets"] == {"context": [16, 64], "token_generation": [64, 128], "max_context_length": 64,
-                                   "seq_len": 128}
-    assert manifest["serve"]["max_num_seqs"] == 2 and manifest["serve"]["max_model_len"] == 128
-    assert manifest["model"]["source"] == str(tiny_llama)
-    names = {f["path"] for f in manifest["files"]}
+    assert manifest.framework == "torch"
+    assert manifest.buckets.to_dict() == {"context": [16, 64], "token_generation": [64, 128],
+                                          "max_context_length": 64, "seq_len": 128}
+    assert manifest.serve.max_num_seqs == 2 and manifest.serve.max_model_len == 128
+    assert manifest.model.source == str(tiny_llama)
+    names = {f.path for f in manifest.files}
     assert {"neuron_config.json", "config.json", "tokenizer.json"} <= names
     assert any(n.startswith("weights/") for n in names)
-    assert set(manifest["timings"]) >= {"resolve", "key", "build"}
-    assert "torch" in manifest["versions"] and "neuronpack" in manifest["versions"]
+    assert set(manifest.timings) >= {"resolve", "key", "build"}
+    assert "torch" in manifest.versions and "neuronpack" in manifest.versions
+    # the typed manifest reads and re-dumps the file exactly (nothing dropped, no key renamed)
+    assert manifest.to_json() == json.loads((path / "neuronpack.json").read_text())
 
 
 def test_second_compile_is_a_cache_hit(built_artifact, tiny_llama):
@@ -120,8 +122,8 @@ def test_force_rebuilds_in_place(built_artifact, tiny_llama, tmp_path):
     first = read_manifest(root / "neuron-compiled-artifacts" / built_artifact.key)
     result = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=root, force=True)
     assert not result.cache_hit and result.key == built_artifact.key
-    assert read_manifest(result.path)["created_by"]["pid"] == os.getpid()
-    assert first["key"] == result.key
+    assert read_manifest(result.path).created_by["pid"] == os.getpid()
+    assert first.key == result.key
 
 
 def test_internal_build_failure_is_wrapped_with_log(tiny_llama, tmp_path, monkeypatch):

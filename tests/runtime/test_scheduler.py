@@ -2,8 +2,9 @@
 
 import pytest
 
+from neuronpack.runtime.engine import RequestState
 from neuronpack.runtime.sampling import RowSampler, SamplingParams
-from neuronpack.runtime.scheduler import Sequence, SlotScheduler
+from neuronpack.runtime.scheduler import SlotScheduler
 from neuronpack.runtime.stopping import IncrementalDetokenizer, SequenceOutput, StopRules
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
@@ -12,10 +13,10 @@ from neuronpack.runtime.tokenizer import ArtifactTokenizer
 def make_seq(tokenizer_dir):
     tok = ArtifactTokenizer.from_dir(tokenizer_dir)
 
-    def make(name: str, prompt=(5, 6, 7)) -> Sequence:
+    def make(name: str, prompt=(5, 6, 7)) -> RequestState:
         rules = StopRules(eos_token_ids=frozenset({2}), max_tokens=8, max_model_len=128)
         output = SequenceOutput(rules, list(prompt), IncrementalDetokenizer(tok, list(prompt)))
-        return Sequence(name, list(prompt), RowSampler(SamplingParams().resolve()), output, sink=lambda out: None)
+        return RequestState(name, list(prompt), RowSampler(SamplingParams().resolve()), output, sink=lambda out: None)
 
     return make
 
@@ -57,6 +58,17 @@ def test_decode_inputs_place_each_sequence_in_its_slot(make_seq):
     sched.release(a)
     tokens, positions = sched.decode_inputs()
     assert tokens == [0, 51, 0, 0] and positions == [0, 3, 0, 0]
+
+
+def test_discard_drops_a_sequence_wherever_it_is(make_seq):
+    sched = SlotScheduler(batch_size=1)
+    running, waiting, done = make_seq("run"), make_seq("wait"), make_seq("done")
+    sched.add(running)
+    sched.admit(limit=1)
+    sched.add(waiting)
+    for seq in (running, waiting, done):  # seated, queued, and neither: all fine
+        sched.discard(seq)
+    assert sched.idle and running.slot is None
 
 
 def test_batch_size_must_be_positive():
