@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _common import OUT_DIR, save_results  # noqa: E402
-from eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval  # noqa: E402
 from serve import ensure_model, free_port, start_server, stop_server  # noqa: E402
+
+from tests.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval  # noqa: E402
 
 SERVED_NAME = "smollm2"  # what bench/serve.py's start_server serves the artifact as
 STREAMS = (1, 4, 8)

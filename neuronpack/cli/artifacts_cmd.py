@@ -122,19 +122,20 @@ def gc_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed; remove nothing")] = False,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs."""
+    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs; prune
+    digest-cache entries of files that are gone."""
     from neuronpack.artifacts.listing import parse_duration, plan_gc, run_gc
     from neuronpack.artifacts.store import artifacts_root
 
     items = plan_gc(artifacts_root(root), keep=keep, older_than=parse_duration(older_than) if older_than else None)
-    if not dry_run:
-        run_gc(items)
+    pruned = 0 if dry_run else run_gc(items)
     freed = sum(i.size for i in items)
     verb = "would remove" if dry_run else "removed"
     lines = "\n".join(f"{verb} {i.kind}: {i.path} ({_size(i.size)}; {i.reason})" for i in items)
-    print_result(output_format, {"dry_run": dry_run, "freed_bytes": freed,
+    print_result(output_format, {"dry_run": dry_run, "freed_bytes": freed, "digest_cache_pruned": pruned,
                                  "removed": [{"path": str(i.path), "kind": i.kind, "size": i.size, "reason": i.reason}
                                              for i in items]},
                  lines or None)
     if output_format is OutputFormat.text:
-        stderr.print(f"{verb} {len(items)} item(s), {_size(freed)}", markup=False)
+        pruned_text = f"; pruned {pruned} digest-cache entr{'y' if pruned == 1 else 'ies'}" if pruned else ""
+        stderr.print(f"{verb} {len(items)} item(s), {_size(freed)}{pruned_text}", markup=False)

@@ -21,6 +21,7 @@ from neuronpack.artifacts.manifest import Manifest, build_manifest, write_manife
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
+from neuronpack.fsutil import disk_full
 from neuronpack.pipeline.inputs import resolve_inputs
 from neuronpack.pipeline.plan import BuildPlan, plan_build
 from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
@@ -132,6 +133,11 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         log = record_failure(final.parent, key, repr(exc), traceback.format_exc())
-        raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}", where=str(log),
+        if disk_full(exc):
+            raise BuildError("no space left on device while building the artifact", where=str(final.parent),
+                             fix="free space there (`neuronpack gc --keep N` removes old artifacts) or choose "
+                             "another --out-root") from exc
+        raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}",
+                         where=str(log) if log else str(final.parent),
                          fix="read the log; rerun with NEURONPACK_DEBUG=1 for a traceback") from exc
     return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest, config, timings)

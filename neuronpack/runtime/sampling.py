@@ -1,4 +1,5 @@
-"""Per-request sampling with vLLM's dynamic on-device sampling semantics (see neuron-facts.md).
+"""Per-request sampling with vLLM's dynamic on-device sampling semantics (see docs/neuron.md, "Facts the code
+relies on").
 
 Each running sequence is one row with its own (top_k, top_p, temperature) and its own ``torch.Generator``, so a
 seeded request samples the same tokens whatever else shares the batch. Rules, as on Neuron:

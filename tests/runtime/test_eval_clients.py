@@ -1,14 +1,15 @@
-"""Smoke tests with clients nobody here wrote (bounded: the tiny model, a few examples). The full runs on
-SmolLM2-135M are ``make eval-clients`` (bench/eval_clients.py)."""
+"""Smoke tests with clients nobody here wrote (bounded: the tiny model, a few examples; marked slow: each client
+starts a fresh interpreter). The full runs on SmolLM2-135M are ``make eval-clients`` (bench/eval_clients.py)."""
 
 import pytest
-from eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval
 
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.server import create_app
-from runtime.serving import LiveServer
+from tests.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval
+from tests.runtime.serving import LiveServer
 
 NAME = "tiny"
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

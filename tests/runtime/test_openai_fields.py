@@ -13,7 +13,7 @@ import torch
 from neuronpack.runtime.engine import Engine, GenerationRequest
 from neuronpack.runtime.sampling import SamplingParams
 from neuronpack.runtime.server import create_app
-from runtime.serving import LiveServer, hf_greedy, hf_logits, metric_value
+from tests.runtime.serving import LiveServer, hf_greedy, hf_logits, metric_value
 
 NAME = "tiny"
 ATOL = 1e-4  # fp32 artifact vs fp32 transformers

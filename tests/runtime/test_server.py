@@ -8,7 +8,7 @@ import pytest
 
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.server import create_app
-from runtime.serving import LiveServer, hf_greedy, metric_value
+from tests.runtime.serving import LiveServer, hf_greedy, metric_value
 
 NAME = "tiny"
 KEY = "sk-test-123"
