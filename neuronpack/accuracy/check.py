@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.accuracy.metrics import THRESHOLDS, PromptStats, Thresholds, compare_logits, precision_class, summarize
 from neuronpack.accuracy.prompts import DEFAULT_PROMPTS, EvalPrompt, encode_prompt
-from neuronpack.errors import AccuracyError, NeuronpackError
+from neuronpack.errors import AccuracyError
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
@@ -142,11 +142,11 @@ def neuron_plan(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_toke
 def _score_torch(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tokens: int,
                  reporter: Reporter) -> list[PromptStats]:
     import torch
+    import transformers
 
     from neuronpack.backends.torch_aot import load_artifact
-    from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
-    tokenizer = ArtifactTokenizer.from_dir(subject.artifact_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(subject.artifact_dir)
     if prompts is None:  # the chat default needs a chat template
         prompts = [p for p in DEFAULT_PROMPTS if p.messages is None or tokenizer.chat_template]
     lm = load_artifact(subject.artifact_dir, reporter=reporter)
@@ -155,11 +155,7 @@ def _score_torch(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tok
     with reporter.task(f"score {len(prompts)} prompts (artifact vs reference)", total=len(prompts)) as task, \
             torch.inference_mode():
         for prompt in prompts:
-            try:
-                ids = encode_prompt(prompt, tokenizer)
-            except NeuronpackError as exc:
-                raise AccuracyError(f"prompt {prompt.name!r} cannot be encoded: {exc.what}",
-                                    where=str(subject.artifact_dir), fix=exc.fix or "") from None
+            ids = encode_prompt(prompt, tokenizer)
             if not ids:
                 raise AccuracyError(f"prompt {prompt.name!r} encodes to no tokens", where=prompt.name,
                                     fix="give it some text")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from neuronpack.errors import AccuracyError
 
 if TYPE_CHECKING:
-    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,19 @@ def _parse_line(line: str, where: str, index: int) -> EvalPrompt:
                         fix=fix)
 
 
-def encode_prompt(prompt: EvalPrompt, tokenizer: ArtifactTokenizer) -> list[int]:
-    """Token ids of a prompt, encoded the way the server would (completions or chat)."""
-    if prompt.messages is not None:
-        return tokenizer.encode_chat(list(prompt.messages))
-    return tokenizer.encode(prompt.text or "")
+def encode_prompt(prompt: EvalPrompt, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids of a prompt (the artifact's tokenizer files through transformers), encoded the way the server does:
+    text with the tokenizer's special tokens (/v1/completions), messages through the chat template with the
+    generation prompt (/v1/chat/completions); AccuracyError when the template is missing or rejects them."""
+    if prompt.messages is None:
+        return list(tokenizer(prompt.text or "")["input_ids"])
+    if not tokenizer.chat_template:
+        raise AccuracyError(f"prompt {prompt.name!r} has messages but the tokenizer has no chat template",
+                            where=prompt.name, fix='give it as {"prompt": "text"}')
+    try:
+        encoded = tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True, tokenize=True,
+                                                return_dict=True)
+    except Exception as exc:  # jinja2 template errors surface as several exception types
+        raise AccuracyError(f"the chat template rejected prompt {prompt.name!r}: {exc}", where=prompt.name,
+                            fix="check its roles and contents") from None
+    return list(encoded["input_ids"])

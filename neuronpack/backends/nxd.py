@@ -126,7 +126,7 @@ class NxdBackend:
             if dist in built and built[dist] != here.get(dist):
                 raise ArtifactError(
                     f"built with {dist} {built[dist]}, this machine has {here.get(dist)}", where=str(artifact_dir),
-                    fix=f"install {dist}=={built[dist]} from {'the Neuron repository'} or rebuild here")
+                    fix=f"install {dist}=={built[dist]} from the Neuron repository or rebuild here")
 
 
 # --- the mapping (pure, torch-free) ----------------------------------------------------------------------------------

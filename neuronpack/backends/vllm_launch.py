@@ -45,7 +45,6 @@ ROOT_COMM_PORT, CPU_COMM_PORT = 8990, 8989
 MASTER_ADDR_REF = "${MASTER_ADDR}"
 # NeuronConfig fields holding config objects: never passed through --override-neuron-config (see module docstring)
 NESTED_FIELDS = ("on_device_sampling_config", "lora_config")
-TNX_QUANT_DTYPES = {"int8": "s8", "fp8": "f8e4m3fn"}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr, stdout
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
+from neuronpack.cli._progress import ProgressMode
 
 # Exit code when the check could not run here (NxDI / TNx artifacts need a Neuron device): not a pass, not a fail.
 EXIT_NOT_RUN = 3
@@ -41,6 +42,7 @@ def eval_command(
         int | None, typer.Option("--threads", min=1, help="torch intra-op threads (default: all cores)")
     ] = None,
     output_format: FormatOpt = OutputFormat.text,
+    progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
     """Run ARTIFACT and its reference checkpoint on the same prompts, teacher-forced, and judge per-position agreement
@@ -57,7 +59,8 @@ def eval_command(
 
         configure_threads(threads)
     report = check_accuracy(subject, prompts=load_prompts(prompts) if prompts else None,
-                            new_tokens=max_new_tokens, thresholds=limits, reporter=RichReporter(quiet=quiet))
+                            new_tokens=max_new_tokens, thresholds=limits,
+                            reporter=RichReporter(quiet=quiet, progress=progress))
     data = report.to_dict()
     if output_format is OutputFormat.json:
         print_result(output_format, data)

@@ -152,14 +152,11 @@ def _passthrough_chunks(ckpt: Checkpoint, name: str) -> Iterator[tuple[str, torc
         yield name, ckpt.get_rows(name, start, min(start + step, shape[0]))
 
 
-def _torch_dtype(safetensors_dtype: str) -> torch.dtype:
-    import torch
+def _torch_dtype(code: str) -> torch.dtype:
+    from neuronpack.checkpoint.dtypes import torch_dtype
 
-    from neuronpack.checkpoint import safetensors_dtype as to_safetensors
-
-    for candidate in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-                      torch.int16, torch.int8, torch.uint8, torch.bool):
-        if to_safetensors(candidate) == safetensors_dtype:
-            return candidate
-    raise QuantizationError(f"cannot carry a tensor of dtype {safetensors_dtype} through quantization",
-                            fix="convert that tensor to a standard dtype first")
+    try:
+        return torch_dtype(code)
+    except ValueError:
+        raise QuantizationError(f"cannot carry a tensor of dtype {code} through quantization",
+                                fix="convert that tensor to a standard dtype first") from None

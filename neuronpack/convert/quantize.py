@@ -62,7 +62,7 @@ def quantize_checkpoint(
     out: Path,
     options: QuantizeOptions,
     *,
-    reporter: Reporter = NullReporter(),
+    reporter: Reporter | None = None,
     max_shard_bytes: int = 4 * 2**30,
 ) -> QuantizeResult:
     """Quantize the checkpoint in ``model_dir`` into the new directory ``out`` (atomic: all or nothing).
@@ -75,6 +75,7 @@ def quantize_checkpoint(
         res = quantize_checkpoint(Path("llama"), Path("llama-int8"), QuantizeOptions("int8"))
         res.summary["relative_error"]      # 0.0052
     """
+    reporter = reporter or NullReporter()
     model_dir, out = Path(model_dir), Path(out).expanduser().absolute()
     check_output_path(out, inputs=[model_dir], overwrite=True)  # overlap with the input only; existence below
     ckpt = open_checkpoint(model_dir)

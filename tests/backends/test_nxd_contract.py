@@ -8,14 +8,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from manifests import make_manifest
-from neuron_standin import fixtures as standin
 
 from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.nxd import NxdBackend
 from neuronpack.backends.tnx import TnxBackend
 from neuronpack.errors import ArtifactError, BuildError, RecipeError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
+from tests.backends.neuron_standin import fixtures as standin
+from tests.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures
@@ -25,7 +25,7 @@ SAMPLING_DEFAULT = {"do_sample": False, "top_k": 1, "top_p": 1.0, "temperature":
 BASE = {"ctx_batch_size": 1, "is_continuous_batching": True, "padding_side": "right",
         "sequence_parallel_enabled": True, "save_sharded_checkpoint": True, "quantized": False,
         "on_device_sampling_config": SAMPLING_DEFAULT, "enable_bucketing": True, "torch_dtype": "bfloat16"}
-# The exact NeuronConfig kwargs for each shipped NxDI recipe, written out by hand from neuron-facts.md.
+# The exact NeuronConfig kwargs for each shipped NxDI recipe, written out by hand from docs/neuron.md.
 EXPECTED = {
     "llama-3.1-8b-instruct-trn1.toml": {
         **BASE, "tp_degree": 8, "batch_size": 4, "tkg_batch_size": 4, "max_context_length": 8192, "seq_len": 8192,

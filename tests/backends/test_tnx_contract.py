@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from manifests import make_manifest
-from neuron_standin import fixtures as standin
 
 from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.tnx import TnxBackend
 from neuronpack.errors import ArtifactError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
+from tests.backends.neuron_standin import fixtures as standin
+from tests.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 sdk_path, tnx_sdk = standin.sdk_path, standin.tnx_sdk  # fixtures

@@ -30,7 +30,7 @@ SMALL_BUCKETS = ['target.seq_len=64', 'target.max_context_length=16', 'buckets.c
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    from tiny_models import make_tiny_checkpoint
+    from tests.tiny_models import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("int8") / "llama", arch="llama")
 

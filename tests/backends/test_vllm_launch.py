@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import pytest
-from manifests import make_manifest
-from neuron_standin import fixtures as standin
 
 from neuronpack.backends.vllm_launch import VllmCommand, format_command, neuron_override, run_vllm, vllm_command
 from neuronpack.errors import ArtifactError, ServeError
 from neuronpack.pipeline import compile_model, verify_artifact
+from tests.backends.neuron_standin import fixtures as standin
+from tests.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures

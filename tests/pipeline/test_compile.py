@@ -16,8 +16,7 @@ from neuronpack.artifacts.store import artifacts_root
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import BuildError, NeuronpackError, RecipeError
 from neuronpack.pipeline import compile_model, verify_artifact
-
-from .conftest import FAST, RECIPE
+from tests.pipeline.builds import FAST, RECIPE
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.Popen:
@@ -84,14 +83,18 @@ def test_sigkill_during_build_leaves_nothing_valid_and_rebuild_works(tiny_llama,
     args = ["compile", str(tiny_llama), "--recipe", str(RECIPE), "--set", "compiler=export",
             "--out-root", str(tmp_path), "--quiet"]
     proc = cli(*args)
-    staging = store / ".staging"
+    # The marker: the model's config.json is copied into the staging directory after the weights and right before
+    # the graphs are exported, so the build is mid-way (and has seconds of graph export left) when we kill it.
+    def reached_graph_export() -> bool:  # staging directories are hidden (.neuronpack-staging-*): pathlib sees them
+        return any((store / ".staging").glob("*/config.json"))
+
     deadline = time.time() + 300
-    while time.time() < deadline and not (staging.is_dir() and any(staging.iterdir())):
-        time.sleep(0.05)
-    assert staging.is_dir() and any(staging.iterdir()), "build never started"
-    time.sleep(0.5)  # somewhere inside the build
+    while time.time() < deadline and proc.poll() is None and not reached_graph_export():
+        time.sleep(0.01)
+    assert reached_graph_export(), "the build never reached graph export"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL  # killed mid-build, not finished before the signal
     published = [p for p in store.iterdir() if not p.name.startswith(".")]
     assert all(quick_check(p) is None for p in published)
     result = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=tmp_path)

@@ -13,8 +13,7 @@ from neuronpack.artifacts.manifest import MANIFEST_NAME, read_manifest
 from neuronpack.artifacts.store import artifacts_root
 from neuronpack.errors import ArtifactError, NeuronpackError, ServeError
 from neuronpack.pipeline import resolve_serving_artifact, verify_artifact
-
-from .conftest import FAST, RECIPE
+from tests.pipeline.builds import FAST, RECIPE
 
 
 def weights_file(artifact):
