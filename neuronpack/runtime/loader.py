@@ -17,7 +17,7 @@ from typing import Any
 
 from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter, Reporter
-from neuronpack.runtime.engine import Engine
+from neuronpack.runtime.engine import Engine, EngineLimits
 from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
@@ -42,8 +42,10 @@ def load_engine(
     manifest: dict[str, Any] | None = None,
     num_threads: int | None = None,
     reporter: Reporter | None = None,
+    limits: EngineLimits | None = None,
 ) -> LoadedEngine:
-    """Load a torch-framework artifact into an Engine (not started). ServeError for other frameworks.
+    """Load a torch-framework artifact into an Engine (not started), with ``limits`` on its queue and request time.
+    ServeError for other frameworks.
 
     Example: ``load_engine(path).engine.max_model_len``.
     """
@@ -72,6 +74,7 @@ def load_engine(
         max_model_len=serve.get("max_model_len"),
         global_topk=int(sampling.get("global_topk", DEFAULT_GLOBAL_TOPK)),
         lookahead=int(serve.get("num_lookahead_slots") or 0),
+        limits=limits,
     )
     return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started)
 

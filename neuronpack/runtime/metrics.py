@@ -31,7 +31,9 @@ class EngineMetrics:
         r = self.registry
         self.batch_size = batch_size
         self.requests = Counter(f"{PREFIX}_requests", "Finished requests by finish reason "
-                                "(stop, length, abort, error)", ["finish_reason"], registry=r)
+                                "(stop, length, abort, timeout, error)", ["finish_reason"], registry=r)
+        self.rejected = Counter(f"{PREFIX}_requests_rejected", "Requests refused before reaching a slot, by reason "
+                                "(queue_full, shutting_down, body_too_large)", ["reason"], registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=r)
         self.waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued for a free batch slot "
