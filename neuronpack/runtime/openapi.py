@@ -65,6 +65,8 @@ def _declare(schema: dict[str, Any], names: list[str], with_api_key: bool) -> No
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
+            if path == "/metrics":
+                responses["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
             if with_api_key and path.startswith("/v1"):
                 responses["401"] = {"description": "wrong or missing API key", **error_ref}
             body_ref = (operation.get("requestBody", {}).get("content", {}).get("application/json", {})
