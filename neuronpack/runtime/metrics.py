@@ -70,3 +70,18 @@ class EngineMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """One sample's value from Prometheus text (what /metrics serves); 0.0 when absent.
+
+    Example: ``metric_value(text, "neuronpack_requests_total", 'finish_reason="abort"')``.
+    """
+    wanted = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == wanted:
+            return float(value)
+    return 0.0
