@@ -69,6 +69,7 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "num_kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab_size,
+        "context_outputs": list(L.CONTEXT_OUTPUTS),
         "graphs": {L.graph_name(kind, n): L.package_model_name(L.graph_name(kind, n)) for kind, n in
                    L.iter_graphs(plan)},
         "target": current_target(compiler, recipe.instance_for("torch")),
