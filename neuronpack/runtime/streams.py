@@ -35,9 +35,14 @@ class RequestGroup:
         self._queue: asyncio.Queue[tuple[int, StepOutput]] = asyncio.Queue()
         for request in self._requests:  # refuse the whole group before anything is queued
             engine.check(request)
-        self._open = {r.request_id for r in self._requests}
-        for index, request in enumerate(self._requests):
-            engine.submit(request, self._sink_for(index))
+        self._open: set[str] = set()
+        try:
+            for index, request in enumerate(self._requests):
+                engine.submit(request, self._sink_for(index))
+                self._open.add(request.request_id)
+        except BaseException:  # e.g. the queue filled up half-way through a batch: take back what went in
+            self.abort()
+            raise
 
     def _sink_for(self, index: int):
         def sink(out: StepOutput) -> None:

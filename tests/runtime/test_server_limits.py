@@ -209,3 +209,17 @@ def test_a_request_past_its_deadline_ends_cleanly_and_frees_its_slot(compiled_lm
     assert last.get("error", {}).get("code") == "request_timeout" or last["choices"][0]["finish_reason"] == "length"
     assert idle and running_gauge == 0
     assert metric_value(metrics, "neuronpack_requests_total", 'finish_reason="timeout"') >= len(timed_out)
+
+
+def test_a_batch_refused_half_way_takes_back_what_it_queued(compiled_lm, artifact_tokenizer):
+    """A batched prompt that fills the queue part-way: 503, and its first prompts do not linger in the engine."""
+    with serve(compiled_lm, artifact_tokenizer, max_waiting=1) as live:  # room for 5: the 6-prompt batch overflows
+        response = httpx.post(f"{live.url}/v1/completions", json={**LONG, "prompt": ["Hello"] * 6}, timeout=60)
+        deadline = time.monotonic() + 20
+        while live.engine.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        metrics = httpx.get(f"{live.url}/metrics").text
+        assert response.status_code == 503 and live.engine.in_flight == 0
+        assert metric_value(metrics, "neuronpack_requests_total", 'finish_reason="abort"') == 5  # not generated
+        assert httpx.post(f"{live.url}/v1/completions", json={**LONG, "prompt": ["Hello"] * 5},
+                          timeout=60).status_code == 200
