@@ -2,6 +2,7 @@
 
 - the ``model`` field of every request body is an enum of the served model names, so API fuzzers (schemathesis) and
   client generators produce requests that reach the engine instead of stopping at "unknown model";
+- POST routes answer JSON, or server-sent events (``text/event-stream``) with ``"stream": true``;
 - the error responses are the ones the server really sends, in OpenAI's shape (400 instead of FastAPI's 422, 401 with
   an API key, 404 unknown model, 413 body too large, 503 queue full / shutting down, 504 past the request deadline).
 
@@ -73,6 +74,9 @@ def _declare(schema: dict[str, Any], names: list[str], with_api_key: bool) -> No
                         .get("schema", {}).get("$ref"))
             if not body_ref:
                 continue
+            # With "stream": true the same route answers with server-sent events.
+            responses["200"]["content"] = {"application/json": {"schema": {"type": "object"}},
+                                           "text/event-stream": {"schema": {"type": "string"}}}
             for status, description in _ERRORS.items():
                 responses[status] = {"description": description, **error_ref}
             model = components.get(body_ref.rsplit("/", 1)[-1], {}).get("properties", {}).get("model")

@@ -151,6 +151,8 @@ def test_the_openapi_document_declares_the_served_models_and_real_errors(server)
         assert schema["components"]["schemas"][component]["properties"]["model"]["enum"] == [NAME]
     responses = schema["paths"]["/v1/completions"]["post"]["responses"]
     assert "422" not in responses and {"400", "404", "413", "503", "504"} <= set(responses)
+    # Regression (schemathesis): a streamed answer's content type is declared too.
+    assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
 
 
 async def _fire(url: str, n: int, **body) -> list[httpx.Response]:
