@@ -18,7 +18,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.server import create_app
-from runtime.serving import LiveServer, metric_value
+from tests.runtime.serving import LiveServer, metric_value
 
 NAME = "tiny"
 KEY = "sk-fuzz"

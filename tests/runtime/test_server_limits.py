@@ -13,7 +13,7 @@ import pytest
 from neuronpack.runtime.engine import Engine, EngineLimits
 from neuronpack.runtime.http_limits import ServerLimits
 from neuronpack.runtime.server import create_app
-from runtime.serving import LiveServer, metric_value
+from tests.runtime.serving import LiveServer, metric_value
 
 NAME = "tiny"
 MAX_BODY = 64 * 1024

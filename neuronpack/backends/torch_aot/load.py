@@ -63,7 +63,7 @@ def check_loadable(artifact_dir: Path, built_target: dict[str, Any]) -> None:
                             fix="rebuild with neuronpack compile on this machine, or use compiler=export")
 
 
-def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Reporter = NullReporter()):
+def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Reporter | None = None):
     """Load a torch-backend artifact directory into a ready ``CompiledLM`` (KV cache allocated, zeroed).
 
     Example::
@@ -71,6 +71,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
         lm = load_artifact(Path("artifacts/abc123"))
         lm.batch_size, lm.context_buckets        # (4, (128, 256))
     """
+    reporter = reporter or NullReporter()
     import torch
 
     from neuronpack.checkpoint import open_checkpoint
@@ -170,10 +171,14 @@ class CompiledLM:
             return self._runners[L.graph_name(L.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
                                                                      self.v_caches)
 
-    def reset(self) -> None:
-        """Zero the whole KV cache."""
-        for cache in (*self.k_caches, *self.v_caches):
-            cache.zero_()
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst`` (parallel sampling shares
+        one prefilled prompt)."""
+        import torch
+
+        with torch.inference_mode():
+            for cache in (*self.k_caches, *self.v_caches):
+                cache[dst, :, :length].copy_(cache[src, :, :length])
 
     def _check_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         if len(slots) != len(prompts) or not slots:
