@@ -37,23 +37,24 @@ def _under_root(path: object) -> bool:
         return False  # an fd (os.fsync(fd)): resolved below
 
 
+def _fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
 def _wrap(name: str):
     real = getattr(os, name)
 
     def wrapper(*args, **kwargs):
         first = args[0] if args else None
         if isinstance(first, int) and name == "fsync":
-            try:
-                target = os.readlink(f"/proc/self/fd/{first}")
-            except OSError:
-                target = ""
+            target = _fd_path(first)
             if target.startswith(ROOT):
                 marker(f"fsync {os.path.relpath(target, ROOT)}")
         elif kwargs.get("dir_fd") is not None:  # shutil.rmtree's fd-based walk: name relative to a directory fd
-            try:
-                parent = os.readlink(f"/proc/self/fd/{kwargs['dir_fd']}")
-            except OSError:
-                parent = ""
+            parent = _fd_path(kwargs["dir_fd"])
             if parent.startswith(ROOT):
                 marker(f"{name} {os.path.relpath(os.path.join(parent, os.fspath(first)), ROOT)}")
         elif _under_root(first):

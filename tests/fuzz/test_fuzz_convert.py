@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
@@ -105,19 +106,25 @@ def test_quantize_inputs(tmp_path, data, tied, float_dtype, qdtype, granularity,
     run_or_refuse(call, out)
 
 
-# --- regressions found by the fuzzers above (each was a raw IndexError / ValueError traceback) ----------------------
-def _eagle_case(tmp_path, draft_changes: dict, target_changes: dict) -> NeuronpackError:
-    draft_t = {n: (eagle_dtypes(n, "F32"), s) for n, s in eagle_shapes("eagle1").items()} | draft_changes
+# --- regressions found by the fuzzers above (each was a raw IndexError / TypeError / ValueError traceback) -----------
+def refused(call, out: Path) -> NeuronpackError:
+    """The error ``call()`` raises: one line, nothing written at ``out``."""
+    with pytest.raises(NeuronpackError) as info:
+        call()
+    assert_one_line(info.value)
+    assert not out.exists()
+    return info.value
+
+
+def _eagle_case(tmp_path, draft_changes: dict, target_changes: dict, *, layout: str = "eagle1",
+                config: dict | None = None) -> NeuronpackError:
+    draft_t = {n: (eagle_dtypes(n, "F32"), s) for n, s in eagle_shapes(layout).items()} | draft_changes
+    draft_t = {n: v for n, v in draft_t.items() if v is not None}
     target_t = {n: ("F32", s) for n, s in llama_shapes().items()} | target_changes
-    draft = write_checkpoint(tmp_path / "draft", draft_t, {"hidden_size": H, "vocab_size": V, "bias": True})
+    config = config or {"hidden_size": H, "vocab_size": V, "bias": layout == "eagle1"}
+    draft = write_checkpoint(tmp_path / "draft", draft_t, config)
     target = write_checkpoint(tmp_path / "target", target_t, llama_config())
-    try:
-        convert_eagle(draft, target, tmp_path / "out")
-    except NeuronpackError as exc:
-        assert_one_line(exc)
-        assert not (tmp_path / "out").exists()
-        return exc
-    raise AssertionError("convert_eagle accepted a broken input")
+    return refused(lambda: convert_eagle(draft, target, tmp_path / "out"), tmp_path / "out")
 
 
 def test_eagle_target_head_that_is_not_a_matrix(tmp_path):
@@ -131,27 +138,28 @@ def test_eagle_draft_embedding_that_is_not_a_matrix(tmp_path):
 
 
 def test_eagle_target_embedding_that_does_not_match_its_head(tmp_path):
-    shapes = {n: (eagle_dtypes(n, "F32"), s) for n, s in eagle_shapes("eagle1").items() if n != "embed_tokens.weight"}
-    draft = write_checkpoint(tmp_path / "draft", shapes, {"hidden_size": H, "bias": True})
-    target_t = {n: ("F32", s) for n, s in llama_shapes().items()} | {"model.embed_tokens.weight": ("F32", (V + 1, H))}
-    target = write_checkpoint(tmp_path / "target", target_t, llama_config())
-    try:
-        convert_eagle(draft, target, tmp_path / "out")
-        raise AssertionError("accepted")
-    except NeuronpackError as exc:
-        assert "does not match its head [16, 8]" in exc.what
+    err = _eagle_case(tmp_path, {"embed_tokens.weight": None}, {"model.embed_tokens.weight": ("F32", (V + 1, H))})
+    assert "does not match its head [16, 8]" in err.what
+
+
+def test_eagle_config_hidden_size_null(tmp_path):
+    """hidden_size null in the draft's config.json raised TypeError (int * None)."""
+    err = _eagle_case(tmp_path, {}, {}, config={"hidden_size": None, "bias": True})
+    assert "hidden_size None needs [H, 2H]" in err.what
+
+
+def test_eagle3_with_both_namings_of_a_layer(tmp_path):
+    """midlayer.X and layers.0.X in one EAGLE-3 draft collided after renaming (ValueError in the writer, after the
+    output staging directory was made)."""
+    err = _eagle_case(tmp_path, {"layers.0.input_layernorm.weight": ("F32", (H,))}, {}, layout="eagle3")
+    assert "both midlayer.* and layers.0.* names for layers.0.input_layernorm.weight" in err.what
 
 
 def _quantize_case(tmp_path, changes: dict, **options) -> NeuronpackError:
     tensors = {n: ("F32", s) for n, s in llama_shapes().items()} | changes
     model = write_checkpoint(tmp_path / "model", tensors, llama_config())
-    try:
-        quantize_checkpoint(model, tmp_path / "out", QuantizeOptions("int8", **options))
-    except NeuronpackError as exc:
-        assert_one_line(exc)
-        assert not (tmp_path / "out").exists()
-        return exc
-    raise AssertionError("quantize accepted a broken input")
+    return refused(lambda: quantize_checkpoint(model, tmp_path / "out", QuantizeOptions("int8", **options)),
+                   tmp_path / "out")
 
 
 def test_quantize_lm_head_that_is_not_a_matrix(tmp_path):
@@ -162,30 +170,3 @@ def test_quantize_lm_head_that_is_not_a_matrix(tmp_path):
 def test_quantize_empty_linear_weight(tmp_path):
     err = _quantize_case(tmp_path, {"model.layers.0.input_layernorm.weight": ("F32", (0, H))})
     assert "model.layers.0.input_layernorm.weight is empty (shape [0, 8])" in err.what
-
-
-def test_eagle_config_hidden_size_null(tmp_path):
-    """Regression: hidden_size null in the draft's config.json raised TypeError (int * None)."""
-    shapes = {n: (eagle_dtypes(n, "F32"), s) for n, s in eagle_shapes("eagle1").items()}
-    draft = write_checkpoint(tmp_path / "draft", shapes, {"hidden_size": None, "bias": True})
-    target = write_checkpoint(tmp_path / "target", {n: ("F32", s) for n, s in llama_shapes().items()}, llama_config())
-    try:
-        convert_eagle(draft, target, tmp_path / "out")
-        raise AssertionError("accepted")
-    except NeuronpackError as exc:
-        assert "hidden_size None needs [H, 2H]" in exc.what
-
-
-def test_eagle3_with_both_namings_of_a_layer(tmp_path):
-    """Regression: midlayer.X and layers.0.X in one EAGLE-3 draft collided after renaming (ValueError in the
-    writer, after the output staging directory was made)."""
-    shapes = {n: (eagle_dtypes(n, "F32"), s) for n, s in eagle_shapes("eagle3").items()}
-    shapes["layers.0.input_layernorm.weight"] = ("F32", (H,))
-    draft = write_checkpoint(tmp_path / "draft", shapes, {"hidden_size": H, "bias": False})
-    target = write_checkpoint(tmp_path / "target", {n: ("F32", s) for n, s in llama_shapes().items()}, llama_config())
-    try:
-        convert_eagle(draft, target, tmp_path / "out")
-        raise AssertionError("accepted")
-    except NeuronpackError as exc:
-        assert "both midlayer.* and layers.0.* names for layers.0.input_layernorm.weight" in exc.what
-        assert not (tmp_path / "out").exists()
