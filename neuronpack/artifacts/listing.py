@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import NeuronpackError
-from neuronpack.fsutil import dir_size
+from neuronpack.fsutil import dir_size, remove_tree
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 _PID_RE = re.compile(r"^[0-9a-f]{16}-(\d+)-")
@@ -112,6 +111,6 @@ def plan_gc(store: Path, *, keep: int | None = None, older_than: float | None = 
 def run_gc(items: list[GcItem]) -> None:
     for item in items:
         if item.path.is_dir():
-            shutil.rmtree(item.path, ignore_errors=True)
+            remove_tree(item.path)
         else:
             item.path.unlink(missing_ok=True)

@@ -5,8 +5,11 @@ They live here, not in nxd.py, so tnx.py does not depend on the NxDI backend mod
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from neuronpack.errors import CheckpointError, RecipeError
@@ -59,3 +62,14 @@ def version_tuple(version: str | None) -> tuple[int, ...]:
             break
         parts.append(int(digits))
     return tuple(parts)
+
+
+@contextlib.contextmanager
+def working_directory(path: Path) -> Iterator[None]:
+    """Run a block with ``path`` as the working directory (contextlib.chdir needs Python 3.11)."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)

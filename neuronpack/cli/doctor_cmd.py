@@ -17,7 +17,7 @@ def doctor_command(*, format: FormatOpt = OutputFormat.text) -> None:
     """Show the toolchain neuronpack sees: Python, torch, C++ compiler, each Neuron package (importable,
     PyPI placeholder or missing), neuronx-cc, platform target, the framework `auto` picks and why, and the
     environment variables in force."""
-    from neuronpack.backends.neuron_packages import environment_report
+    from neuronpack.backends.environment import environment_report
 
     report = environment_report()
     if format == OutputFormat.json:
@@ -53,6 +53,13 @@ def _print_text(report: dict[str, Any]) -> None:
     table.add_row("auto framework", f"[bold]{fw['auto']}[/]", fw["auto_reason"])
     eff = fw["effective"]
     table.add_row("with this env", str(eff["name"]), eff["reason"])
+    serving = report["serving"]
+    stack = ", ".join(f"{d} {v}" for d, v in serving["installed"].items() if v) or "none installed"
+    if serving["pairing"]:
+        table.add_row("serving pairing", f"[green]{serving['pairing']}[/]", stack)
+    else:
+        table.add_row("serving pairing", "[yellow]not a declared pairing[/]",
+                      f"{stack}; supported: {', '.join(p['name'] for p in serving['supported'])} (docs/neuron.md)")
     for name, value in report["env"].items():
         table.add_row(f"${name}", "set", value)
     stdout.print(table)

@@ -9,7 +9,6 @@ Example::
 
 from __future__ import annotations
 
-import shutil
 import time
 import traceback
 from collections.abc import Sequence
@@ -22,7 +21,9 @@ from neuronpack.artifacts.manifest import build_manifest, write_manifest
 from neuronpack.artifacts.store import artifacts_root, key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.backends.base import BuildRequest
+from neuronpack.backends.select import NEURON_FRAMEWORKS
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
+from neuronpack.fsutil import remove_tree
 from neuronpack.pipeline.inputs import ResolvedInputs, resolve_inputs
 from neuronpack.pipeline.prepare import (
     converted_draft_path,
@@ -189,13 +190,13 @@ def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, ca
         timings["manifest"] = time.perf_counter() - t0
         manifest["timings"] = {k: round(v, 3) for k, v in timings.items()}
         write_manifest(staging, manifest)  # last: only now can the directory load as valid
-        publish(staging, final, replace=replace)
+        publish(staging, final, replace=replace, read_only=inputs.backend.name in NEURON_FRAMEWORKS)
     except NeuronpackError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         record_failure(final.parent, key, exc.one_line(), traceback.format_exc())
         raise
     except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         log = record_failure(final.parent, key, repr(exc), traceback.format_exc())
