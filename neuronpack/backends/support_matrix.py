@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from neuronpack.backends.neuron_packages import dist_version
 
+BUILD_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")  # what an NxDI artifact is built with
 SERVING_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx", "transformers", "vllm", "vllm-neuron")
 
 
@@ -29,12 +30,14 @@ class Pairing:
     versions: dict[str, str | tuple[str, ...] | None]  # dist -> version prefix(es) (None: not pinned)
     note: str = ""
 
-    def matches(self, installed: dict[str, str | None], dists: tuple[str, ...] = SERVING_DISTS) -> bool:
+    def matches(self, installed: dict[str, str | None], dists: tuple[str, ...] = SERVING_DISTS, *,
+                missing_ok: bool = False) -> bool:
+        """Every pinned dist in ``dists`` installed at a matching version (``missing_ok``: absent ones pass)."""
         for dist in dists:
             want = self.versions.get(dist)
-            if want is None:
-                continue
             have = installed.get(dist)
+            if want is None or (missing_ok and (not have or have == "absent")):
+                continue
             if not have or have == "absent" or not _starts(have, want):
                 return False
         return True
@@ -79,9 +82,9 @@ def pairing_of(installed: dict[str, str | None], *, target: str | None = None) -
 
 
 def pairings_for_build(built: dict[str, str], target: str) -> list[Pairing]:
-    """The pairings of ``target`` whose NxDI / compiler / torch-neuronx pins admit an artifact's build versions."""
-    dists = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")
-    return [p for p in PAIRINGS if p.target == target and p.matches(built, dists)]
+    """The pairings of ``target`` whose NxDI / compiler / torch-neuronx pins admit an artifact's recorded build
+    versions (a version the manifest does not record is not held against it)."""
+    return [p for p in PAIRINGS if p.target == target and p.matches(built, BUILD_DISTS, missing_ok=True)]
 
 
 def describe(installed: dict[str, str | None]) -> str:

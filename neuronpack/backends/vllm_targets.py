@@ -145,11 +145,13 @@ def check_serving_stack(spec: LaunchSpec, target: str, installed: dict[str, str 
             f"this machine's serving stack ({support_matrix.describe(installed)}) is not a {target} pairing "
             "neuronpack targets", where="installed packages",
             fix="install one of the pairings in docs/neuron.md 'Support matrix' (`neuronpack doctor` shows yours)")
-    problem = build_pairing_problem(spec, target)
-    if problem is not None:
-        raise ServeError(problem, where=str(spec.artifact_dir),
-                         fix=f"rebuild the artifact on this machine's SDK ({pairing.sdk}) or serve it where its "
-                             "pairing is installed")
+    built = {k: v for k, v in spec.versions.items() if v and v != "absent"}
+    if spec.framework == "nxd" and not pairing.matches(built, support_matrix.BUILD_DISTS, missing_ok=True):
+        raise ServeError(
+            f"this artifact was built with {support_matrix.describe(built)}, not with this machine's pairing "
+            f"{pairing.name} (Neuron SDK {pairing.sdk})", where=str(spec.artifact_dir),
+            fix=f"rebuild the artifact on this machine's SDK ({pairing.sdk}) or serve it where its pairing "
+                "is installed")
     return pairing.name
 
 
