@@ -14,7 +14,7 @@ DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install demo test lint docs-cli check-docs-cli bench clean
+.PHONY: install demo test lint docs-cli check-docs-cli bench upstream-check clean
 
 install: $(STAMP)
 
@@ -36,7 +36,7 @@ demo: install $(DEMO_MODEL)/config.json
 	$(NP) generate "$$ART" --chat --prompt "$(DEMO_PROMPT)" --max-tokens 48
 
 lint: install
-	$(VENV)/bin/ruff check neuronpack tests bench
+	$(VENV)/bin/ruff check neuronpack tests bench tools
 
 docs-cli: install
 	$(VENV)/bin/typer neuronpack.cli.app utils docs --name neuronpack --output docs/cli-reference.md
@@ -55,6 +55,11 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/serve.py
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
+
+# Hold the Neuron output against upstream's own code (NxDI config classes, vLLM / vllm-neuron argument parsing).
+# UPSTREAM_SRC=DIR holds the upstream checkouts (layout in tools/upstream_check.py); skipped when unset.
+upstream-check: install
+	UPSTREAM_SRC="$(UPSTREAM_SRC)" $(PY) tools/upstream_check.py
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache
