@@ -128,7 +128,7 @@ def build_pairing_problem(spec: LaunchSpec, target: str) -> str | None:
     stack of ``target`` (None for tnx, whose builds vLLM recompiles anyway)."""
     if spec.framework != "nxd":
         return None
-    built = {k: v for k, v in spec.versions.items() if v and v != "absent"}
+    built = {k: v for k, v in spec.versions.items() if k in support_matrix.BUILD_DISTS and v and v != "absent"}
     if "neuronx-distributed-inference" not in built or support_matrix.pairings_for_build(built, _family(target)):
         return None
     return (f"this artifact was built with {support_matrix.describe(built)}, which pairs with no {target} stack in "
@@ -145,7 +145,7 @@ def check_serving_stack(spec: LaunchSpec, target: str, installed: dict[str, str 
             f"this machine's serving stack ({support_matrix.describe(installed)}) is not a {target} pairing "
             "neuronpack targets", where="installed packages",
             fix="install one of the pairings in docs/neuron.md 'Support matrix' (`neuronpack doctor` shows yours)")
-    built = {k: v for k, v in spec.versions.items() if v and v != "absent"}
+    built = {k: v for k, v in spec.versions.items() if k in support_matrix.BUILD_DISTS and v and v != "absent"}
     if spec.framework == "nxd" and not pairing.matches(built, support_matrix.BUILD_DISTS, missing_ok=True):
         raise ServeError(
             f"this artifact was built with {support_matrix.describe(built)}, not with this machine's pairing "
