@@ -138,6 +138,10 @@ def build_pairing_problem(spec: LaunchSpec, target: str) -> str | None:
 def check_serving_stack(spec: LaunchSpec, target: str, installed: dict[str, str | None]) -> str:
     """Before vLLM starts: the installed stack must be a declared pairing of ``target`` and the artifact's build must
     pair with it. Returns the pairing's name; ServeError (what, where, fix) otherwise."""
+    if not installed.get("vllm"):
+        raise ServeError("vllm is not installed in this Python", where=sys.executable,
+                         fix="install one of the pairings in docs/neuron.md 'Support matrix' on the Neuron machine, or "
+                             "print the command with --print-command")
     refuse_new_plugin(installed.get("vllm-neuron") if target == "vllm-neuron" else None)
     pairing = support_matrix.pairing_of(installed, target=_family(target))
     if pairing is None:

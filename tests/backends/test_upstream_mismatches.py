@@ -170,3 +170,18 @@ def test_mllama_maps_to_nxdi_classes_with_its_vision_plan(make_checkpoint, tmp_p
 
     built = NeuronMllamaForCausalLM.get_neuron_config_cls()(**config["neuron_config"])
     assert built.unexpected == {} and built.skip_vision is False
+
+
+def test_serve_verifies_before_launching_and_refuses_a_modified_artifact(tiny_llama, tmp_path, nxd_sdk):
+    from typer.testing import CliRunner
+
+    from neuronpack.cli.app import app
+    from neuronpack.pipeline import compile_model
+
+    art = compile_model(str(tiny_llama), overrides=TINY, out_root=tmp_path / "root").path
+    target = art / "model.pt"
+    os.chmod(art, 0o755)
+    os.chmod(target, 0o644)
+    target.write_bytes(b"what a fallback compile would leave behind")
+    result = CliRunner().invoke(app, ["serve", str(art), "--print-command"])
+    assert result.exit_code == 1 and "model.pt" in result.stderr and "cd " not in result.stdout
