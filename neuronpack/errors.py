@@ -68,7 +68,12 @@ class QuantizationError(NeuronpackError):
 
 
 class ServeError(NeuronpackError):
-    """The server or runtime cannot start with what it was given."""
+    """The server or runtime cannot start or answer with what it was given. The HTTP server answers 500 for every
+    ServeError that is not an InvalidRequestError: the fault is on the server's side, not the client's."""
+
+
+class TokenizerError(ServeError):
+    """The artifact's tokenizer or chat template is missing, unreadable or broken (a server fault: HTTP 500)."""
 
 
 class UnsupportedModelError(NeuronpackError):

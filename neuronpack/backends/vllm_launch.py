@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.select import FRAMEWORK_TO_VLLM
 from neuronpack.errors import ArtifactError, ServeError
 
@@ -81,9 +82,12 @@ class LaunchSpec:
     notes: tuple[str, ...] = ()
 
 
-def launch_spec(artifact_dir: Path, manifest: dict[str, Any]) -> LaunchSpec:
-    """Read what serving needs from the manifest (ArtifactError when it is not a vLLM artifact or is incomplete)."""
+def launch_spec(artifact_dir: Path, manifest: Manifest | dict[str, Any]) -> LaunchSpec:
+    """Read what serving needs from the manifest (ArtifactError when it is not a vLLM artifact or is incomplete).
+    Accepts the typed Manifest (read_manifest) or its JSON form."""
     artifact_dir = Path(artifact_dir).absolute()
+    if isinstance(manifest, Manifest):
+        manifest = manifest.model_dump(mode="json", by_alias=True)
     framework = manifest.get("framework")
     if framework not in FRAMEWORK_TO_VLLM:
         raise ArtifactError(

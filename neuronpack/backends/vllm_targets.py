@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends import support_matrix
 from neuronpack.backends.neuron_common import version_tuple
 from neuronpack.backends.vllm_launch import LaunchSpec, VllmCommand, launch_spec
@@ -99,8 +100,9 @@ def _v0_from(installed: dict[str, str | None], why: str) -> TargetChoice:
                                         "docs/neuron.md 'Support matrix'")
 
 
-def vllm_command(artifact_dir: Path, manifest: dict[str, Any], *, target: str = "vllm-v0", host: str = "127.0.0.1",
-                 port: int = 8000, api_key: str | None = None, python: str = sys.executable) -> VllmCommand:
+def vllm_command(artifact_dir: Path, manifest: Manifest | dict[str, Any], *, target: str = "vllm-v0",
+                 host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                 python: str = sys.executable) -> VllmCommand:
     """The launch of a compiled nxd or tnx artifact for one serving target (vllm_v0 / vllm_plugin build it).
 
     Example::

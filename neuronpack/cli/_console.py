@@ -1,4 +1,8 @@
-"""Consoles, output formats, the rich progress reporter and the error boundary shared by every command."""
+"""Consoles, output formats, the one result printer, the rich progress reporter and the error boundary shared by
+every command.
+
+Text that comes from the domain (error lines, warnings, file names, table cells) is printed with rich markup escaped:
+"remove [speculation]" must not lose its brackets."""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from enum import Enum
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from neuronpack.errors import NeuronpackError
@@ -42,7 +47,7 @@ def handle_errors(fn: F) -> F:
         except NeuronpackError as exc:
             if debug_enabled():
                 raise
-            stderr.print(f"[bold red]error:[/] {exc.one_line()}", markup=True, highlight=False, soft_wrap=True)
+            stderr.print(f"[bold red]error:[/] {escape(exc.one_line())}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             stderr.print("interrupted")
@@ -55,6 +60,22 @@ def print_json(obj: Any) -> None:
     """One JSON object on stdout (machine-readable result)."""
     sys.stdout.write(json.dumps(obj, indent=None, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
+
+
+def print_result(output_format: OutputFormat, data: Any, text: str | RenderableType | None = None) -> None:
+    """The one way a command prints its result on stdout: ``data`` as one JSON object with ``--format json``, else
+    ``text`` (a plain line, printed verbatim, or a rich renderable such as a Table; nothing when None)."""
+    if output_format is OutputFormat.json:
+        print_json(data)
+    elif isinstance(text, str):
+        stdout.print(text, markup=False, highlight=False, soft_wrap=True)
+    elif text is not None:
+        stdout.print(text)
+
+
+def cell(value: Any) -> str:
+    """A table cell from domain text: rich markup in it is shown, not interpreted."""
+    return escape(str(value))
 
 
 class _RichTask:
@@ -97,4 +118,4 @@ class RichReporter:
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
-        stderr.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        stderr.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)

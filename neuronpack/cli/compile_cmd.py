@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stdout
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._console import OutputFormat, RichReporter, print_result
+from neuronpack.cli._options import FormatOpt, QuietOpt, RootOpt, SetOpt
 
 
 class FrameworkChoice(str, Enum):
@@ -29,13 +29,8 @@ def compile_command(
     framework: Annotated[
         FrameworkChoice | None, typer.Option("--framework", help="override the recipe's framework")
     ] = None,
-    out_root: Annotated[
-        Path | None,
-        typer.Option("--out-root", help="root of neuron-compiled-artifacts/ (default $NEURONPACK_ARTIFACTS_ROOT or .)"),
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="override a recipe field: --set target.batch_size=4")
-    ] = None,
+    root: RootOpt = None,
+    set_: SetOpt = None,
     force: Annotated[bool, typer.Option("--force", help="rebuild even when a valid artifact exists")] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the resolved configuration and key; build nothing")
@@ -52,7 +47,7 @@ def compile_command(
         recipe=recipe,
         overrides=set_ or [],
         framework=framework.value if framework else None,
-        out_root=out_root,
+        out_root=root,
         force=force,
         dry_run=dry_run,
         reporter=reporter,
@@ -60,27 +55,23 @@ def compile_command(
     if dry_run:
         payload = {"dry_run": True, "framework": result.framework, "framework_reason": result.framework_reason,
                    "key": result.key, "path": str(result.path), **result.compile_config}
-        if output_format is OutputFormat.json:
-            print_json(payload)
+        print_result(output_format, payload, json.dumps(payload, indent=2, sort_keys=True, default=str))
+        return
+    manifest = result.manifest
+    summary = {
+        "path": str(result.path),
+        "key": result.key,
+        "cache_hit": result.cache_hit,
+        "framework": result.framework,
+        "framework_reason": result.framework_reason,
+        "buckets": manifest.buckets.to_dict(),
+        "files": len(manifest.files),
+        "size": manifest.total_size,
+        "timings": result.timings if result.cache_hit else manifest.timings,
+    }
+    if output_format is OutputFormat.text:
+        if result.cache_hit:
+            reporter.info(f"cache hit: {result.key[:16]} (built {manifest.created_at or '?'})")
         else:
-            stdout.print(json.dumps(payload, indent=2, sort_keys=True, default=str), markup=False)
-        return
-    manifest = result.manifest or {}
-    if output_format is OutputFormat.json:
-        print_json({
-            "path": str(result.path),
-            "key": result.key,
-            "cache_hit": result.cache_hit,
-            "framework": result.framework,
-            "framework_reason": result.framework_reason,
-            "buckets": manifest.get("buckets"),
-            "files": len(manifest.get("files", [])),
-            "size": sum(f["size"] for f in manifest.get("files", [])),
-            "timings": result.timings if result.cache_hit else manifest.get("timings", {}),
-        })
-        return
-    if result.cache_hit:
-        reporter.info(f"cache hit: {result.key[:16]} (built {manifest.get('created_at', '?')})")
-    else:
-        reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
-    stdout.print(str(result.path), markup=False, highlight=False)
+            reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
+    print_result(output_format, summary, str(result.path))

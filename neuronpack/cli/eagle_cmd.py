@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr
+from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
 from neuronpack.cli._options import FormatOpt, QuietOpt
 
 if TYPE_CHECKING:
@@ -47,12 +47,9 @@ def convert_eagle_command(
 
     reporter = RichReporter(quiet=quiet)
     result = convert_eagle(draft, target, out, dtype=dtype.value, overwrite_head=overwrite_head, reporter=reporter)
-    if output_format == OutputFormat.json:
-        print_json(result.to_dict())
-        return
-    if not quiet:
+    if not quiet and output_format is OutputFormat.text:
         _print_summary(result)
-    typer.echo(str(result.out))
+    print_result(output_format, result.to_dict(), str(result.out))
 
 
 def _print_summary(result: EagleResult) -> None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr, stdout
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
+from neuronpack.cli._options import FormatOpt, QuietOpt, SetOpt
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
 
 
 def serve_command(
@@ -32,7 +35,7 @@ def serve_command(
         str | None, typer.Option("--model", help="model to compile into $NEURON_COMPILED_ARTIFACTS when it is invalid")
     ] = None,
     recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="recipe for that compile")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="recipe override for that compile")] = None,
+    set_: SetOpt = None,
     served_model_name: Annotated[
         str | None, typer.Option("--served-model-name", help="the name clients send as 'model'")
     ] = None,
@@ -52,14 +55,14 @@ def serve_command(
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (built-in runtime for torch artifacts, vLLM for Neuron)."""
     from neuronpack.artifacts.manifest import read_manifest
-    from neuronpack.artifacts.resolve import resolve_serving_artifact
+    from neuronpack.pipeline import resolve_serving_artifact
 
     reporter = RichReporter(quiet=quiet)
     path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter)
     manifest = read_manifest(path)
     if served_model_name:
-        manifest = {**manifest, "serve": {**(manifest.get("serve") or {}), "served_model_name": served_model_name}}
-    if manifest.get("framework") != "torch":
+        manifest = manifest.with_serve(served_model_name=served_model_name)
+    if manifest.framework != "torch":
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
                      output_format=output_format, requested_target=vllm_target)
         return
@@ -93,7 +96,7 @@ def generate_command(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate one completion from an artifact through the serving engine; the text goes to stdout."""
-    from neuronpack.artifacts.resolve import resolve_serving_artifact
+    from neuronpack.pipeline import resolve_serving_artifact
     from neuronpack.runtime.engine import GenerationRequest
     from neuronpack.runtime.loader import load_engine
     from neuronpack.runtime.sampling import SamplingParams
@@ -111,17 +114,16 @@ def generate_command(
     )
     result = loaded.engine.generate(request)
     timings = {"load_s": round(loaded.load_seconds, 4), **{k: round(v, 4) for k, v in result.timings.items()}}
+    print_result(output_format, {"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
+                                 "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                                 "model": loaded.served_model_name, "timings": timings}, result.text)
     if output_format is OutputFormat.json:
-        print_json({"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
-                    "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                    "model": loaded.served_model_name, "timings": timings})
         return
-    stdout.print(result.text, markup=False, highlight=False)
     reporter.info(f"[{result.completion_tokens} tokens, finish_reason={result.finish_reason}, "
                   f"{result.timings['tokens_per_s']:.1f} tokens/s, load {loaded.load_seconds:.1f} s]")
 
 
-def _serve_torch(path: Path, manifest: dict[str, Any], *, host: str, port: int, api_key: str | None,
+def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  threads: int | None, reporter: RichReporter, quiet: bool) -> None:
     from neuronpack.runtime.loader import load_engine
     from neuronpack.runtime.server import create_app, run_server
@@ -140,21 +142,20 @@ def _serve_torch(path: Path, manifest: dict[str, Any], *, host: str, port: int, 
     run_server(app, host=host, port=port, log_level="warning" if quiet else "info")
 
 
-def _launch_vllm(path: Path, manifest: dict[str, Any], *, host: str, port: int, api_key: str | None,
+def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  print_only: bool, output_format: OutputFormat, requested_target: str) -> None:
     from neuronpack.backends.support_matrix import installed_versions
     from neuronpack.backends.vllm_launch import format_command, launch_spec, run_vllm
     from neuronpack.backends.vllm_targets import check_serving_stack, choose_target, vllm_command
 
     installed = installed_versions()
-    choice = choose_target(requested_target, manifest.get("framework"), installed)
+    choice = choose_target(requested_target, manifest.framework, installed)
     cmd = vllm_command(path, manifest, target=choice.name, host=host, port=port, api_key=api_key)
     notes = [f"target {choice.name}: {choice.reason}", *cmd.notes]
     if print_only:
-        if output_format is OutputFormat.json:
-            print_json({"target": choice.name, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd, "notes": notes})
-        else:
-            stdout.print(format_command(cmd), markup=False, highlight=False, soft_wrap=True)
+        print_result(output_format, {"target": choice.name, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd,
+                                     "notes": notes}, format_command(cmd))
+        if output_format is OutputFormat.text:
             for note in notes:
                 stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
         return
@@ -167,11 +168,8 @@ def _launch_vllm(path: Path, manifest: dict[str, Any], *, host: str, port: int, 
 
 
 def _print_command(argv: list[str], env: dict[str, str], notes: list[str], output_format: OutputFormat) -> None:
-    if output_format is OutputFormat.json:
-        print_json({"target": "neuronpack", "argv": argv, "env": env, "cwd": None, "notes": notes})
-        return
-    line = " ".join(shlex.quote(a) for a in argv)
-    stdout.print(line, markup=False, highlight=False, soft_wrap=True)
+    print_result(output_format, {"target": "neuronpack", "argv": argv, "env": env, "cwd": None, "notes": notes},
+                 " ".join(shlex.quote(a) for a in argv))
 
 
 def _url_host(host: str) -> str:

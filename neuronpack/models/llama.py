@@ -9,6 +9,8 @@ which keeps AOTInductor decode as fast as eager. Three entry points:
 
 - ``forward_context``: one prompt padded to a context bucket T, written to cache slot ``slot`` at positions 0..T-1,
   logits of position ``last_index`` returned (padding beyond the prompt is harmless: decode masks by position).
+  With ``return_hidden`` it also returns the final-normed hidden states of all T positions, so a runtime can apply
+  the LM head to every prompt position when asked (prompt logprobs) without a second pass.
 - ``forward_decode``: one token per slot at ``positions``; attends to a static slice ``[:attend_len]`` of the cache.
 - ``forward_full``: no cache, logits at every position (reference checks).
 
@@ -159,9 +161,11 @@ class LlamaForCausalLM(nn.Module):
 
     # -- entry points -------------------------------------------------------------------------------------------
     def forward_context(
-        self, tokens: Tensor, last_index: Tensor, slot: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor]
-    ) -> Tensor:
-        """tokens [1, T] int64, last_index [1] int64, slot [1] int64 -> float32 logits [1, vocab]."""
+        self, tokens: Tensor, last_index: Tensor, slot: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor],
+        return_hidden: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """tokens [1, T] int64, last_index [1] int64, slot [1] int64 -> float32 logits [1, vocab]; with
+        ``return_hidden`` also the final-normed hidden states [1, T, hidden] (compute dtype) of every position."""
         t = tokens.shape[1]
         positions = torch.arange(t, device=tokens.device).unsqueeze(0)  # [1, T]
         causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
@@ -173,6 +177,10 @@ class LlamaForCausalLM(nn.Module):
             return k, v
 
         hidden = self._decode_layers(tokens, positions, mask, k_caches, v_caches, write)  # [1, T, H]
+        if return_hidden:  # norm every row (cheap), LM head on the last only: the caller heads the rest on demand
+            normed = self.model.norm(hidden)
+            last = normed.gather(1, last_index.view(1, 1, 1).expand(1, 1, normed.shape[-1]))
+            return self.lm_head(last).float()[:, 0], normed
         last = hidden.gather(1, last_index.view(1, 1, 1).expand(1, 1, hidden.shape[-1]))  # [1, 1, H]
         return self._logits(last)[:, 0]
 

@@ -5,36 +5,21 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
-from neuronpack.buckets import plan_buckets
 from neuronpack.checkpoint import open_checkpoint
 from neuronpack.errors import ArtifactError, BucketError, RecipeError
 from neuronpack.models import load_model
-from neuronpack.recipe import Recipe
-
-BUCKETS = {"context": [16, 64], "token_generation": [64, 128]}
-
-
-def tiny_request(model_dir: Path, staging: Path, *, compiler="export", batch_size=2, **recipe) -> BuildRequest:
-    data = {"compiler": compiler, "buckets": BUCKETS,
-            "target": {"batch_size": batch_size, "seq_len": 128, "max_context_length": 64}, **recipe}
-    parsed = Recipe.model_validate(data)
-    plan = plan_buckets(parsed.target.seq_len, parsed.max_context_length, context=parsed.buckets.context,
-                        token_generation=parsed.buckets.token_generation)
-    staging.mkdir(parents=True, exist_ok=True)
-    return BuildRequest(model_dir=model_dir, recipe=parsed, plan=plan, staging=staging)
+from tests.backends.torch_aot_requests import tiny_request
 
 
 @pytest.fixture(scope="module")
 def smollm_export(tmp_path_factory):
     """A bf16 export-only artifact of a tiny tied SmolLM (built once for this module)."""
-    from tiny_models import make_tiny_checkpoint
+    from tests.tiny_models import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("torch-export")
     model_dir = make_tiny_checkpoint(root / "smollm", arch="smollm")
@@ -89,6 +74,30 @@ def test_loaded_artifact_matches_the_model(smollm_export):
     torch.testing.assert_close(logits[0], full[19], atol=5e-2, rtol=2e-2)
     step = lm.decode(torch.tensor([0, 9]), torch.tensor([0, 20]))
     torch.testing.assert_close(step[1], full[20], atol=5e-2, rtol=2e-2)
+
+
+def test_prompt_logits_score_every_position(smollm_export, tmp_path):
+    model_dir, artifact, _ = smollm_export
+    lm = load_artifact(artifact)
+    reference = load_model(model_dir, torch.bfloat16)
+    prompt = list(range(3, 23))
+    full = reference.forward_full(torch.tensor([prompt + [9]]))[0]
+    every = lm.prompt_logits(prompt, slot=1)
+    assert every.dtype == torch.float32 and every.shape == (20, 384)
+    torch.testing.assert_close(every, full[:20], atol=5e-2, rtol=2e-2)
+    torch.testing.assert_close(every[-1], lm.prefill([0], [prompt])[0], atol=1e-2, rtol=1e-2)
+    step = lm.decode(torch.tensor([0, 9]), torch.tensor([0, 20]))  # the prompt's KV is in slot 1
+    torch.testing.assert_close(step[1], full[20], atol=5e-2, rtol=2e-2)
+    with pytest.raises(BucketError, match="largest context bucket 64"):
+        lm.prompt_logits([1] * 65)
+    old = tmp_path / "old"
+    shutil.copytree(artifact, old)
+    config = json.loads((old / "neuron_config.json").read_text())
+    config.pop("context_outputs")  # as written before context graphs returned hidden states
+    (old / "neuron_config.json").write_text(json.dumps(config))
+    with pytest.raises(ArtifactError, match="last-token logits only") as info:
+        load_artifact(old).prompt_logits(prompt)
+    assert "--force" in info.value.fix
 
 
 def test_load_errors_are_clear(smollm_export, tmp_path):

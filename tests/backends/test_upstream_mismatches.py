@@ -11,13 +11,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from neuron_standin import fixtures as standin
 
-from neuronpack.artifacts.verify import verify_artifact
 from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.nxd import NxdBackend, nxd_module_names
 from neuronpack.errors import ArtifactError, RecipeError, UnsupportedModelError
+from neuronpack.pipeline import verify_artifact
 from neuronpack.recipe import load_recipe
+from tests.backends.neuron_standin import fixtures as standin
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures

@@ -8,14 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from neuron_standin import fixtures as standin
-from neuron_standin.vllm_cli import ParseError, parse
 
-from neuronpack.artifacts.verify import verify_artifact
 from neuronpack.backends.vllm_launch import VllmCommand, format_command, neuron_override, run_vllm
 from neuronpack.backends.vllm_targets import TARGETS, check_serving_stack, choose_target, vllm_command
 from neuronpack.errors import ArtifactError, ServeError
-from neuronpack.pipeline import compile_model
+from neuronpack.pipeline import compile_model, verify_artifact
+from tests.backends.neuron_standin import fixtures as standin
+from tests.backends.neuron_standin.vllm_cli import ParseError, parse
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures

@@ -57,8 +57,6 @@ def test_quiet_prints_only_the_path(run, tiny_llama, tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--dtype", "int4"], "error: unknown quantization dtype 'int4' (--dtype). choose one of int8, fp8"),
-        (["--dtype", "int8", "--granularity", "group"], "error: unknown granularity 'group'"),
         (["--dtype", "int8", "--skip", "*"], "error: every Linear weight is excluded by --skip"),
     ],
 )
@@ -66,6 +64,21 @@ def test_bad_options_are_one_line_errors(run, tiny_llama, tmp_path, extra, messa
     result = run(tiny_llama, "--out", tmp_path / "q", *extra)
     assert result.exit_code == 1
     assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "q").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--dtype", "int4"], "'int4' is not one of 'int8', 'fp8'"),
+        (["--dtype", "int8", "--granularity", "group"], "'group' is not one of 'per-channel', 'per-tensor'"),
+    ],
+)
+def test_bad_choices_are_usage_errors(run, tiny_llama, tmp_path, extra, message):
+    """A value outside the choices is a usage error (exit 2), like a bad enum in every other command."""
+    result = run(tiny_llama, "--out", tmp_path / "q", *extra)
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.replace("│", " ").split())
     assert not (tmp_path / "q").exists() and list(tmp_path.iterdir()) == []
 
 

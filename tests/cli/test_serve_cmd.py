@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from backends.neuron_standin import fixtures as standin
-from runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, build_artifact, hf_greedy
 from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
+from tests.backends.neuron_standin import fixtures as standin
+from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, build_artifact, hf_greedy
 
 runner = CliRunner(env={"COLUMNS": "120"})
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures: the stand-in Neuron SDK (it cannot run here)

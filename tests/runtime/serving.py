@@ -48,6 +48,14 @@ def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> li
     return out[0, len(prompt_ids):].tolist()
 
 
+def hf_logits(model_dir: Path, token_ids: list[int]):
+    """transformers' float32 logits at every position of ``token_ids``: [len, vocab]."""
+    import torch
+
+    with torch.no_grad():
+        return _hf_model(str(model_dir))(torch.tensor([token_ids])).logits[0].float()
+
+
 class LiveServer:
     """uvicorn serving ``app`` on a thread, bound to a free 127.0.0.1 port (race-free: we hand it the socket)."""
 

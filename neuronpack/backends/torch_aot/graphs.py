@@ -3,7 +3,8 @@
 Every graph reads the same weights (constants named like the checkpoint tensors, under ``WEIGHT_PREFIX``) and
 the same per-layer KV cache tensors ``[B, kv_heads, max_seq, head_dim]``, passed as inputs and written in place.
 
-- ``context:<T>``: tokens [1, T], last_index [1], slot [1], k_caches, v_caches -> logits [1, vocab] float32
+- ``context:<T>``: tokens [1, T], last_index [1], slot [1], k_caches, v_caches -> (logits [1, vocab] float32,
+  final-normed hidden states [1, T, hidden]): the runtime heads the hidden states only for prompt logits
 - ``token_generation:<L>``: tokens [B], positions [B], k_caches, v_caches -> logits [B, vocab] float32
 
 Example::
@@ -36,7 +37,7 @@ class ContextGraph(nn.Module):
 
     def forward(self, tokens: Tensor, last_index: Tensor, slot: Tensor, k_caches: list[Tensor],
                 v_caches: list[Tensor]) -> Tensor:
-        return self.lm.forward_context(tokens, last_index, slot, k_caches, v_caches)
+        return self.lm.forward_context(tokens, last_index, slot, k_caches, v_caches, return_hidden=True)
 
 
 class DecodeGraph(nn.Module):

@@ -20,6 +20,9 @@ GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 NEURON_CONFIG = "neuron_config.json"
 CONTEXT, TOKEN_GEN = "context", "token_generation"
+# What a context graph returns (neuron_config.json "context_outputs"); artifacts built before prompt logits existed
+# lack the key and return logits only.
+CONTEXT_OUTPUTS = ("logits", "hidden")
 # The graph wrappers hold the model as ``lm``: checkpoint tensor ``x`` is the graph constant ``lm.x``.
 WEIGHT_PREFIX = "lm."
 

@@ -9,6 +9,7 @@ Example::
     lm = load_artifact(Path("neuron-compiled-artifacts/3f2a..."))
     logits = lm.prefill([0], [[1, 42, 7]])                                   # [1, vocab]
     logits = lm.decode(torch.tensor([logits.argmax()]), torch.tensor([3]))   # next step, [batch_size, vocab]
+    every = lm.prompt_logits([1, 42, 7], slot=0)   # [3, vocab]: row i predicts token i+1 (teacher-forced)
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def check_loadable(artifact_dir: Path, built_target: dict[str, Any]) -> None:
                             fix="rebuild with neuronpack compile on this machine, or use compiler=export")
 
 
-def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Reporter = NullReporter()):
+def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Reporter | None = None):
     """Load a torch-backend artifact directory into a ready ``CompiledLM`` (KV cache allocated, zeroed).
 
     Example::
@@ -70,6 +71,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
         lm = load_artifact(Path("artifacts/abc123"))
         lm.batch_size, lm.context_buckets        # (4, (128, 256))
     """
+    reporter = reporter or NullReporter()
     import torch
 
     from neuronpack.checkpoint import open_checkpoint
@@ -88,13 +90,14 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     weights = {L.WEIGHT_PREFIX + name: t for name, t in model_tensors(model).items()}
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
         runners = _load_runners(artifact_dir / GRAPHS_FILE, config, weights, task)
-    return CompiledLM(config, runners, weights, _eos_token_ids(artifact_dir))
+    return CompiledLM(config, runners, weights, _eos_token_ids(artifact_dir), lm_head=model.lm_head)
 
 
 class CompiledLM:
     """Compiled buckets plus the KV cache they share. Slots are rows of the cache (``0..batch_size-1``)."""
 
-    def __init__(self, config: dict[str, Any], runners: dict[str, Callable], weights: dict, eos: tuple[int, ...]):
+    def __init__(self, config: dict[str, Any], runners: dict[str, Callable], weights: dict, eos: tuple[int, ...],
+                 lm_head: Callable | None = None):
         import torch
 
         self.config = config
@@ -108,6 +111,10 @@ class CompiledLM:
         self.dtype = getattr(torch, config["torch_dtype"])
         self._runners = runners
         self._weights = weights  # kept alive: AOTInductor holds raw pointers to these (user_managed)
+        # Context graphs of artifacts with "context_outputs" also return the normed hidden states of every position;
+        # the LM head (the model's own module, sharing the weights above) turns them into logits only when asked.
+        self._context_hidden = "hidden" in config.get("context_outputs", ())
+        self._lm_head = lm_head
         shape = (self.batch_size, config["num_kv_heads"], self.max_seq_len, config["head_dim"])
         self.k_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
         self.v_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
@@ -123,11 +130,34 @@ class CompiledLM:
         rows = []
         with torch.inference_mode():
             for slot, prompt in zip(slots, prompts, strict=True):
-                tokens = torch.zeros(1, bucket, dtype=torch.long)  # right padding; padded KV is masked by position
-                tokens[0, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
-                last = torch.tensor([len(prompt) - 1])
-                rows.append(run(tokens, last, torch.tensor([slot]), self.k_caches, self.v_caches))
+                out = self._run_context(run, bucket, slot, prompt)
+                rows.append(out[0] if self._context_hidden else out)
         return torch.cat(rows, dim=0)
+
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> torch.Tensor:
+        """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last
+        row is what ``prefill`` returns). One context-graph pass: like ``prefill`` it writes the prompt's KV into
+        ``slot``, so decoding can continue from position len(token_ids). ArtifactError for artifacts built before
+        context graphs returned hidden states."""
+        import torch
+
+        if not self._context_hidden or self._lm_head is None:
+            raise ArtifactError("this artifact's context graphs return last-token logits only (built by an older "
+                                "neuronpack)", where="neuron_config.json context_outputs",
+                                fix="recompile it with neuronpack compile --force")
+        self._check_prefill([slot], [token_ids])
+        bucket = route(self.context_buckets, len(token_ids))
+        with torch.inference_mode():
+            _, hidden = self._run_context(self._runners[L.graph_name(L.CONTEXT, bucket)], bucket, slot, token_ids)
+            return self._lm_head(hidden[0, : len(token_ids)]).float()
+
+    def _run_context(self, run: Callable, bucket: int, slot: int, prompt: Sequence[int]):
+        import torch
+
+        tokens = torch.zeros(1, bucket, dtype=torch.long)  # right padding; padded KV is masked by position
+        tokens[0, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
+        last = torch.tensor([len(prompt) - 1])
+        return run(tokens, last, torch.tensor([slot]), self.k_caches, self.v_caches)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One step for all slots: tokens [B] int64 at positions [B] int64; returns float32 logits [B, vocab].
@@ -141,10 +171,14 @@ class CompiledLM:
             return self._runners[L.graph_name(L.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
                                                                      self.v_caches)
 
-    def reset(self) -> None:
-        """Zero the whole KV cache."""
-        for cache in (*self.k_caches, *self.v_caches):
-            cache.zero_()
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst`` (parallel sampling shares
+        one prefilled prompt)."""
+        import torch
+
+        with torch.inference_mode():
+            for cache in (*self.k_caches, *self.v_caches):
+                cache[dst, :, :length].copy_(cache[src, :, :length])
 
     def _check_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         if len(slots) != len(prompts) or not slots:
@@ -208,7 +242,8 @@ def _load_runners(package: Path, config: dict, weights: dict, task) -> dict[str,
 def _boxed(loader) -> Callable:
     # Skip AOTICompiledModel.__call__'s per-call pytree flattening: inputs are already flat tensors.
     def run(*inputs):  # (..., k_caches, v_caches) -> flat [..., k0, k1, ..., v0, v1, ...]
-        return loader.boxed_run([*inputs[:-2], *inputs[-2], *inputs[-1]])[0]
+        out = loader.boxed_run([*inputs[:-2], *inputs[-2], *inputs[-1]])
+        return out[0] if len(out) == 1 else tuple(out)
 
     return run
 

@@ -13,8 +13,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from neuronpack.artifacts.verify import verify_artifact
 from neuronpack.errors import ArtifactError, ServeError
+from neuronpack.pipeline.compile import compile_model
+from neuronpack.pipeline.verify import verify_artifact
 from neuronpack.progress import NullReporter, Reporter
 
 ENV = "NEURON_COMPILED_ARTIFACTS"
@@ -54,7 +55,5 @@ def resolve_serving_artifact(
             fix="pass --model and --recipe so neuronpack can compile it there, or point the variable at an artifact",
         )
     reporter.warn(f"failed to load the artifact from {path} ({problem}); compiling into it")
-    from neuronpack.pipeline import compile_model
-
     result = compile_model(model, recipe=recipe, overrides=overrides, dest=path, force=True, reporter=reporter)
     return result.path
