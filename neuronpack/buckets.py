@@ -121,6 +121,8 @@ def route(buckets: Sequence[int], length: int, speculation_length: int = 0) -> i
 
 def route_tnx(buckets: Sequence[int], length: int) -> int:
     """transformers-neuronx routing: the smallest bucket >= length."""
+    if not buckets:
+        raise BucketError("no buckets to route to", fix="compile with at least one bucket")
     for bucket in sorted(buckets):
         if bucket >= length:
             return bucket

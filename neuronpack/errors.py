@@ -51,6 +51,10 @@ class ArtifactError(NeuronpackError):
     """A compiled artifact directory is missing, incomplete, corrupted or built by another toolchain."""
 
 
+class RemoteError(NeuronpackError):
+    """A remote artifact store (s3://, file://) is unreachable, refuses access, or lacks what was asked for."""
+
+
 class BuildError(NeuronpackError):
     """A backend failed while compiling."""
 
@@ -89,3 +93,7 @@ class InvalidRequestError(ServeError):
     def __init__(self, what: str, *, param: str | None = None, where: str | None = None, fix: str | None = None):
         self.param = param
         super().__init__(what, where=where, fix=fix)
+
+
+class ServerBusyError(ServeError):
+    """The server cannot take a request now: its waiting queue is full or it is shutting down (HTTP 503)."""

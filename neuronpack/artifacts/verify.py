@@ -13,6 +13,7 @@ from typing import Protocol
 
 from neuronpack.artifacts.key import compute_key, toolchain_versions
 from neuronpack.artifacts.manifest import MANIFEST_NAME, REBUILD, Manifest, read_manifest
+from neuronpack.artifacts.paths import check_no_symlinks, member_path
 from neuronpack.digest import sha256_stream
 from neuronpack.errors import ArtifactError
 
@@ -34,20 +35,25 @@ def quick_check(artifact_dir: Path, key: str | None = None) -> Manifest | None:
     if key is not None and manifest.key != key:
         return None
     for entry in manifest.files:
-        path = Path(artifact_dir) / entry.path
+        try:
+            path = member_path(artifact_dir, entry.path)
+        except ArtifactError:
+            return None
         if not path.is_file() or path.stat().st_size != entry.size:
             return None
     return manifest
 
 
 def check_files(artifact_dir: Path, manifest: Manifest, *, check_hashes: bool = True) -> None:
-    """Every listed file present with its size and sha256; no unlisted files. Raises on the first problem."""
+    """Every listed file inside the artifact (paths.member_path), present with its size and sha256; no symlinks and
+    no unlisted files. Raises on the first problem."""
     root = Path(artifact_dir)
+    check_no_symlinks(root)
     listed = set()
     for entry in manifest.files:
         rel = entry.path
         listed.add(rel)
-        path = root / rel
+        path = member_path(root, rel)
         if not path.is_file():
             raise ArtifactError(f"file {rel} is missing", where=str(root), fix=REBUILD)
         size = path.stat().st_size

@@ -127,8 +127,9 @@ def _load_gguf(gguf_file: Path, dtype_name: str, reporter: Reporter):
                 folder, gguf_file=name, dtype=getattr(torch, dtype_name), low_cpu_mem_usage=True
             )
             task.advance()
-        except (ValueError, KeyError, NotImplementedError, OSError, RuntimeError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        except Exception as exc:  # noqa: BLE001 - transformers fails in many ways on a corrupt or inconsistent GGUF
+            # (e.g. IndexError for a bos_token_id outside the token list): every one is "cannot load this file".
+            first = f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:200]
             raise CheckpointError(
                 f"transformers cannot load this GGUF ({first})", where=str(gguf_file),
                 fix="check the architecture is one transformers supports for GGUF (llama, mistral, qwen2, ...)",

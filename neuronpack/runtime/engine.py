@@ -9,6 +9,16 @@ more than one prefill.
 Limits are checked when a request is submitted (HTTP 400 before anything streams): the prompt must fit the largest
 context bucket and leave room for one token below ``max_model_len``; ``max_tokens`` is clamped to what fits
 (``max_model_len - prompt``), like vLLM does when max_tokens is omitted, and the sequence ends with "length" there.
+``max_tokens`` 0 scores the prompt only (prompt logprobs, nothing generated).
+
+Parallel sampling: ``submit_forks`` queues several requests for one prompt (n > 1); the prompt is prefilled once and
+its KV copied into the other members' slots (``CompiledModel.copy_slot``), then each samples with its own generator.
+Prompt logprobs (echo) need logits at every prompt position: ``CompiledModel.prompt_logits`` prefills the prompt
+and returns them in one context pass.
+``EngineLimits`` bounds the load: at most ``batch_size + max_waiting`` requests are in the engine at once (the next
+one gets ServerBusyError, HTTP 503), and a request older than ``request_timeout`` ends with finish_reason "timeout",
+its slot freed before the next model call. ``drain()`` refuses new requests and ``abort_all()`` ends every one in
+flight (graceful shutdown).
 
 Example::
 
@@ -27,9 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from neuronpack.errors import InvalidRequestError, ServeError
+from neuronpack.errors import InvalidRequestError, ServeError, ServerBusyError
+from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.metrics import EngineMetrics
-from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample_rows
+from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample
 from neuronpack.runtime.scheduler import SlotScheduler
 from neuronpack.runtime.stopping import FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
 
@@ -37,6 +48,18 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Load limits. ``max_waiting``: requests that may wait for a slot beyond the batch (None: unbounded);
+    ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never)."""
+
+    max_waiting: int | None = None
+    request_timeout: float | None = None
+
 
 class CompiledModel(Protocol):
     """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
@@ -52,6 +75,10 @@ class CompiledModel(Protocol):
 
     def decode(self, tokens: Tensor, positions: Tensor) -> Tensor: ...
 
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
+        ...
+
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> Tensor:
         """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
         ...
@@ -59,7 +86,8 @@ class CompiledModel(Protocol):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One completion to generate. ``max_tokens`` None means "up to the model length"."""
+    """One completion to generate. ``max_tokens`` None means "up to the model length", 0 "score the prompt only".
+    ``prompt_logprobs``: top-N for the prompt tokens' logprobs (the first output carries them), None for none."""
 
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams = SamplingParams()
@@ -67,6 +95,8 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = None
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex}")
 
 
@@ -93,6 +123,9 @@ class StepOutput:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None  # set when the model failed; finish_reason is then ERROR
+    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked for them
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
+    stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
 
 
 @dataclass(eq=False)
@@ -109,6 +142,8 @@ class RequestState:
     slot: int | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
+    forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
 
     @property
     def last_token(self) -> int:
@@ -134,6 +169,7 @@ class Engine:
         lookahead: int = 0,
         max_prefills_per_step: int = 1,
         metrics: EngineMetrics | None = None,
+        limits: EngineLimits | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -152,6 +188,10 @@ class Engine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.limits = limits or EngineLimits()
+        self._admission = threading.Lock()
+        self._in_flight = 0  # submitted and not finished yet (waiting, in the inbox or holding a slot)
+        self._draining = False
 
     # ---- requests (any thread) -------------------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> int:
@@ -183,15 +223,41 @@ class Engine:
                 f"token id {bad[0]} is outside the vocabulary (0..{self.model.vocab_size - 1})", param="prompt"
             )
         _check_sampling(request.sampling)
+        for name, value in (("logprobs", request.sampling.logprobs), ("prompt_logprobs", request.prompt_logprobs)):
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", param=name)
         room = self.max_model_len - n
         if request.max_tokens is None:
             return room
-        if request.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be at least 1, got {request.max_tokens}", param="max_tokens")
+        if request.max_tokens < 0:
+            raise InvalidRequestError(f"max_tokens must be at least 0, got {request.max_tokens}", param="max_tokens")
         return min(request.max_tokens, room)
 
     def submit(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> str:
-        """Queue a request; ``sink`` gets each StepOutput on the engine thread. Returns the request id."""
+        """Queue a request; ``sink`` gets each StepOutput on the engine thread. Returns the request id.
+
+        ServerBusyError when the engine is full (``batch_size + max_waiting`` in flight) or draining."""
+        return self.submit_forks([request], [sink])[0]
+
+    def submit_forks(self, requests: Sequence[GenerationRequest], sinks: Sequence[Callable[[StepOutput], None]]
+                     ) -> list[str]:
+        """Queue requests that share one prompt (parallel sampling, n > 1): the prompt is prefilled once and its KV
+        copied to the others' slots. At most ``batch_size`` of them (they run side by side). Returns their ids."""
+        if not requests or len(requests) != len(sinks):
+            raise ValueError(f"{len(requests)} requests but {len(sinks)} sinks")
+        if len(requests) > self.model.batch_size:
+            raise InvalidRequestError(f"{len(requests)} parallel samples of one prompt do not fit the batch of "
+                                      f"{self.model.batch_size} this artifact was compiled for", param="n")
+        if len({r.prompt_ids for r in requests}) != 1 or len({r.prompt_logprobs for r in requests}) != 1:
+            raise ValueError("forked requests must share their prompt and prompt_logprobs")
+        seqs = [self._sequence(r, sink) for r, sink in zip(requests, sinks, strict=True)]
+        seqs[0].forks = seqs[1:]
+        self._admit(len(seqs))
+        self._inbox.put(("add", seqs[0]))
+        self._wake.set()
+        return [r.request_id for r in requests]
+
+    def _sequence(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> RequestState:
         max_tokens = self.check(request)
         rules = StopRules(
             eos_token_ids=self.eos_token_ids,
@@ -200,20 +266,53 @@ class Engine:
             stop=tuple(s for s in request.stop if s),
             stop_token_ids=frozenset(request.stop_token_ids),
             ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
             lookahead=self.lookahead,
         )
         prompt = list(request.prompt_ids)
         output = SequenceOutput(rules, prompt, IncrementalDetokenizer(self.tokenizer, prompt))
         sampler = RowSampler(request.sampling.resolve(self.global_topk))
-        seq = RequestState(request.request_id, prompt, sampler, output, sink)
-        self._inbox.put(("add", seq))
-        self._wake.set()
-        return request.request_id
+        return RequestState(request.request_id, prompt, sampler, output, sink,
+                              prompt_logprobs=request.prompt_logprobs)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its slot is freed before the next model call."""
         self._inbox.put(("abort", request_id))
         self._wake.set()
+
+    def drain(self) -> None:
+        """Refuse new requests from now on (ServerBusyError); those in flight go on."""
+        with self._admission:
+            self._draining = True
+
+    def abort_all(self) -> None:
+        """End every request in flight with "abort" (graceful shutdown once its grace period is over)."""
+        self._inbox.put(("abort_all", None))
+        self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished yet."""
+        return self._in_flight
+
+    def _admit(self, n: int) -> None:
+        with self._admission:
+            if self._draining:
+                self.metrics.rejected.labels(reason="shutting_down").inc()
+                raise ServerBusyError("the server is shutting down and takes no new requests",
+                                      fix="retry against another replica")
+            max_waiting = self.limits.max_waiting
+            if max_waiting is not None and self._in_flight + n > self.scheduler.batch_size + max_waiting:
+                self.metrics.rejected.labels(reason="queue_full").inc()
+                raise ServerBusyError(
+                    f"the server is at capacity ({self.scheduler.batch_size} running, {max_waiting} waiting)",
+                    fix="retry later",
+                )
+            self._in_flight += n
+
+    def _retire(self) -> None:
+        with self._admission:
+            self._in_flight -= 1
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Run one request to completion (on this thread unless the background loop is running)."""
@@ -253,12 +352,13 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        for seq in [*self.scheduler.waiting, *self.scheduler.running]:
+        for seq in self.scheduler.all_sequences():
             self._finish_without_token(seq, FinishReason.ABORT)
 
     def step(self) -> bool:
         """One iteration: inbox, prefills, one decode step. Returns False when there was nothing to do."""
         self._drain_inbox()
+        self._expire()
         sched = self.scheduler
         if sched.idle:
             self._update_load()
@@ -278,7 +378,7 @@ class Engine:
             try:
                 busy = self.step()
             except Exception as exc:  # a bug or a model failure outside a request: fail everyone, keep serving
-                for seq in [*self.scheduler.waiting, *self.scheduler.running]:
+                for seq in self.scheduler.all_sequences():
                     self._finish_without_token(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
                 busy = False
             if not busy:
@@ -297,22 +397,52 @@ class Engine:
                 seq = self.scheduler.remove(payload)
                 if seq is not None:
                     self._finish_without_token(seq, FinishReason.ABORT)
+            elif kind == "abort_all":
+                for seq in self.scheduler.all_sequences():
+                    self._finish_without_token(seq, FinishReason.ABORT)
+
+    def _expire(self) -> None:
+        timeout = self.limits.request_timeout
+        if timeout is None:
+            return
+        now = time.monotonic()
+        for seq in self.scheduler.all_sequences():
+            if now - seq.arrival > timeout:
+                self._finish_without_token(seq, FinishReason.TIMEOUT,
+                                           error=f"the request took longer than the server's {timeout:g} s limit")
 
     def _prefill(self, seqs: list[RequestState]) -> None:
         # One call per prompt: each routes to its own context bucket, so a request's logits never depend on what
         # it was admitted with (the compiled model runs prompts one by one anyway).
         for seq in seqs:
+            members = [seq, *seq.forks]
+            seq.forks = []  # admitted: from now on the members are independent sequences
             started = time.monotonic()
             try:
-                logits = self.model.prefill([seq.slot], [seq.prompt_ids])  # [1, vocab]
-                token = int(sample_rows(logits, [seq.sampler])[0])
+                prompt_lp = None
+                if seq.prompt_logprobs is not None:
+                    all_logits = self.model.prompt_logits(seq.prompt_ids, seq.slot)  # [T, vocab], KV written
+                    prompt_lp = prompt_logprobs(all_logits, seq.prompt_ids, seq.prompt_logprobs)
+                    logits = all_logits[-1:]
+                else:
+                    logits = self.model.prefill([seq.slot], [seq.prompt_ids])  # [1, vocab]
+                scoring_only = seq.output.rules.max_tokens == 0
+                if not scoring_only:
+                    for fork in members[1:]:
+                        self.model.copy_slot(seq.slot, fork.slot, len(seq.prompt_ids))
+                    tokens, entries = sample(logits.expand(len(members), -1), [m.sampler for m in members])
             except Exception as exc:
-                error = f"prefill failed: {type(exc).__name__}: {exc}"
-                self._finish_without_token(seq, FinishReason.ERROR, error=error)
+                for member in members:
+                    self._finish_without_token(member, FinishReason.ERROR,
+                                               error=f"prefill failed: {type(exc).__name__}: {exc}")
                 continue
             self.metrics.prefill_seconds.observe(time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
-            self._emit(seq, token)
+            for i, member in enumerate(members):
+                if scoring_only:
+                    self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
+                else:
+                    self._emit(member, int(tokens[i]), entries[i], prompt_lp)
 
     def _decode(self) -> None:
         import torch
@@ -323,17 +453,18 @@ class Engine:
         try:
             logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions))  # [batch, vocab]
             rows = logits[[s.slot for s in running]]  # [n_running, vocab]
-            next_tokens = sample_rows(rows, [s.sampler for s in running]).tolist()
+            next_tokens, entries = sample(rows, [s.sampler for s in running])
         except Exception as exc:
             for seq in running:
                 self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
             return
         self.metrics.decode_seconds.observe(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
-        for seq, token in zip(running, next_tokens, strict=True):
-            self._emit(seq, token)
+        for seq, token, entry in zip(running, next_tokens.tolist(), entries, strict=True):
+            self._emit(seq, token, entry)
 
-    def _emit(self, seq: RequestState, token: int) -> None:
+    def _emit(self, seq: RequestState, token: int, logprobs: TokenLogprobs | None = None,
+              prompt_lp: list[TokenLogprobs | None] | None = None) -> None:
         now = time.monotonic()
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -344,25 +475,30 @@ class Engine:
         delta = seq.output.append(token)
         self.metrics.generation_tokens.inc()
         out = StepOutput(seq.request_id, [token], delta.text, delta.finish_reason, len(seq.prompt_ids),
-                         len(seq.output.token_ids))
+                         len(seq.output.token_ids), logprobs=[logprobs] if logprobs is not None else None,
+                         prompt_logprobs=prompt_lp, stop_reason=seq.output.stop_reason)
         if delta.finish_reason is not None:
             self.scheduler.release(seq)
             self.metrics.observe_finish(delta.finish_reason, now - seq.arrival)
+            self._retire()
         self._deliver(seq, out)
 
-    def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None) -> None:
+    def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
+                              prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.scheduler.discard(seq)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
-        out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error)
+        self._retire()
+        out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
+                         prompt_logprobs=prompt_logprobs)
         self._deliver(seq, out)
 
     def _deliver(self, seq: RequestState, out: StepOutput) -> None:
         try:
             seq.sink(out)
         except Exception:  # the consumer is gone (closed event loop): stop generating for it
-            if out.finish_reason is None:
-                self.scheduler.remove(seq.request_id)
+            if out.finish_reason is None and self.scheduler.remove(seq.request_id) is not None:
                 self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival)
+                self._retire()
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
@@ -373,6 +509,9 @@ def _check_sampling(params: SamplingParams) -> None:
         raise InvalidRequestError(f"temperature must be >= 0, got {params.temperature}", param="temperature")
     if not 0.0 < params.top_p <= 1.0:
         raise InvalidRequestError(f"top_p must be in (0, 1], got {params.top_p}", param="top_p")
+    if params.seed is not None and not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
+        raise InvalidRequestError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {params.seed}",
+                                  param="seed")
 
 
 def _result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:

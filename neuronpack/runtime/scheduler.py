@@ -4,6 +4,10 @@ Pure bookkeeping (no model calls, no threads), so the policy is testable on its 
 (the lowest one) when it is prefilled, keeps it while it decodes, and gives it back the moment it finishes or is
 aborted. Decode always runs the whole compiled batch; idle slots get token 0 at position 0 and their rows are ignored.
 
+Parallel sampling (``n`` > 1) shares one prefill: the first sequence of a fork group waits in the queue carrying the
+others (``forks``), and the group is admitted only when every member gets a slot at once, so the prompt's KV can be
+copied from the leader's slot into the others' right after the leader is prefilled.
+
 Example::
 
     sched = SlotScheduler(batch_size=4)
@@ -24,6 +28,7 @@ class Schedulable(Protocol):
 
     request_id: str
     slot: int | None
+    forks: list  # same-prompt sequences admitted (and prefilled) together with this one; empty once admitted
 
     @property
     def last_token(self) -> int: ...
@@ -61,13 +66,19 @@ class SlotScheduler(Generic[S]):
     def add(self, seq: S) -> None:
         self.waiting.append(seq)
 
+    def all_sequences(self) -> list[S]:
+        """Every unfinished sequence: waiting ones (fork group members included), then running ones."""
+        return [m for seq in self.waiting for m in (seq, *seq.forks)] + self.running
+
     def admit(self, limit: int) -> list[S]:
-        """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled)."""
+        """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled).
+        A fork group counts as one and takes all its slots at once (it waits until that many are free)."""
         admitted: list[S] = []
-        while self.waiting and len(admitted) < limit and None in self.slots:
+        while self.waiting and len(admitted) < limit and self.free_slots >= 1 + len(self.waiting[0].forks):
             seq = self.waiting.popleft()
-            seq.slot = self.slots.index(None)
-            self.slots[seq.slot] = seq
+            for member in (seq, *seq.forks):
+                member.slot = self.slots.index(None)
+                self.slots[member.slot] = member
             admitted.append(seq)
         return admitted
 
@@ -79,20 +90,32 @@ class SlotScheduler(Generic[S]):
 
     def discard(self, seq: S) -> None:
         """Drop a sequence wherever it is (waiting or holding a slot); nothing happens when it is in neither."""
-        if seq in self.waiting:
-            self.waiting.remove(seq)
+        self._unqueue(lambda s: s is seq)
         self.release(seq)
 
     def remove(self, request_id: str) -> S | None:
         """Drop a request wherever it is (waiting or running); returns it, or None when it already finished."""
-        for seq in self.waiting:
-            if seq.request_id == request_id:
-                self.waiting.remove(seq)
-                return seq
+        if (seq := self._unqueue(lambda s: s.request_id == request_id)) is not None:
+            return seq
         for seq in self.running:
             if seq.request_id == request_id:
                 self.release(seq)
                 return seq
+        return None
+
+    def _unqueue(self, match) -> S | None:
+        # A waiting leader hands its fork group to the next member; a waiting fork leaves its group.
+        for index, seq in enumerate(self.waiting):
+            if match(seq):
+                del self.waiting[index]
+                if seq.forks:
+                    leader, leader.forks, seq.forks = seq.forks[0], seq.forks[1:], []
+                    self.waiting.insert(index, leader)
+                return seq
+            for fork in seq.forks:
+                if match(fork):
+                    seq.forks.remove(fork)
+                    return fork
         return None
 
     def decode_inputs(self) -> tuple[list[int], list[int]]:

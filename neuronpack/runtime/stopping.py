@@ -6,6 +6,9 @@ With speculation, a sequence at length L with ``L + lookahead > max_model_len`` 
 (vLLM on Neuron), because the next step would write ``lookahead`` slots past the cache.
 
 Streaming holds back the last ``len(longest stop) - 1`` characters: they might be the start of a stop string.
+With ``include_stop_str_in_output`` (vLLM's extension) the stop string, or the stop token's text, stays in the
+output and nothing is held back. ``stop_reason`` tells what stopped it: the stop string, the stop token id, or None
+(EOS, length), as vLLM reports it.
 
 Example::
 
@@ -29,6 +32,7 @@ class FinishReason(str, Enum):
     LENGTH = "length"  # max_tokens or the model length
     ABORT = "abort"  # the client went away or the server shut down
     ERROR = "error"  # the model failed
+    TIMEOUT = "timeout"  # the server's per-request deadline (--request-timeout) passed
 
     def __str__(self) -> str:  # the wire value in f-strings and labels, on every Python version
         return self.value
@@ -84,6 +88,7 @@ class StopRules:
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     lookahead: int = 0  # speculation: num_lookahead_slots (0 without speculation)
 
 
@@ -103,6 +108,7 @@ class SequenceOutput:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     _emitted: int = 0  # characters of ``text`` already handed out
 
     def append(self, token_id: int) -> Delta:
@@ -115,6 +121,8 @@ class SequenceOutput:
         self.token_ids.append(int(token_id))
         reason = self._check_token(int(token_id))
         hit_stop_string = False
+        if reason is not None and self.rules.include_stop_str_in_output:
+            self.text += self.detokenizer.push(int(token_id))  # the stop token's text stays (EOS decodes to "")
         if reason is None:
             self.text += self.detokenizer.push(int(token_id))
             reason = self._check_stop_strings()
@@ -134,6 +142,7 @@ class SequenceOutput:
 
     def _check_token(self, token_id: int) -> FinishReason | None:
         if token_id in self.rules.stop_token_ids:
+            self.stop_reason = token_id
             return FinishReason.STOP
         if token_id in self.rules.eos_token_ids and not self.rules.ignore_eos:
             return FinishReason.STOP
@@ -145,10 +154,12 @@ class SequenceOutput:
         longest = max(len(s) for s in self.rules.stop)
         # Only the unstreamed tail plus a stop-string's width can hold a new match.
         start = max(0, self._emitted - longest)
-        hits = [i for s in self.rules.stop if (i := self.text.find(s, start)) >= 0]
+        hits = [(i, s) for s in self.rules.stop if (i := self.text.find(s, start)) >= 0]
         if not hits:
             return None
-        self.text = self.text[: min(hits)]
+        index, stop = min(hits)
+        self.stop_reason = stop
+        self.text = self.text[: index + len(stop) if self.rules.include_stop_str_in_output else index]
         return FinishReason.STOP
 
     def _check_length(self) -> FinishReason | None:
@@ -161,7 +172,7 @@ class SequenceOutput:
 
     def _take_streamable(self) -> str:
         end = len(self.text)
-        if self.finish_reason is None and self.rules.stop:
+        if self.finish_reason is None and self.rules.stop and not self.rules.include_stop_str_in_output:
             end -= max(len(s) for s in self.rules.stop) - 1
         if end <= self._emitted:
             return ""

@@ -41,6 +41,7 @@ class ArtifactTokenizer:
         eos = self.special_tokens.get("eos_token")
         eos_id = tokenizer.token_to_id(eos) if eos else None
         self.eos_token_id: int | None = eos_id
+        self._token_texts: dict[int, str] = {}
 
     @classmethod
     def from_dir(cls, path: Path) -> ArtifactTokenizer:
@@ -77,6 +78,16 @@ class ArtifactTokenizer:
         """Text of ``ids`` without special tokens (same as transformers' ``decode(ids, skip_special_tokens=True)``)."""
         text = self._tok.decode(list(ids), skip_special_tokens=True)
         return _clean_up_tokenization(text) if self.clean_up_spaces else text
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (how logprobs name tokens, like vLLM).
+
+        Example: ``tok.token_text(tok.encode(" Paris")[0]) == " Paris"``.
+        """
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
+        return text
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         """The prompt text for a conversation. InvalidRequestError (HTTP 400) when the model has no template or the

@@ -9,6 +9,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from neuronpack.runtime.metrics import metric_value  # noqa: F401 (the tests' import path)
+
 RECIPE = Path(__file__).parents[2] / "recipes" / "tiny-test.toml"
 # The tiny serving recipe: batch 4, seq_len 128, context buckets [16, 64], token generation [64, 128].
 SERVE_OVERRIDES = [
@@ -48,6 +50,30 @@ def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> li
     return out[0, len(prompt_ids):].tolist()
 
 
+def wait_for_health(proc, port: int, timeout: float = 120.0) -> None:
+    """Wait until a `neuronpack serve` child process answers /health on 127.0.0.1:port (fail if it exits)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.2)
+
+
+def hf_logits(model_dir: Path, token_ids: list[int]):
+    """transformers' float32 logits at every position of ``token_ids``: [len, vocab]."""
+    import torch
+
+    with torch.no_grad():
+        return _hf_model(str(model_dir))(torch.tensor([token_ids])).logits[0].float()
+
+
 class LiveServer:
     """uvicorn serving ``app`` on a thread, bound to a free 127.0.0.1 port (race-free: we hand it the socket)."""
 
@@ -75,16 +101,3 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(30)
         self.sock.close()
-
-
-def metric_value(text: str, name: str, labels: str = "") -> float:
-    """One sample's value from Prometheus text, e.g. metric_value(t, "neuronpack_requests_total",
-    'finish_reason="abort"'); 0.0 when absent."""
-    wanted = f"{name}{{{labels}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        if key == wanted:
-            return float(value)
-    return 0.0

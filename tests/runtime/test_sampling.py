@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from neuronpack.runtime.sampling import RowSampler, SamplingParams, sample_rows
+from neuronpack.runtime.sampling import RowSampler, SamplingParams, sample, sample_rows
 
 
 def sampler(**kwargs) -> RowSampler:
@@ -50,6 +50,32 @@ def test_seed_reproduces_and_rows_are_independent_of_the_batch():
     assert alone != draw(8, batch=False)
 
 
+def test_seeded_row_ignores_other_rows_top_k_and_its_own_logprobs():
+    torch.manual_seed(2)
+    logits = torch.randn(2, 300)
+
+    def draw(other_top_k, logprobs):
+        s = sampler(temperature=0.9, top_k=8, seed=4, logprobs=logprobs)
+        return [sample_rows(logits, [s, sampler(temperature=1.0, top_k=other_top_k)])[0].item() for _ in range(30)]
+
+    assert draw(8, None) == draw(200, None) == draw(8, 20)
+
+
+def test_logprobs_are_of_the_distribution_sampled_from():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
+    s = sampler(temperature=0.5, top_k=3, seed=0, logprobs=4)
+    tokens, entries = sample(logits, [s])
+    expected = torch.log_softmax(logits[0, :3] / 0.5, -1)
+    entry = entries[0]
+    assert entry.token_id == tokens[0].item() and entry.logprob == pytest.approx(expected[entry.token_id].item())
+    assert [i for i, _ in entry.top] == [0, 1, 2, 3]
+    assert [v for _, v in entry.top[:3]] == pytest.approx(expected.tolist()) and entry.top[3][1] == float("-inf")
+    greedy = sampler(temperature=0.0, logprobs=2)
+    _, (entry,) = sample(logits, [greedy])
+    assert entry.logprob == pytest.approx(torch.log_softmax(logits[0], -1)[0].item())  # greedy: the model's own
+    assert sample(logits, [sampler(temperature=0.5)])[1] == [None]
+
+
 def test_top_k_and_global_topk_limit_the_candidates():
     logits = torch.linspace(0, 1, 100)[None, :]  # nearly flat: everything would be sampled without a limit
     s = sampler(temperature=1.0, top_k=3, seed=0)
@@ -83,3 +109,15 @@ def test_sampling_follows_the_tempered_softmax():
 def test_row_count_must_match():
     with pytest.raises(ValueError, match="2 logit rows but 1 samplers"):
         sample_rows(torch.zeros(2, 4), [sampler()])
+
+
+def test_degenerate_top_p_and_temperature_still_sample_the_best_token():
+    """Regression (schemathesis: top_p 5e-324 gave a 500): top_p that rounds to 0 in float32 keeps the best token,
+    and a temperature below 1e-5 is greedy instead of dividing the logits by a float32 zero."""
+    import torch
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    samplers = [RowSampler(SamplingParams(temperature=1.0, top_p=5e-324).resolve()),
+                RowSampler(SamplingParams(temperature=5e-324).resolve()),
+                RowSampler(SamplingParams(temperature=1e-6, top_k=5).resolve())]
+    assert sample_rows(logits, samplers).tolist() == logits.argmax(-1).tolist()

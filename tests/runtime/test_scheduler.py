@@ -74,3 +74,26 @@ def test_discard_drops_a_sequence_wherever_it_is(make_seq):
 def test_batch_size_must_be_positive():
     with pytest.raises(ValueError):
         SlotScheduler(0)
+
+
+def test_a_fork_group_takes_its_slots_at_once_and_keeps_fifo(make_seq):
+    sched = SlotScheduler(batch_size=3)
+    first, leader, fork, later = (make_seq(n) for n in ("first", "leader", "fork", "later"))
+    leader.forks = [fork]
+    for seq in (first, leader, later):
+        sched.add(seq)
+    sched.admit(limit=1)
+    sched.slots[2] = make_seq("busy")  # one slot left: the group of two must wait, and so does what follows it
+    assert sched.admit(limit=5) == [] and list(sched.waiting) == [leader, later]
+    sched.slots[2] = None
+    assert sched.admit(limit=1) == [leader] and (leader.slot, fork.slot) == (1, 2)
+    assert sched.all_sequences() == [later, first, leader, fork]
+
+
+def test_removing_a_waiting_leader_promotes_its_fork(make_seq):
+    sched = SlotScheduler(batch_size=4)
+    leader, a, b = make_seq("leader"), make_seq("a"), make_seq("b")
+    leader.forks = [a, b]
+    sched.add(leader)
+    assert sched.remove("a") is a and leader.forks == [b]
+    assert sched.remove("leader") is leader and list(sched.waiting) == [b] and b.forks == []

@@ -171,6 +171,15 @@ class CompiledLM:
             return self._runners[L.graph_name(L.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
                                                                      self.v_caches)
 
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst`` (parallel sampling shares
+        one prefilled prompt)."""
+        import torch
+
+        with torch.inference_mode():
+            for cache in (*self.k_caches, *self.v_caches):
+                cache[dst, :, :length].copy_(cache[src, :, :length])
+
     def _check_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         if len(slots) != len(prompts) or not slots:
             raise ValueError(f"prefill needs one slot per prompt, got {len(slots)} slots and {len(prompts)} prompts")
