@@ -10,7 +10,7 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
 Example::
 
     info = build_artifact(BuildRequest(model_dir, recipe, plan, staging))
-    info["bucket_seconds"]   # {"context:128": 11.2, "token_generation:128": 9.8, ...}
+    info["bucket_seconds"]   # {"context": 41.2, "token_generation": 39.8}: seconds per graph
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "num_layers": cfg.num_layers,
         "num_kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
+        "kv_cache_positions": plan.seq_len + 1,  # graphs.cache_positions: one spare position per row
         "vocab_size": cfg.vocab_size,
-        "graphs": {L.graph_name(kind, n): L.package_model_name(L.graph_name(kind, n)) for kind, n in
-                   L.iter_graphs(plan)},
+        "graphs": {kind: kind for kind in L.GRAPH_KINDS},  # graph -> model name in graphs.pt2
         "target": current_target(compiler, recipe.instance_for("torch")),
     }
 
@@ -138,21 +138,23 @@ def write_weights(model, model_dir: Path, out: Path, reporter) -> None:
 
 
 def compile_graphs(model, plan, config: dict, package: Path, reporter) -> dict[str, float]:
-    """Export (and with AOTInductor, compile) every bucket; package them all into ``package``."""
+    """Export (and with AOTInductor, compile) the context and token-generation graphs; package both into
+    ``package``. Each graph is compiled once with dynamic shapes bounded by the plan (see graphs.py)."""
     from neuronpack.backends.torch_aot import graphs as G
 
+    limits = G.GraphLimits(batch_size=config["batch_size"], max_context=plan.max_context_length,
+                           max_seq=plan.seq_len)
     caches = G.new_kv_cache(model, config["batch_size"], plan.seq_len, next(model.parameters()).dtype)
     seconds, compiled = {}, {}
-    for kind, length in L.iter_graphs(plan):
-        name = L.graph_name(kind, length)
-        with reporter.task(f"compile {name} ({config['compiler']})", total=1) as task:
+    for kind in L.GRAPH_KINDS:
+        with reporter.task(f"compile {kind} ({config['compiler']})", total=1) as task:
             start = time.perf_counter()
             try:
-                compiled[L.package_model_name(name)] = _compile_one(model, kind, length, config, caches)
+                compiled[config["graphs"][kind]] = _compile_one(model, kind, limits, config, caches)
             except Exception as exc:  # inductor / export failures surface as one BuildError line
-                raise BuildError(f"compiling bucket {name} failed: {type(exc).__name__}: {exc}"[:500],
-                                 where=name, fix="rerun with NEURONPACK_DEBUG=1, or set compiler=export") from exc
-            seconds[name] = round(time.perf_counter() - start, 3)
+                raise BuildError(f"compiling graph {kind} failed: {type(exc).__name__}: {exc}"[:500],
+                                 where=kind, fix="rerun with NEURONPACK_DEBUG=1, or set compiler=export") from exc
+            seconds[kind] = round(time.perf_counter() - start, 3)
             task.advance()
     with reporter.task("package graphs.pt2", total=1) as task:
         if config["compiler"] == "aoti":
@@ -167,13 +169,13 @@ def compile_graphs(model, plan, config: dict, package: Path, reporter) -> dict[s
     return seconds
 
 
-def _compile_one(model, kind: str, length: int, config: dict, caches):
+def _compile_one(model, kind: str, limits, config: dict, caches):
     import torch
 
     from neuronpack.backends.torch_aot import graphs as G
 
     if config["compiler"] == "export":
-        return G.export_weightless_graph(model, kind, length, config["batch_size"], caches)
-    program = G.export_graph(model, kind, length, config["batch_size"], caches)
+        return G.export_weightless_graph(model, kind, limits, caches)
+    program = G.export_graph(model, kind, limits, caches)
     module = program.module(check_guards=False)
     return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))
