@@ -1,10 +1,11 @@
 """The engine: continuous batching over a compiled model's batch slots.
 
 One loop (a background thread when serving, the caller's thread for ``generate``) repeats a step:
-take submitted / aborted requests from a thread-safe inbox, prefill waiting prompts into free slots, then run one
-decode step over the whole batch and sample one token per running sequence. While streams are decoding, at most
-``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt never stalls them for
-more than one prefill.
+take submitted / aborted requests from a thread-safe inbox, prefill waiting prompts into free slots (all of them in
+one model call), then run one decode step over the running sequences only (the compiled graph runs at the batch of
+running sequences, so one request alone costs a batch-1 step) and sample one token per sequence. While streams are
+decoding, at most ``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt never
+stalls them for more than one prefill.
 
 Limits are checked when a request is submitted (HTTP 400 before anything streams): the prompt must fit the largest
 context bucket and leave room for one token below ``max_model_len``; ``max_tokens`` is clamped to what fits
@@ -55,7 +56,7 @@ class CompiledModel(Protocol):
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> Tensor: ...
 
-    def decode(self, tokens: Tensor, positions: Tensor) -> Tensor: ...
+    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -262,17 +263,17 @@ class Engine:
                     self._finish_without_token(seq, FINISH_ABORT)
 
     def _prefill(self, seqs: list[EngineSequence]) -> None:
-        # One call per prompt: each routes to its own context bucket, so a request's logits never depend on what
-        # it was admitted with (the compiled model runs prompts one by one anyway).
-        for seq in seqs:
-            started = time.monotonic()
-            try:
-                logits = self.model.prefill([seq.slot], [seq.prompt_ids])  # [1, vocab]
-                token = int(sample_rows(logits, [seq.sampler])[0])
-            except Exception as exc:
+        # One model call for every admitted prompt (right padded to the longest): the weights are read once.
+        started = time.monotonic()
+        try:
+            logits = self.model.prefill([s.slot for s in seqs], [s.prompt_ids for s in seqs])  # [n, vocab]
+            tokens = sample_rows(logits, [s.sampler for s in seqs]).tolist()
+        except Exception as exc:
+            for seq in seqs:
                 self._finish_without_token(seq, FINISH_ERROR, error=f"prefill failed: {type(exc).__name__}: {exc}")
-                continue
-            self.metrics.prefill_seconds.observe(time.monotonic() - started)
+            return
+        self.metrics.prefill_seconds.observe(time.monotonic() - started)
+        for seq, token in zip(seqs, tokens, strict=True):
             self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
             self._emit(seq, token)
 
@@ -280,12 +281,12 @@ class Engine:
         import torch
 
         running = self.scheduler.running
-        tokens, positions = self.scheduler.decode_inputs()
+        slots, tokens, positions = self.scheduler.decode_inputs()
         started = time.monotonic()
         try:
-            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions))  # [batch, vocab]
-            rows = logits[[s.slot for s in running]]  # [n_running, vocab]
-            next_tokens = sample_rows(rows, [s.sampler for s in running]).tolist()
+            # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
+            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots)
+            next_tokens = sample_rows(logits, [s.sampler for s in running]).tolist()
         except Exception as exc:
             for seq in running:
                 self._finish_without_token(seq, FINISH_ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")

@@ -68,7 +68,7 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "num_layers": cfg.num_layers,
         "num_kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
-        "kv_cache_positions": plan.seq_len + 1,  # graphs.cache_positions: one spare position per row
+        "kv_cache_positions": L.cache_positions(plan.seq_len),
         "vocab_size": cfg.vocab_size,
         "graphs": {kind: kind for kind in L.GRAPH_KINDS},  # graph -> model name in graphs.pt2
         "target": current_target(compiler, recipe.instance_for("torch")),

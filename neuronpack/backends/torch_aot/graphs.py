@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from neuronpack.backends.torch_aot.layout import CONTEXT, WEIGHT_PREFIX
+from neuronpack.backends.torch_aot.layout import CONTEXT, WEIGHT_PREFIX, cache_positions
 
 # torch's own pytree pickling trips its LeafSpec deprecation once per exported graph; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
@@ -65,13 +65,6 @@ class DecodeGraph(nn.Module):
     def forward(self, tokens: Tensor, positions: Tensor, key_positions: Tensor, k_caches: list[Tensor],
                 v_caches: list[Tensor]) -> Tensor:
         return self.lm.forward_decode(tokens, positions, k_caches, v_caches, key_positions.shape[0])
-
-
-def cache_positions(max_seq: int) -> int:
-    """Positions per cache row: one spare beyond ``max_seq``. An attention length equal to the whole row would make
-    the slice ``cache[:, :, :L]`` contiguous for that one value, and export refuses the guard that distinguishes it;
-    with a spare position L (<= max_seq) never covers the row."""
-    return max_seq + 1
 
 
 def new_kv_cache(lm: LlamaForCausalLM, batch_size: int, max_seq: int, dtype: torch.dtype, device="cpu"):

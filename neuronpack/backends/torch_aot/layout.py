@@ -19,3 +19,10 @@ CONTEXT, TOKEN_GEN = "context", "token_generation"
 GRAPH_KINDS = (CONTEXT, TOKEN_GEN)
 # The graph wrappers hold the model as ``lm``: checkpoint tensor ``x`` is the graph constant ``lm.x``.
 WEIGHT_PREFIX = "lm."
+
+
+def cache_positions(seq_len: int) -> int:
+    """Positions per KV-cache row: one spare beyond ``seq_len``. An attention length equal to the whole row would
+    make the slice ``cache[:, :, :L]`` contiguous for that one value, and export refuses the guard that tells it
+    apart; with a spare position no attention length (<= seq_len) covers the row."""
+    return seq_len + 1
