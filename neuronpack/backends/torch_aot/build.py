@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.torch_aot import layout as L
-from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
-from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS, current_target, effective_compiler
-from neuronpack.errors import BuildError, CheckpointError, RecipeError
+from neuronpack.backends.torch_aot.compile import compile_graphs
+from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.target import current_target, effective_compiler
+from neuronpack.errors import CheckpointError, RecipeError
 from neuronpack.models.config import ModelConfig
 from neuronpack.models.loading import resolve_dtype
 
@@ -116,7 +116,7 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     write_weights(model, request.model_dir, staging / WEIGHTS_DIR, reporter)
     shutil.copy2(Path(request.model_dir) / "config.json", staging / "config.json")
     copy_aux_files(request.model_dir, staging)
-    seconds = compile_graphs(model, request.plan, config, staging / GRAPHS_FILE, reporter)
+    seconds = compile_graphs(model, request.plan, config, staging, reporter)
     (staging / NEURON_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {"bucket_seconds": seconds, "compiler": config["compiler"]}
 
@@ -135,47 +135,3 @@ def write_weights(model, model_dir: Path, out: Path, reporter) -> None:
     hf = read_hf_config(model_dir)
     hf["tie_word_embeddings"] = model.config.tie_word_embeddings
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-
-
-def compile_graphs(model, plan, config: dict, package: Path, reporter) -> dict[str, float]:
-    """Export (and with AOTInductor, compile) the context and token-generation graphs; package both into
-    ``package``. Each graph is compiled once with dynamic shapes bounded by the plan (see graphs.py)."""
-    from neuronpack.backends.torch_aot import graphs as G
-
-    limits = G.GraphLimits(batch_size=config["batch_size"], max_context=plan.max_context_length,
-                           max_seq=plan.seq_len)
-    caches = G.new_kv_cache(model, config["batch_size"], plan.seq_len, next(model.parameters()).dtype)
-    seconds, compiled = {}, {}
-    for kind in L.GRAPH_KINDS:
-        with reporter.task(f"compile {kind} ({config['compiler']})", total=1) as task:
-            start = time.perf_counter()
-            try:
-                compiled[config["graphs"][kind]] = _compile_one(model, kind, limits, config, caches)
-            except Exception as exc:  # inductor / export failures surface as one BuildError line
-                raise BuildError(f"compiling graph {kind} failed: {type(exc).__name__}: {exc}"[:500],
-                                 where=kind, fix="rerun with NEURONPACK_DEBUG=1, or set compiler=export") from exc
-            seconds[kind] = round(time.perf_counter() - start, 3)
-            task.advance()
-    with reporter.task("package graphs.pt2", total=1) as task:
-        if config["compiler"] == "aoti":
-            from torch._inductor.package import package_aoti
-
-            package_aoti(str(package), compiled)
-        else:
-            from torch.export.pt2_archive._package import package_pt2
-
-            package_pt2(str(package), exported_programs=compiled)
-        task.advance()
-    return seconds
-
-
-def _compile_one(model, kind: str, limits, config: dict, caches):
-    import torch
-
-    from neuronpack.backends.torch_aot import graphs as G
-
-    if config["compiler"] == "export":
-        return G.export_weightless_graph(model, kind, limits, caches)
-    program = G.export_graph(model, kind, limits, caches)
-    module = program.module(check_guards=False)
-    return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))

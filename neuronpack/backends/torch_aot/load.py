@@ -44,7 +44,8 @@ def read_neuron_config(artifact_dir: Path) -> dict[str, Any]:
                             fix="serve it with the framework it was compiled for, or recompile with --framework torch")
     if config.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"artifact format {config.get('format_version')} is not the format this neuronpack "
-                            f"runs ({FORMAT_VERSION})", where=str(path), fix="recompile it (neuronpack compile --force)")
+                            f"runs ({FORMAT_VERSION})", where=str(path),
+                            fix="recompile it (neuronpack compile --force)")
     return config
 
 
