@@ -9,6 +9,8 @@ which keeps AOTInductor decode as fast as eager. Three entry points:
 
 - ``forward_context``: N prompts right padded to T tokens, written to cache rows ``slots`` at positions 0..T-1,
   logits of position ``last_index`` returned (padding beyond a prompt is harmless: decode masks by position).
+  With ``return_hidden`` it also returns the final-normed hidden states of all T positions, so a runtime can apply
+  the LM head to every prompt position when asked (prompt logprobs) without a second pass.
 - ``forward_decode``: one token per cache row at ``positions``; attends to the slice ``[:attend_len]`` of the cache.
   Every size (N, T, the number of rows, attend_len) may be a symbolic size when exported with dynamic shapes.
 - ``forward_full``: no cache, logits at every position (reference checks).
@@ -160,10 +162,12 @@ class LlamaForCausalLM(nn.Module):
 
     # -- entry points -------------------------------------------------------------------------------------------
     def forward_context(
-        self, tokens: Tensor, last_index: Tensor, slots: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor]
-    ) -> Tensor:
+        self, tokens: Tensor, last_index: Tensor, slots: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor],
+        return_hidden: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """tokens [N, T] int64 (N prompts, right padded to T), last_index [N] int64, slots [N] int64 (cache rows)
-        -> float32 logits [N, vocab] of each prompt's token at ``last_index``."""
+        -> float32 logits [N, vocab] of each prompt's token at ``last_index``; with ``return_hidden`` also the
+        final-normed hidden states [N, T, hidden] (compute dtype) of every position."""
         n, t = tokens.shape
         positions = torch.arange(t, device=tokens.device).unsqueeze(0).expand(n, t)  # [N, T]
         mask = self._fold_mask(positions, t)  # causal
@@ -174,6 +178,10 @@ class LlamaForCausalLM(nn.Module):
             return k, v
 
         hidden = self._decode_layers(tokens, positions, mask, k_caches, v_caches, write)  # [N, T, H]
+        if return_hidden:  # norm every row (cheap), LM head on the last only: the caller heads the rest on demand
+            normed = self.model.norm(hidden)
+            last = normed.gather(1, last_index.view(n, 1, 1).expand(n, 1, normed.shape[-1]))
+            return self.lm_head(last).float()[:, 0], normed
         last = hidden.gather(1, last_index.view(n, 1, 1).expand(n, 1, hidden.shape[-1]))  # [N, 1, H]
         return self._logits(last)[:, 0]
 

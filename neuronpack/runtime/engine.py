@@ -58,6 +58,10 @@ class CompiledModel(Protocol):
 
     def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
 
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> Tensor:
+        """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
+        ...
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

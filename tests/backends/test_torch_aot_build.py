@@ -95,6 +95,30 @@ def test_loaded_artifact_matches_the_model(smollm_export):
     torch.testing.assert_close(alone[0], full[20], atol=5e-2, rtol=2e-2)
 
 
+def test_prompt_logits_score_every_position(smollm_export, tmp_path):
+    model_dir, artifact, _ = smollm_export
+    lm = load_artifact(artifact)
+    reference = load_model(model_dir, torch.bfloat16)
+    prompt = list(range(3, 23))
+    full = reference.forward_full(torch.tensor([prompt + [9]]))[0]
+    every = lm.prompt_logits(prompt, slot=1)
+    assert every.dtype == torch.float32 and every.shape == (20, 384)
+    torch.testing.assert_close(every, full[:20], atol=5e-2, rtol=2e-2)
+    torch.testing.assert_close(every[-1], lm.prefill([0], [prompt])[0], atol=1e-2, rtol=1e-2)
+    step = lm.decode(torch.tensor([0, 9]), torch.tensor([0, 20]))  # the prompt's KV is in slot 1
+    torch.testing.assert_close(step[1], full[20], atol=5e-2, rtol=2e-2)
+    with pytest.raises(BucketError, match="largest context bucket 64"):
+        lm.prompt_logits([1] * 65)
+    old = tmp_path / "old"
+    shutil.copytree(artifact, old)
+    config = json.loads((old / "neuron_config.json").read_text())
+    config.pop("context_outputs")  # as written before context graphs returned hidden states
+    (old / "neuron_config.json").write_text(json.dumps(config))
+    with pytest.raises(ArtifactError, match="last-token logits only") as info:
+        load_artifact(old).prompt_logits(prompt)
+    assert "--force" in info.value.fix
+
+
 def test_load_errors_are_clear(smollm_export, tmp_path):
     _, artifact, _ = smollm_export
     lm = load_artifact(artifact)

@@ -88,6 +88,29 @@ def test_batched_greedy_matches_transformers(artifacts, arch):
         assert tokens == hf_greedy(reference, prompt), f"{arch}: prompt of {len(prompt)} tokens diverged"
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prompt_logits_equal_transformers_at_every_position(artifacts, arch):
+    """Teacher-forced logits of every prompt position (AOTInductor for llama, export for qwen2), and decoding
+    continues from the KV that ``prompt_logits`` wrote, like after ``prefill``."""
+    model_dir, artifact = artifacts(arch)
+    lm = load_artifact(artifact)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompt = random_prompts([40], seed=3)[0]
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0]
+    every = lm.prompt_logits(prompt, slot=2)
+    torch.testing.assert_close(every, expected, atol=1e-4, rtol=1e-4)
+    tokens = torch.zeros(lm.batch_size, dtype=torch.long)
+    positions = torch.zeros(lm.batch_size, dtype=torch.long)
+    tokens[2], positions[2] = every[-1].argmax(), len(prompt)
+    generated = [int(tokens[2])]
+    for _ in range(15):
+        tokens = lm.decode(tokens, positions).argmax(-1)
+        positions[2] += 1
+        generated.append(int(tokens[2]))
+    assert generated == hf_greedy(hf, prompt, 16)
+
+
 @pytest.mark.parametrize("arch", ["llama", "smollm"])
 def test_continuous_batching_joins_mid_generation(artifacts, arch):
     """Slot 2 starts alone with a 16-token prompt; slot 0 joins 10 steps later with a 12-token prompt while slot 2

@@ -70,6 +70,7 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "head_dim": cfg.head_dim,
         "kv_cache_positions": L.cache_positions(plan.seq_len),
         "vocab_size": cfg.vocab_size,
+        "context_outputs": list(L.CONTEXT_OUTPUTS),
         "graphs": {kind: kind for kind in L.GRAPH_KINDS},  # graph -> model name in graphs.pt2
         "target": current_target(compiler, recipe.instance_for("torch")),
     }

@@ -6,8 +6,9 @@ Every graph reads the same weights (constants named like the checkpoint tensors,
 the same per-layer KV cache tensors ``[B, kv_heads, max_seq + 1, head_dim]`` (one spare position, see
 ``cache_positions``), passed as inputs and written in place.
 
-- ``context``: tokens [N, T], last_index [N], slots [N], k_caches, v_caches (all B rows) -> logits [N, vocab]
-  (N in 1..B prompts right padded to T in 1..max_context_length tokens, one graph call)
+- ``context``: tokens [N, T], last_index [N], slots [N], k_caches, v_caches (all B rows) -> (logits [N, vocab]
+  float32, final-normed hidden states [N, T, hidden]): N in 1..B prompts right padded to T in 1..max_context_length
+  tokens, one graph call; the runtime heads the hidden states only for prompt logits
 - ``token_generation``: tokens [b], positions [b], key_positions [L], k_caches, v_caches (rows 0..b-1: views
   ``cache[:b]``) -> logits [b, vocab]; b in 1..B active rows, L in 1..max_seq attended positions (``arange(L)``)
 
@@ -52,7 +53,7 @@ class ContextGraph(nn.Module):
 
     def forward(self, tokens: Tensor, last_index: Tensor, slots: Tensor, k_caches: list[Tensor],
                 v_caches: list[Tensor]) -> Tensor:
-        return self.lm.forward_context(tokens, last_index, slots, k_caches, v_caches)
+        return self.lm.forward_context(tokens, last_index, slots, k_caches, v_caches, return_hidden=True)
 
 
 class DecodeGraph(nn.Module):

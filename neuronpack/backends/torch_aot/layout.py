@@ -17,6 +17,8 @@ WEIGHTS_DIR = "weights"
 NEURON_CONFIG = "neuron_config.json"
 CONTEXT, TOKEN_GEN = "context", "token_generation"
 GRAPH_KINDS = (CONTEXT, TOKEN_GEN)
+# What a context graph returns (neuron_config.json "context_outputs").
+CONTEXT_OUTPUTS = ("logits", "hidden")
 # The graph wrappers hold the model as ``lm``: checkpoint tensor ``x`` is the graph constant ``lm.x``.
 WEIGHT_PREFIX = "lm."
 

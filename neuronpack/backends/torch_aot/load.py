@@ -9,6 +9,7 @@ Example::
     lm = load_artifact(Path("neuron-compiled-artifacts/3f2a..."))
     logits = lm.prefill([0], [[1, 42, 7]])                                   # [1, vocab]
     logits = lm.decode(torch.tensor([logits.argmax()]), torch.tensor([3]), slots=[0])   # next step, [1, vocab]
+    every = lm.prompt_logits([1, 42, 7], slot=0)   # [3, vocab]: row i predicts token i+1 (teacher-forced)
 """
 
 from __future__ import annotations
@@ -92,14 +93,15 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     weights = {L.WEIGHT_PREFIX + name: t for name, t in model_tensors(model).items()}
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
         runners = _load_runners(artifact_dir / GRAPHS_FILE, config, weights, task)
-    return CompiledLM(config, runners, weights, _eos_token_ids(artifact_dir))
+    return CompiledLM(config, runners, weights, _eos_token_ids(artifact_dir), lm_head=model.lm_head)
 
 
 class CompiledLM:
     """The compiled graphs plus the KV cache they share. Slots ``0..batch_size-1`` are logical: ``RowMap`` keeps
     the active ones packed into the first cache rows, so a step over n slots runs the graph at batch n."""
 
-    def __init__(self, config: dict[str, Any], runners: dict[str, Callable], weights: dict, eos: tuple[int, ...]):
+    def __init__(self, config: dict[str, Any], runners: dict[str, Callable], weights: dict, eos: tuple[int, ...],
+                 lm_head: Callable | None = None):
         import torch
 
         self.config = config
@@ -114,6 +116,10 @@ class CompiledLM:
         self._context = runners[L.CONTEXT]
         self._decode = runners[L.TOKEN_GEN]
         self._weights = weights  # kept alive: AOTInductor holds raw pointers to these (user_managed)
+        # Context graphs of artifacts with "context_outputs" also return the normed hidden states of every position;
+        # the LM head (the model's own module, sharing the weights above) turns them into logits only when asked.
+        self._context_hidden = "hidden" in config.get("context_outputs", ())
+        self._lm_head = lm_head
         shape = (self.batch_size, config["num_kv_heads"], config["kv_cache_positions"], config["head_dim"])
         self.k_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
         self.v_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
@@ -130,17 +136,40 @@ class CompiledLM:
         import torch
 
         self._check_prefill(slots, prompts)
+        with torch.inference_mode():
+            out = self._run_context(slots, prompts)
+        return out[0] if self._context_hidden else out
+
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> torch.Tensor:
+        """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last
+        row is what ``prefill`` returns). One context-graph pass: like ``prefill`` it writes the prompt's KV into
+        ``slot``, so decoding can continue from position len(token_ids). ArtifactError for artifacts built before
+        context graphs returned hidden states."""
+        import torch
+
+        if not self._context_hidden or self._lm_head is None:
+            raise ArtifactError("this artifact's context graphs return last-token logits only (built by an older "
+                                "neuronpack)", where="neuron_config.json context_outputs",
+                                fix="recompile it with neuronpack compile --force")
+        self._check_prefill([slot], [token_ids])
+        with torch.inference_mode():
+            _, hidden = self._run_context([slot], [token_ids])
+            return self._lm_head(hidden[0, : len(token_ids)]).float()
+
+    def _run_context(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]):
+        """One context-graph call for every prompt, right padded to the longest (decode masks the padding)."""
+        import torch
+
         width = max(len(p) for p in prompts)
-        tokens = torch.zeros(len(prompts), width, dtype=torch.long)  # right padding: decode masks by position
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
         for i, prompt in enumerate(prompts):
             tokens[i, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
         last = torch.tensor([len(p) - 1 for p in prompts])
         rows = self._rows.rows(slots)
-        with torch.inference_mode():
-            logits = self._context(tokens, last, torch.tensor(rows), self.k_caches, self.v_caches)
+        out = self._context(tokens, last, torch.tensor(rows), self.k_caches, self.v_caches)
         for row in rows:
             self._rows.wrote(row, width)
-        return logits
+        return out
 
     def decode(self, tokens, positions, slots: Sequence[int] | None = None) -> torch.Tensor:
         """One step for ``slots`` (default: every slot): tokens and positions int64, one per slot, in slot order;
@@ -246,7 +275,8 @@ def _load_runners(package: Path, config: dict, weights: dict, task) -> dict[str,
 def _boxed(loader) -> Callable:
     # Skip AOTICompiledModel.__call__'s per-call pytree flattening: inputs are already flat tensors.
     def run(*inputs):  # (..., k_caches, v_caches) -> flat [..., k0, k1, ..., v0, v1, ...]
-        return loader.boxed_run([*inputs[:-2], *inputs[-2], *inputs[-1]])[0]
+        out = loader.boxed_run([*inputs[:-2], *inputs[-2], *inputs[-1]])
+        return out[0] if len(out) == 1 else tuple(out)
 
     return run
 
