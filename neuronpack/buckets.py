@@ -1,4 +1,5 @@
-"""Bucket plans and routing, matching NxD Inference and transformers-neuronx exactly (see neuron-facts.md).
+"""Bucket plans and routing, matching NxD Inference and transformers-neuronx exactly (see docs/neuron.md, "Facts
+the code relies on").
 
 A bucket is a compiled sequence length. Context-encoding buckets are sized by prompt length (max:
 max_context_length), token-generation buckets by attention length (max: seq_len).
@@ -120,6 +121,8 @@ def route(buckets: Sequence[int], length: int, speculation_length: int = 0) -> i
 
 def route_tnx(buckets: Sequence[int], length: int) -> int:
     """transformers-neuronx routing: the smallest bucket >= length."""
+    if not buckets:
+        raise BucketError("no buckets to route to", fix="compile with at least one bucket")
     for bucket in sorted(buckets):
         if bucket >= length:
             return bucket

@@ -51,6 +51,10 @@ class ArtifactError(NeuronpackError):
     """A compiled artifact directory is missing, incomplete, corrupted or built by another toolchain."""
 
 
+class RemoteError(NeuronpackError):
+    """A remote artifact store (s3://, file://) is unreachable, refuses access, or lacks what was asked for."""
+
+
 class BuildError(NeuronpackError):
     """A backend failed while compiling."""
 
@@ -68,7 +72,12 @@ class QuantizationError(NeuronpackError):
 
 
 class ServeError(NeuronpackError):
-    """The server or runtime cannot start with what it was given."""
+    """The server or runtime cannot start or answer with what it was given. The HTTP server answers 500 for every
+    ServeError that is not an InvalidRequestError: the fault is on the server's side, not the client's."""
+
+
+class TokenizerError(ServeError):
+    """The artifact's tokenizer or chat template is missing, unreadable or broken (a server fault: HTTP 500)."""
 
 
 class UnsupportedModelError(NeuronpackError):

@@ -12,7 +12,9 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -22,6 +24,7 @@ from pathlib import Path
 from neuronpack.errors import NeuronpackError, OutputExistsError
 
 STAGING_PREFIX = ".neuronpack-staging-"
+_STAGING_PID_RE = re.compile(r"pid(\d+)-")
 
 
 def check_output_path(out: Path, *, inputs: Iterable[Path] = (), overwrite: bool = False) -> Path:
@@ -100,15 +103,60 @@ def move_into_place(staging: Path, out: Path, *, replace: bool = False) -> Path:
 def atomic_output_dir(
     out: Path, *, inputs: Iterable[Path] = (), overwrite: bool = False, label: str = ""
 ) -> Iterator[Path]:
-    """Yield an empty staging directory next to ``out``; publish it as ``out`` only if the body succeeds."""
+    """Yield an empty staging directory next to ``out``; publish it as ``out`` only if the body succeeds.
+
+    The staging name carries this process's pid; staging directories of the same label left by processes that died
+    (SIGKILL, power loss) are removed first, so a killed run's leftovers go with the next run."""
     out = check_output_path(out, inputs=inputs, overwrite=overwrite)
-    staging = make_staging_dir(out.parent, label or out.name + "-")
+    label = label or out.name + "-"
+    remove_dead_staging(out.parent, label)
+    staging = make_staging_dir(out.parent, f"{label}pid{os.getpid()}-")
     try:
         yield staging
         move_into_place(staging, out, replace=overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_staging(parent: Path, label: str) -> int:
+    """Remove ``parent/.neuronpack-staging-<label>pid<N>-*`` directories whose process N is gone; return how many."""
+    prefix = STAGING_PREFIX + label
+    removed = 0
+    if not parent.is_dir():
+        return 0
+    for path in parent.iterdir():
+        match = _STAGING_PID_RE.match(path.name[len(prefix):]) if path.name.startswith(prefix) else None
+        if match and not pid_alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a full disk or quota: ENOSPC / EDQUOT, also when a
+    library wrapped it in its own exception type (torch's stream writer says "No space left on device")."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(current) or "Disk quota exceeded" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -166,6 +166,9 @@ def parse_set(assignment: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except RecursionError:
+        raise RecipeError(f"--set {key.strip()}=...: the value is nested too deeply", where="--set",
+                          fix="give a flat value like 4, true, [128, 512] or \"text\"") from None
     return path, value
 
 
@@ -192,6 +195,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise RecipeError("recipe is not UTF-8 text", where=str(path), fix="save it as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"invalid TOML: {exc}", where=str(path), fix="fix the syntax") from None
+    except RecursionError:
+        raise RecipeError("invalid TOML: nested too deeply", where=str(path), fix="flatten the arrays/tables") from None
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe: {exc.strerror or exc}", where=str(path),
+                          fix="pass a readable .toml file to --recipe") from None
 
 
 def _explain(exc: ValidationError, where: str) -> RecipeError:

@@ -1,14 +1,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny_models import make_tiny_checkpoint  # noqa: E402
+from tests.tiny_models import make_tiny_checkpoint
 
 
 @pytest.fixture(autouse=True)

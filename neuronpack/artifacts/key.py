@@ -9,7 +9,8 @@ Torch-free: this runs on every `neuronpack compile`, including cache hits.
 
 Example::
 
-    inputs = key_inputs(framework="torch", versions=..., target=..., recipe=recipe, plan=plan, model_dir=path)
+    inputs = key_inputs(framework="torch", versions=..., target=..., recipe=recipe, plan=plan, model_dir=path,
+                        draft_dir=None)
     key = compute_key(inputs)    # 64 hex chars
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from neuronpack.buckets import BucketPlan
 from neuronpack.digest import file_sha256, sha256_json
-from neuronpack.recipe import Recipe
+from neuronpack.recipe import LoraSection, Recipe
 
 KEY_SCHEMA = 1
 
@@ -73,6 +74,14 @@ def compile_inputs(recipe: Recipe, plan: BucketPlan, framework: str) -> dict[str
     return data
 
 
+def lora_identity(lora: LoraSection) -> dict[str, Any]:
+    """adapter name -> its files by content (a directory), or the reference as written (a hub id)."""
+    return {
+        a.name: directory_identity(Path(a.path)) if Path(a.path).is_dir() else a.path
+        for a in lora.adapters
+    }
+
+
 def key_inputs(
     *,
     framework: str,
@@ -81,10 +90,11 @@ def key_inputs(
     recipe: Recipe,
     plan: BucketPlan,
     model_dir: Path,
-    extra_models: dict[str, Path] | None = None,
+    draft_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Every input of the key, in full (also recorded in the manifest). ``extra_models`` are further checkpoints the
-    build reads (speculation draft, LoRA adapters), identified by content the same way as the model."""
+    """Every input of the key, in full (also recorded in the manifest): toolchain, target, the compile
+    configuration, and every checkpoint the build reads by content (the model, the speculation draft as given, the
+    LoRA adapters)."""
     inputs: dict[str, Any] = {
         "key_schema": KEY_SCHEMA,
         "framework": framework,
@@ -94,8 +104,10 @@ def key_inputs(
         "model": model_identity(model_dir),
         "aux_files": aux_files_identity(model_dir),
     }
-    for role, path in sorted((extra_models or {}).items()):
-        inputs[role] = model_identity(path)
+    if draft_dir is not None:
+        inputs["draft"] = model_identity(draft_dir)
+    if recipe.lora:
+        inputs["lora"] = lora_identity(recipe.lora)
     return inputs
 
 

@@ -1,8 +1,8 @@
 """`neuronpack ls` and `neuronpack gc`: what a root holds, and cleaning it.
 
 gc removes (oldest first) artifacts beyond --keep N or older than --older-than, staging leftovers of builds whose
-process is gone, directories that never became valid artifacts, and failed-build logs. It never touches a staging
-directory of a live build.
+process is gone, directories that never became valid artifacts, and failed-build logs, then prunes digest-cache
+entries of files that are gone. It never touches a staging directory of a live build (or of a live gc).
 """
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuronpack.artifacts.manifest import MANIFEST_NAME
 from neuronpack.artifacts.verify import quick_check
+from neuronpack.digest import prune_digest_cache
 from neuronpack.errors import NeuronpackError
-from neuronpack.fsutil import dir_size
+from neuronpack.fsutil import dir_size, make_staging_dir, pid_alive
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
-_PID_RE = re.compile(r"^[0-9a-f]{16}-(\d+)-")
+# Staging names carry the builder's pid: "<key[:16]>-<pid>-..." for builds, "gc-<pid>-..." for gc's trash.
+_PID_RE = re.compile(r"^(?:[0-9a-f]{16}|gc)-(\d+)-")
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -46,15 +49,15 @@ def list_artifacts(store: Path) -> list[dict[str, Any]]:
         manifest = quick_check(path)
         if manifest is None:
             continue
-        mtime = (path / "neuronpack.json").stat().st_mtime
+        mtime = (path / MANIFEST_NAME).stat().st_mtime
         rows.append({
-            "key": manifest["key"],
+            "key": manifest.key,
             "path": str(path),
-            "model": manifest.get("model", {}).get("source"),
-            "framework": manifest["framework"],
-            "buckets": manifest["buckets"],
-            "size": sum(f["size"] for f in manifest["files"]),
-            "created_at": manifest.get("created_at"),
+            "model": manifest.model.source,
+            "framework": manifest.framework,
+            "buckets": manifest.buckets.to_dict(),
+            "size": manifest.total_size,
+            "created_at": manifest.created_at,
             "age_seconds": round(now - mtime, 1),
         })
     return sorted(rows, key=lambda r: r["age_seconds"])
@@ -66,16 +69,6 @@ class GcItem:
     kind: str  # artifact | staging | invalid | failed-log
     size: int
     reason: str
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def plan_gc(store: Path, *, keep: int | None = None, older_than: float | None = None) -> list[GcItem]:
@@ -99,7 +92,7 @@ def plan_gc(store: Path, *, keep: int | None = None, older_than: float | None = 
     if staging.is_dir():
         for path in staging.iterdir():
             match = _PID_RE.search(path.name.removeprefix(".neuronpack-staging-"))
-            if match and _pid_alive(int(match.group(1))):
+            if match and pid_alive(int(match.group(1))):
                 continue
             items.append(GcItem(path, "staging", dir_size(path) if path.is_dir() else 0, "leftover of a dead build"))
     failed = store / ".failed"
@@ -109,9 +102,27 @@ def plan_gc(store: Path, *, keep: int | None = None, older_than: float | None = 
     return items
 
 
-def run_gc(items: list[GcItem]) -> None:
+def run_gc(items: list[GcItem]) -> int:
+    """Remove ``items``, then prune the digest cache of files that are gone; return how many cache entries went.
+
+    An artifact (or invalid) directory is first renamed into ``.staging/gc-<pid>-*`` and only then deleted, so it
+    disappears in one step: a gc killed at any moment never leaves a half-deleted artifact where a server could find
+    it, and the next gc removes the trash of a dead one."""
+    trash: Path | None = None
     for item in items:
-        if item.path.is_dir():
-            shutil.rmtree(item.path, ignore_errors=True)
+        path = item.path
+        if item.kind in ("artifact", "invalid") and path.is_dir():
+            if trash is None:
+                trash = make_staging_dir(path.parent / ".staging", f"gc-{os.getpid()}-")
+            try:
+                os.rename(path, trash / path.name)
+                path = trash / path.name
+            except OSError:
+                pass  # already gone, or not renameable: delete in place
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
         else:
-            item.path.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    return prune_digest_cache()

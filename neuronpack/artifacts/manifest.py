@@ -2,6 +2,17 @@
 
 It records every key input in full, the resolved recipe, versions, target, buckets, the file list with sizes and
 sha256, stage timings, and the hints ``serve`` needs to start vLLM or the portable runtime with matching arguments.
+
+``read_manifest`` returns a typed, frozen ``Manifest``: every reader (verify, the runtime loader, the vLLM launch
+line, inspect, ls) gets the same field names and defaults from here. The JSON on disk is unchanged: ``to_json()`` of a
+manifest read from disk gives back the same object, and ``key_inputs`` is kept verbatim (the key is its hash).
+
+Example::
+
+    manifest = read_manifest(Path("neuron-compiled-artifacts/3f2a..."))
+    manifest.framework                  # "torch"
+    manifest.serve.max_model_len        # 1024
+    manifest.recipe.sampling.global_topk
 """
 
 from __future__ import annotations
@@ -12,24 +23,100 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from neuronpack import __version__
+from neuronpack.buckets import BucketPlan
 from neuronpack.digest import sha256_stream
 from neuronpack.errors import ArtifactError
 from neuronpack.fsutil import write_text_atomic
+from neuronpack.recipe import Recipe
 
 MANIFEST_NAME = "neuronpack.json"
 MANIFEST_SCHEMA = 1
 REQUIRED_FIELDS = ("schema", "key", "key_inputs", "framework", "versions", "target", "recipe", "buckets", "files")
+REBUILD = "rebuild it with `neuronpack compile --force`"
 
 
-def file_entries(root: Path) -> list[dict[str, Any]]:
-    """[{path, size, sha256}] for every file below root except the manifest, sorted by path."""
+class _Frozen(BaseModel):
+    # extra="allow": fields written by a newer neuronpack survive a read and a re-dump
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+
+
+class FileEntry(_Frozen):
+    path: str  # relative, POSIX separators
+    size: int
+    sha256: str
+
+
+class ModelInfo(_Frozen):
+    source: str | None = None  # what the user passed (a directory or hub id)
+    path: str | None = None  # the checkpoint the build read (the quantized copy when the recipe quantizes)
+    original_path: str | None = None  # the checkpoint as given
+    config: dict[str, Any] = {}  # config.json minus cosmetic keys
+
+
+class LoraModule(_Frozen):
+    name: str
+    path: str
+
+
+class ServeHints(_Frozen):
+    """What a server needs to load the artifact without recompiling (vLLM flags; the portable runtime's limits)."""
+
+    served_model_name: str | None = None
+    model_source: str | None = None
+    model_path: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    tensor_parallel_size: int | None = None
+    nodes: int = 1
+    speculation_length: int = 0
+    num_lookahead_slots: int = 0
+    draft_path: str | None = None
+    lora_modules: tuple[LoraModule, ...] = ()
+
+
+class Manifest(_Frozen):
+    schema_version: int = Field(alias="schema")
+    neuronpack_version: str | None = None
+    key: str
+    key_inputs: dict[str, Any]  # verbatim: the key is sha256 of its canonical JSON
+    framework: str
+    versions: dict[str, str]
+    target: dict[str, Any]
+    buckets: BucketPlan
+    recipe: Recipe
+    model: ModelInfo = ModelInfo()
+    compile_config: dict[str, Any] = {}
+    serve: ServeHints = ServeHints()
+    build: dict[str, Any] = {}  # what the backend reported (per-bucket seconds, framework_reason, ...)
+    timings: dict[str, float] = {}
+    files: tuple[FileEntry, ...]
+    created_at: str | None = None
+    created_by: dict[str, Any] = {}
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as it is written to disk (JSON types, the on-disk key names)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def with_serve(self, **hints: Any) -> Manifest:
+        """A copy with some serve hints replaced (e.g. ``served_model_name`` from the command line)."""
+        return self.model_copy(update={"serve": self.serve.model_copy(update=hints)})
+
+
+def file_entries(root: Path) -> list[FileEntry]:
+    """Every file below root except the manifest, sorted by path."""
     entries = []
     for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
         if rel == MANIFEST_NAME:
             continue
-        entries.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_stream(path)})
+        entries.append(FileEntry(path=rel, size=path.stat().st_size, sha256=sha256_stream(path)))
     return entries
 
 
@@ -37,42 +124,43 @@ def build_manifest(
     *,
     key: str,
     key_inputs: dict[str, Any],
-    recipe: dict[str, Any],
-    model: dict[str, Any],
+    recipe: Recipe,
+    plan: BucketPlan,
+    model: ModelInfo,
     compile_config: dict[str, Any],
-    serve: dict[str, Any],
+    serve: ServeHints,
     timings: dict[str, float],
     extras: dict[str, Any],
     root: Path,
-) -> dict[str, Any]:
-    return {
-        "schema": MANIFEST_SCHEMA,
-        "neuronpack_version": __version__,
-        "key": key,
-        "key_inputs": key_inputs,
-        "framework": key_inputs["framework"],
-        "versions": key_inputs["versions"],
-        "target": key_inputs["target"],
-        "buckets": key_inputs["compile"]["buckets"],
-        "recipe": recipe,
-        "model": model,
-        "compile_config": compile_config,
-        "serve": serve,
-        "build": extras,
-        "timings": {k: round(v, 3) for k, v in timings.items()},
-        "files": file_entries(root),
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "created_by": {"host": os.uname().nodename, "pid": os.getpid()},
-    }
+) -> Manifest:
+    return Manifest(
+        schema_version=MANIFEST_SCHEMA,
+        neuronpack_version=__version__,
+        key=key,
+        key_inputs=key_inputs,
+        framework=key_inputs["framework"],
+        versions=key_inputs["versions"],
+        target=key_inputs["target"],
+        buckets=plan,
+        recipe=recipe,
+        model=model,
+        compile_config=compile_config,
+        serve=serve,
+        build=extras,
+        timings={k: round(v, 3) for k, v in timings.items()},
+        files=tuple(file_entries(root)),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        created_by={"host": os.uname().nodename, "pid": os.getpid()},
+    )
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
+def write_manifest(root: Path, manifest: Manifest) -> Path:
     path = Path(root) / MANIFEST_NAME
-    write_text_atomic(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
     return path
 
 
-def read_manifest(artifact_dir: Path) -> dict[str, Any]:
+def read_manifest(artifact_dir: Path) -> Manifest:
     """The manifest of an artifact directory; ArtifactError when the directory or manifest is missing or invalid."""
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
@@ -80,20 +168,28 @@ def read_manifest(artifact_dir: Path) -> dict[str, Any]:
                             fix="run `neuronpack compile` or check the path")
     path = artifact_dir / MANIFEST_NAME
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ArtifactError(f"no {MANIFEST_NAME}: not a neuronpack artifact or an unfinished build",
                             where=str(artifact_dir), fix="rebuild it with `neuronpack compile`") from None
     except ValueError as exc:
-        raise ArtifactError(f"{MANIFEST_NAME} is not valid JSON ({exc})", where=str(path),
-                            fix="rebuild it with `neuronpack compile --force`") from None
-    if not isinstance(manifest, dict):
-        raise ArtifactError(f"{MANIFEST_NAME} is not a JSON object", where=str(path), fix="rebuild the artifact")
-    missing = [f for f in REQUIRED_FIELDS if f not in manifest]
+        raise ArtifactError(f"{MANIFEST_NAME} is not valid JSON ({exc})", where=str(path), fix=REBUILD) from None
+    return parse_manifest(data, where=str(path))
+
+
+def parse_manifest(data: Any, *, where: str) -> Manifest:
+    """A Manifest from its JSON object; ArtifactError naming the first problem."""
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{MANIFEST_NAME} is not a JSON object", where=where, fix="rebuild the artifact")
+    missing = [f for f in REQUIRED_FIELDS if f not in data]
     if missing:
-        raise ArtifactError(f"{MANIFEST_NAME} lacks {', '.join(missing)}", where=str(path),
-                            fix="rebuild it with `neuronpack compile --force`")
-    if manifest["schema"] != MANIFEST_SCHEMA:
-        raise ArtifactError(f"manifest schema {manifest['schema']} is not {MANIFEST_SCHEMA}", where=str(path),
+        raise ArtifactError(f"{MANIFEST_NAME} lacks {', '.join(missing)}", where=where, fix=REBUILD)
+    if data["schema"] != MANIFEST_SCHEMA:
+        raise ArtifactError(f"manifest schema {data['schema']} is not {MANIFEST_SCHEMA}", where=where,
                             fix="rebuild it with this neuronpack version")
-    return manifest
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ArtifactError(f"{MANIFEST_NAME} field {loc}: {err['msg']}", where=where, fix=REBUILD) from None

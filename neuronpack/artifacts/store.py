@@ -65,9 +65,13 @@ def publish(staging: Path, final: Path, *, replace: bool = False) -> Path:
     return move_into_place(staging, final, replace=replace)
 
 
-def record_failure(parent: Path, key: str, message: str, log: str) -> Path:
-    """Keep a failed build's log; it never blocks a retry and `neuronpack gc` removes it."""
+def record_failure(parent: Path, key: str, message: str, log: str) -> Path | None:
+    """Keep a failed build's log; it never blocks a retry and `neuronpack gc` removes it. Best effort: None when the
+    log cannot be written (the disk that failed the build is often full), so the build's own error is what surfaces."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    path = hidden_dir(parent, "failed") / f"{key[:16]}-{stamp}-{os.getpid()}.log"
-    write_text_atomic(path, f"key: {key}\nerror: {message}\n\n{log}")
+    try:
+        path = hidden_dir(parent, "failed") / f"{key[:16]}-{stamp}-{os.getpid()}.log"
+        write_text_atomic(path, f"key: {key}\nerror: {message}\n\n{log}")
+    except OSError:
+        return None
     return path

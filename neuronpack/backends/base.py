@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
     from neuronpack.buckets import BucketPlan
     from neuronpack.recipe import Recipe
 
@@ -56,6 +57,6 @@ class Backend(Protocol):
         """Compile into request.staging; return extra manifest information (e.g. per-bucket seconds)."""
         ...
 
-    def validate_artifact(self, artifact_dir: Path, manifest: dict[str, Any]) -> None:
+    def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         """Raise ArtifactError when the artifact cannot be loaded on this machine (missing file, mismatch)."""
         ...

@@ -21,7 +21,6 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -196,15 +195,6 @@ def _placeholder_reason(dist: str, version: str | None) -> str:
         f"{dist} {version or ''} from PyPI is a placeholder ('{PLACEHOLDER_MARK}'); the real package comes from "
         f"AWS's repository {NEURON_REPO} on Neuron machines"
     ).replace("  ", " ")
-
-
-def _first_line(argv: list[str]) -> str | None:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = (out.stdout or out.stderr).strip().splitlines()
-    return lines[0] if lines else None
 
 
 VALIDATED = (

@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.neuron_packages import sdk_availability, versions_of
 from neuronpack.errors import ArtifactError, BuildError, CheckpointError, RecipeError, UnsupportedModelError
@@ -109,23 +110,23 @@ class NxdBackend:
         _copy_model_files(request)
         return {"nxd": {"model_class": config["model_class"], "platform_target": config["platform_target"]}}
 
-    def validate_artifact(self, artifact_dir: Path, manifest: dict[str, Any]) -> None:
+    def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         """Files NxDI's load() reads are present, and this machine's NxDI / compiler / torch-neuronx are the ones
         the artifact was built with (NxDI itself records no compiler version)."""
-        neuron_config = (manifest.get("compile_config") or {}).get("neuron_config") or {}
+        neuron_config = manifest.compile_config.get("neuron_config") or {}
         check_compiled(Path(artifact_dir), neuron_config)
         if not neuron_config.get("save_sharded_checkpoint", False):
-            model_path = Path((manifest.get("model") or {}).get("path") or "")
+            model_path = Path(manifest.model.path or "")
             if not (model_path / "config.json").is_file():
                 raise ArtifactError(
                     "this artifact shards weights on load and its checkpoint is gone",
                     where=str(model_path), fix="restore the checkpoint or rebuild with save_sharded_checkpoint=true")
-        built, here = manifest.get("versions") or {}, self.versions()
+        built, here = manifest.versions, self.versions()
         for dist in NXD_DISTS:
             if dist in built and built[dist] != here.get(dist):
                 raise ArtifactError(
                     f"built with {dist} {built[dist]}, this machine has {here.get(dist)}", where=str(artifact_dir),
-                    fix=f"install {dist}=={built[dist]} from {'the Neuron repository'} or rebuild here")
+                    fix=f"install {dist}=={built[dist]} from the Neuron repository or rebuild here")
 
 
 # --- the mapping (pure, torch-free) ----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.neuron_packages import neuron_devices, sdk_availability, versions_of
 from neuronpack.backends.nxd import neuron_instance, nxd_dtype, read_model_config
@@ -109,9 +110,9 @@ class TnxBackend:
         _copy_model_files(request)
         return {"tnx": {"model_class": config["model_class"], "compiled_with": how}}
 
-    def validate_artifact(self, artifact_dir: Path, manifest: dict[str, Any]) -> None:
+    def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         check_tnx_artifact(Path(artifact_dir))
-        built, here = manifest.get("versions") or {}, self.versions()
+        built, here = manifest.versions, self.versions()
         for dist in TNX_DISTS:
             if dist in built and built[dist] != here.get(dist):
                 raise ArtifactError(f"built with {dist} {built[dist]}, this machine has {here.get(dist)}",

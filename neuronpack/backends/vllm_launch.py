@@ -31,10 +31,13 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.select import FRAMEWORK_TO_VLLM
 from neuronpack.errors import ArtifactError, ServeError
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest, ServeHints
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 MULTI_NODE_RUNNER = "neuron_multi_node_runner.py"  # examples/neuron_multi_nodel/ in aws-neuron/upstreaming-to-vllm
@@ -42,7 +45,6 @@ ROOT_COMM_PORT, CPU_COMM_PORT = 8990, 8989
 MASTER_ADDR_REF = "${MASTER_ADDR}"
 # NeuronConfig fields holding config objects: never passed through --override-neuron-config (see module docstring)
 NESTED_FIELDS = ("on_device_sampling_config", "lora_config")
-TNX_QUANT_DTYPES = {"int8": "s8", "fp8": "f8e4m3fn"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class VllmCommand:
 
 def vllm_command(
     artifact_dir: Path,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -69,13 +71,13 @@ def vllm_command(
         vllm_command(Path("art"), manifest).env["NEURON_COMPILED_ARTIFACTS"]   # "/abs/art"
     """
     artifact_dir = Path(artifact_dir).absolute()
-    framework = manifest.get("framework")
+    framework = manifest.framework
     if framework not in FRAMEWORK_TO_VLLM:
         raise ArtifactError(
             f"vLLM serves nxd and tnx artifacts; this one was built for {framework!r}", where=str(artifact_dir),
             fix="serve it with `neuronpack serve` (portable runtime) or rebuild with --framework nxd")
-    serve = manifest.get("serve") or {}
-    config = manifest.get("compile_config") or {}
+    serve = manifest.serve
+    config = manifest.compile_config
     env = {"NEURON_COMPILED_ARTIFACTS": str(artifact_dir), "VLLM_NEURON_FRAMEWORK": FRAMEWORK_TO_VLLM[framework]}
     if framework == "nxd":
         model, override, notes = _nxd_side(artifact_dir, manifest, config)
@@ -84,8 +86,8 @@ def vllm_command(
         model, override, notes = _tnx_side(artifact_dir, manifest, config, env)
         dtype = {v: k for k, v in _AMP.items()}.get(config["from_pretrained"]["amp"], "auto")
     argv = [python, "-m", API_SERVER, "--model", model, "--host", host, "--port", str(port)]
-    if serve.get("served_model_name"):
-        argv += ["--served-model-name", str(serve["served_model_name"])]
+    if serve.served_model_name:
+        argv += ["--served-model-name", serve.served_model_name]
     if api_key:
         argv += ["--api-key", api_key]
     seq_len = int(_required(serve, "max_model_len", artifact_dir))
@@ -98,8 +100,8 @@ def vllm_command(
     argv += _speculation_args(artifact_dir, serve, config, seq_len)
     override.update(_lora_args(serve, manifest, argv))
     cmd = VllmCommand(argv + _override_args(override), env, notes=notes)
-    nodes = int(serve.get("nodes") or 1)
-    return _with_nodes(cmd, argv, override, nodes, int(serve["tensor_parallel_size"])) if nodes > 1 else cmd
+    nodes = serve.nodes
+    return _with_nodes(cmd, argv, override, nodes, int(serve.tensor_parallel_size)) if nodes > 1 else cmd
 
 
 def format_command(cmd: VllmCommand) -> str:
@@ -140,14 +142,14 @@ _AMP = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _ENV_REF = re.compile(r"\$\{[A-Z_][A-Z0-9_]*\}(:\d+)?")
 
 
-def _required(serve: dict, name: str, artifact_dir: Path):
-    if serve.get(name) is None:
+def _required(serve: ServeHints, name: str, artifact_dir: Path):
+    if getattr(serve, name) is None:
         raise ArtifactError(f"the manifest has no serve.{name}", where=str(artifact_dir),
                             fix="rebuild the artifact with this neuronpack version")
-    return serve[name]
+    return getattr(serve, name)
 
 
-def _nxd_side(artifact_dir: Path, manifest: dict, config: dict) -> tuple[str, dict, list[str]]:
+def _nxd_side(artifact_dir: Path, manifest: Manifest, config: dict) -> tuple[str, dict, list[str]]:
     neuron_config = config.get("neuron_config")
     if not isinstance(neuron_config, dict):
         raise ArtifactError("the manifest has no compile_config.neuron_config", where=str(artifact_dir),
@@ -156,19 +158,19 @@ def _nxd_side(artifact_dir: Path, manifest: dict, config: dict) -> tuple[str, di
     if neuron_config.get("save_sharded_checkpoint"):
         # weights/ holds every rank's shard and the artifact has config.json + tokenizer: it is the whole model
         return str(artifact_dir), override, []
-    model = (manifest.get("model") or {}).get("path")
+    model = manifest.model.path
     return str(model), override, [f"weights are sharded on load from {model}: keep it reachable"]
 
 
-def _tnx_side(artifact_dir: Path, manifest: dict, config: dict, env: dict) -> tuple[str, dict, list[str]]:
+def _tnx_side(artifact_dir: Path, manifest: Manifest, config: dict, env: dict) -> tuple[str, dict, list[str]]:
     fp = config.get("from_pretrained") or {}
     env["NEURON_CONTEXT_LENGTH_BUCKETS"] = ",".join(str(b) for b in fp.get("context_length_estimate", []))
     env["NEURON_TOKEN_GEN_BUCKETS"] = ",".join(str(b) for b in fp.get("n_positions", []))
     quant = (config.get("neuron_config") or {}).get("quant")
     if quant:
         env["NEURON_QUANT_DTYPE"] = quant["quant_dtype"]
-    recipe_overrides = (manifest.get("recipe") or {}).get("neuron_overrides") or {}
-    model = str((manifest.get("model") or {}).get("path"))
+    recipe_overrides = manifest.recipe.neuron_overrides
+    model = str(manifest.model.path)
     notes = ["vLLM's transformers-neuronx path compiles at start-up (it does not read NEURON_COMPILED_ARTIFACTS); "
              "the bucket variables make it compile exactly what this artifact holds"]
     return model, dict(recipe_overrides), notes
@@ -197,12 +199,12 @@ def neuron_override(neuron_config: dict, *, speculation: bool = False) -> dict:
     return {k: v for k, v in sorted(n.items()) if k not in NESTED_FIELDS and (k not in defaults or defaults[k] != v)}
 
 
-def _speculation_args(artifact_dir: Path, serve: dict, config: dict, seq_len: int) -> list[str]:
-    length = int(serve.get("speculation_length") or 0)
+def _speculation_args(artifact_dir: Path, serve: ServeHints, config: dict, seq_len: int) -> list[str]:
+    length = serve.speculation_length
     if not length:
         return []
     bundled = artifact_dir / "draft"
-    draft = str(bundled) if (bundled / "config.json").is_file() else serve.get("draft_path")
+    draft = str(bundled) if (bundled / "config.json").is_file() else serve.draft_path
     if not draft:
         raise ArtifactError("the artifact speculates but records no draft", where=str(artifact_dir),
                             fix="rebuild it with `neuronpack compile --force`")
@@ -210,16 +212,16 @@ def _speculation_args(artifact_dir: Path, serve: dict, config: dict, seq_len: in
     return ["--speculative-config", json.dumps(spec, sort_keys=True)]
 
 
-def _lora_args(serve: dict, manifest: dict, argv: list[str]) -> dict:
-    modules = serve.get("lora_modules") or []
-    if not modules:
+def _lora_args(serve: ServeHints, manifest: Manifest, argv: list[str]) -> dict:
+    modules = serve.lora_modules
+    lora = manifest.recipe.lora
+    if not modules or lora is None:
         return {}
-    lora = (manifest.get("recipe") or {}).get("lora") or {}
-    argv += ["--enable-lora", "--max-loras", str(lora.get("max_loras", len(modules))),
-             "--max-lora-rank", str(lora.get("max_rank", 16)), "--lora-modules"]
-    argv += [f"{m['name']}={m['path']}" for m in modules]
-    return {"lora_modules": [{"name": m["name"], "path": m["path"]} for m in modules],
-            "target_modules": list(lora.get("target_modules") or [])}
+    argv += ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_rank),
+             "--lora-modules"]
+    argv += [f"{m.name}={m.path}" for m in modules]
+    return {"lora_modules": [{"name": m.name, "path": m.path} for m in modules],
+            "target_modules": list(lora.target_modules)}
 
 
 def _override_args(override: dict) -> list[str]:

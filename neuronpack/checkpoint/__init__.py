@@ -13,11 +13,13 @@ Example::
 """
 
 from neuronpack.checkpoint.aux_files import AUX_FILES, copy_aux_files
+from neuronpack.checkpoint.dtypes import safetensors_dtype
 from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
 from neuronpack.checkpoint.hub import resolve_model
 from neuronpack.checkpoint.reader import Checkpoint, open_checkpoint
 from neuronpack.checkpoint.safetensors_header import TensorInfo, read_safetensors_header
-from neuronpack.checkpoint.writer import TensorSpec, safetensors_dtype, write_safetensors_sharded
+from neuronpack.checkpoint.summary import summarize_checkpoint
+from neuronpack.checkpoint.writer import TensorSpec, write_safetensors_sharded
 
 __all__ = [
     "AUX_FILES",
@@ -31,5 +33,6 @@ __all__ = [
     "read_safetensors_header",
     "resolve_model",
     "safetensors_dtype",
+    "summarize_checkpoint",
     "write_safetensors_sharded",
 ]

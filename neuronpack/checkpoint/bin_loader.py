@@ -67,7 +67,7 @@ def load_bin_file(file: Path) -> dict[str, torch.Tensor]:
 
 def tensor_infos(tensors: dict[str, torch.Tensor], file_of: dict[str, Path]) -> dict[str, TensorInfo]:
     """TensorInfo for every loaded tensor, with safetensors dtype strings."""
-    from neuronpack.checkpoint.writer import safetensors_dtype
+    from neuronpack.checkpoint.dtypes import safetensors_dtype
 
     infos = {}
     for name, tensor in tensors.items():

@@ -19,17 +19,18 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from neuronpack.checkpoint.dtypes import FLOAT_CODES
 from neuronpack.errors import CheckpointError
 from neuronpack.fsutil import atomic_output_dir
 from neuronpack.progress import NullReporter, Reporter
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GGUF_MAGIC = b"GGUF"
-# GGML tensor types that are stored unquantized, and the torch dtype "auto" keeps for them.
-_PLAIN_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# GGML tensor types that are stored unquantized (named like safetensors' codes), and the torch dtype "auto" keeps
+_PLAIN_TYPES = FLOAT_CODES
 
 
-def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Reporter = NullReporter()) -> Path:
+def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Reporter | None = None) -> Path:
     """Convert ``gguf_file`` into an HF checkpoint directory ``out`` (created atomically; must not exist).
 
     ``dtype``: ``auto`` keeps float16/bfloat16 GGUF files as they are and dequantizes quantized ones (Q4_1, Q8_0,
@@ -41,6 +42,7 @@ def import_gguf(gguf_file: Path, out: Path, *, dtype: str = "auto", reporter: Re
         import_gguf(Path("SmolLM2-135M-Instruct.Q4_1.gguf"), Path("smollm2"))
         # smollm2/: config.json model.safetensors tokenizer.json tokenizer_config.json generation_config.json
     """
+    reporter = reporter or NullReporter()
     gguf_file = _check_gguf_file(Path(gguf_file).expanduser())
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}", where="--dtype", fix=f"choose one of {', '.join(DTYPES)}")
@@ -125,8 +127,9 @@ def _load_gguf(gguf_file: Path, dtype_name: str, reporter: Reporter):
                 folder, gguf_file=name, dtype=getattr(torch, dtype_name), low_cpu_mem_usage=True
             )
             task.advance()
-        except (ValueError, KeyError, NotImplementedError, OSError, RuntimeError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        except Exception as exc:  # noqa: BLE001 - transformers fails in many ways on a corrupt or inconsistent GGUF
+            # (e.g. IndexError for a bos_token_id outside the token list): every one is "cannot load this file".
+            first = f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:200]
             raise CheckpointError(
                 f"transformers cannot load this GGUF ({first})", where=str(gguf_file),
                 fix="check the architecture is one transformers supports for GGUF (llama, mistral, qwen2, ...)",

@@ -31,7 +31,7 @@ _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 _TRUE = ("1", "on", "yes", "true")
 
 
-def resolve_model(source: str | Path, *, reporter: Reporter = NullReporter()) -> Path:
+def resolve_model(source: str | Path, *, reporter: Reporter | None = None) -> Path:
     """Resolve MODEL to an absolute local directory.
 
     An existing directory is returned as-is (absolute); a ``.gguf`` file is refused with the import-gguf command to
@@ -43,6 +43,7 @@ def resolve_model(source: str | Path, *, reporter: Reporter = NullReporter()) ->
         resolve_model("./my-model")                                # Path("/home/me/my-model")
         resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")       # a snapshot dir in the HF cache
     """
+    reporter = reporter or NullReporter()
     text = str(source)
     path = Path(text).expanduser()
     if path.is_dir():

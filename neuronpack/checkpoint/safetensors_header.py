@@ -59,7 +59,8 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
 
     Raises CheckpointError naming the file (and tensor) when the file is too short, the header length is absurd,
     the JSON is invalid, a dtype is unknown, offsets disagree with dtype*shape, tensors overlap or leave holes, or
-    the data section is shorter than the header claims (a truncated download).
+    the data section is shorter than the header claims (a truncated download) or longer (trailing bytes, which the
+    safetensors library refuses too).
 
     Example::
 
@@ -119,8 +120,16 @@ def _read_raw_header(path: Path) -> tuple[dict, int, int]:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise _bad(path, f"header is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise _bad(path, "header is not valid JSON (nested too deeply)") from None
     if not isinstance(header, dict):
         raise _bad(path, "header is not a JSON object")
+    try:
+        # A lone UTF-16 surrogate escape such as \ud800 parses in Python but is not UTF-8 text: the safetensors
+        # library refuses it, and printing such a tensor name would fail later.
+        json.dumps(header, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(path, "header has a string that is not valid UTF-8 (a lone surrogate escape)") from None
     return header, 8 + header_len, file_size
 
 
@@ -128,7 +137,7 @@ def _parse_entry(path: Path, name: str, entry: object) -> tuple[str, tuple[int, 
     if not isinstance(entry, dict):
         raise _bad(path, "header entry is not an object", tensor=name)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise _bad(path, f"unknown dtype {dtype!r}", tensor=name)
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
         raise _bad(path, f"shape {shape!r} is not a list of non-negative integers", tensor=name)
@@ -161,6 +170,10 @@ def _check_layout(path: Path, infos: list, *, data_size: int, file_size: int, da
         cursor = end
     if cursor > data_size:
         raise _bad(path, f"truncated: expected {data_start + cursor} bytes, file has {file_size}")
+    if cursor < data_size:
+        # The safetensors library refuses such a file ("file not fully covered"): refuse it here, not at load time.
+        raise _bad(path, f"{data_size - cursor} bytes after the last tensor (expected {data_start + cursor} bytes, "
+                         f"file has {file_size})")
 
 
 def _check_metadata(path: Path, metadata: object) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
+from neuronpack.checkpoint.dtypes import safetensors_dtype
 from neuronpack.checkpoint.safetensors_header import expected_nbytes
 from neuronpack.progress import NullReporter, Reporter
 
@@ -53,7 +54,7 @@ def write_safetensors_sharded(
     *,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     metadata: dict[str, str] | None = None,
-    reporter: Reporter = NullReporter(),
+    reporter: Reporter | None = None,
 ) -> list[Path]:
     """Stream tensors into safetensors shards in ``out_dir``; return the shard paths in order.
 
@@ -70,6 +71,7 @@ def write_safetensors_sharded(
         rows = ((s.name, t) for t in big.split(1024))       # 1024-row chunks
         write_safetensors_sharded(staging, specs, rows)     # -> [staging / "model.safetensors"]
     """
+    reporter = reporter or NullReporter()
     out_dir = Path(out_dir)
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be positive")
@@ -91,26 +93,6 @@ def write_safetensors_sharded(
     if len(shards) > 1:
         _write_index(out_dir, shards)
     return paths
-
-
-def safetensors_dtype(dtype: torch.dtype) -> str:
-    """The safetensors dtype string of a torch dtype, e.g. ``safetensors_dtype(torch.bfloat16) == "BF16"``."""
-    table = _dtype_table()
-    if dtype not in table:
-        raise ValueError(f"torch dtype {dtype} has no safetensors equivalent")
-    return table[dtype]
-
-
-def _dtype_table() -> dict[torch.dtype, str]:
-    import torch
-
-    names = {
-        "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-        "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-        "uint16": "U16", "uint32": "U32", "uint64": "U64",
-        "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
-    }
-    return {getattr(torch, n): s for n, s in names.items() if hasattr(torch, n)}
 
 
 def _spec_nbytes(spec: TensorSpec) -> int:

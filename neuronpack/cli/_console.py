@@ -1,4 +1,8 @@
-"""Consoles, output formats, the rich progress reporter and the error boundary shared by every command."""
+"""Consoles, output formats, the one result printer, the rich progress reporter and the error boundary shared by
+every command.
+
+Text that comes from the domain (error lines, warnings, file names, table cells) is printed with rich markup escaped:
+"remove [speculation]" must not lose its brackets."""
 
 from __future__ import annotations
 
@@ -12,9 +16,19 @@ from enum import Enum
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console, RenderableType
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 
+from neuronpack.cli._progress import PlainTask, ProgressMode, resolve_mode
 from neuronpack.errors import NeuronpackError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,7 +56,7 @@ def handle_errors(fn: F) -> F:
         except NeuronpackError as exc:
             if debug_enabled():
                 raise
-            stderr.print(f"[bold red]error:[/] {exc.one_line()}", markup=True, highlight=False, soft_wrap=True)
+            stderr.print(f"[bold red]error:[/] {escape(exc.one_line())}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             stderr.print("interrupted")
@@ -55,6 +69,22 @@ def print_json(obj: Any) -> None:
     """One JSON object on stdout (machine-readable result)."""
     sys.stdout.write(json.dumps(obj, indent=None, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
+
+
+def print_result(output_format: OutputFormat, data: Any, text: str | RenderableType | None = None) -> None:
+    """The one way a command prints its result on stdout: ``data`` as one JSON object with ``--format json``, else
+    ``text`` (a plain line, printed verbatim, or a rich renderable such as a Table; nothing when None)."""
+    if output_format is OutputFormat.json:
+        print_json(data)
+    elif isinstance(text, str):
+        stdout.print(text, markup=False, highlight=False, soft_wrap=True)
+    elif text is not None:
+        stdout.print(text)
+
+
+def cell(value: Any) -> str:
+    """A table cell from domain text: rich markup in it is shown, not interpreted."""
+    return escape(str(value))
 
 
 class _RichTask:
@@ -72,19 +102,26 @@ class _RichTask:
 
 
 class RichReporter:
-    """Renders domain progress as rich bars on stderr; silent bars when quiet or stderr is not a terminal."""
+    """Renders domain progress on stderr as rich bars, plain log lines or nothing (``--progress``, see
+    _progress.py); info lines unless quiet, warnings always."""
 
-    def __init__(self, *, quiet: bool = False) -> None:
+    def __init__(self, *, quiet: bool = False, progress: ProgressMode = ProgressMode.auto) -> None:
         self.quiet = quiet
-        self.show_bars = not quiet and stderr.is_terminal
+        self.mode = resolve_mode(progress, stderr, quiet=quiet)
+        self.show_bars = self.mode is ProgressMode.rich
         self.warnings: list[str] = []
 
     @contextmanager
-    def task(self, description: str, total: float | None = None) -> Iterator[_RichTask]:
+    def task(self, description: str, total: float | None = None, *, unit: str | None = None) -> Iterator[Any]:
+        if self.mode is ProgressMode.plain:
+            with PlainTask(stderr, description, total, unit) as task:
+                yield task
+            return
         if not self.show_bars:
             yield _RichTask(None, None)
             return
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        counts = [DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else [MofNCompleteColumn()]
+        columns = [TextColumn("{task.description}"), BarColumn(), *counts, TimeElapsedColumn()]
         with Progress(*columns, console=stderr, transient=False) as progress:
             task_id = progress.add_task(description, total=total)
             yield _RichTask(progress, task_id)
@@ -97,4 +134,4 @@ class RichReporter:
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
-        stderr.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        stderr.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from neuronpack.cli._console import OutputFormat, print_json, stderr, stdout
-from neuronpack.cli._options import FormatOpt, RootOpt
+from neuronpack.cli._console import OutputFormat, cell, print_result, stderr
+from neuronpack.cli._options import EndpointOpt, FormatOpt, RootOpt, StoreOpt
 
 ArtifactArg = Annotated[Path, typer.Argument(help="an artifact directory (neuron-compiled-artifacts/<key>)")]
 
@@ -29,38 +29,52 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def _check_duration(value: str | None) -> str | None:
+    """--older-than must read as a duration: a usage error (exit 2) otherwise."""
+    from neuronpack.artifacts.listing import parse_duration
+    from neuronpack.errors import NeuronpackError
+
+    if value is not None:
+        try:
+            parse_duration(value)
+        except NeuronpackError as exc:
+            raise typer.BadParameter(f"{exc.what}; {exc.fix}") from None
+    return value
+
+
 def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputFormat.text) -> None:
     """Show an artifact's manifest as a readable table."""
     from neuronpack.artifacts.manifest import read_manifest
 
     m = read_manifest(artifact)
     if output_format is OutputFormat.json:
-        print_json(m)
+        print_result(output_format, m.to_json())
         return
-    table = Table(title=str(artifact), show_header=False)
+    table = Table(title=cell(artifact), show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    recipe, serve = m.get("recipe", {}), m.get("serve", {})
+    recipe = m.recipe
+    section = recipe.to_dict()  # sections as the recipe file spells them
     rows = [
-        ("key", m["key"]),
-        ("model", f"{m.get('model', {}).get('source')}  ({m.get('model', {}).get('path')})"),
-        ("framework", f"{m['framework']}  ({m.get('build', {}).get('framework_reason', '')})"),
-        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))),
-        ("target", ", ".join(f"{k}={v}" for k, v in sorted(m["target"].items()) if not isinstance(v, dict))),
-        ("dtype", str(recipe.get("model", {}).get("dtype"))),
-        ("batch / tp", f"{recipe.get('target', {}).get('batch_size')} / {recipe.get('target', {}).get('tp_degree')}"),
-        ("context buckets", ", ".join(map(str, m["buckets"]["context"]))),
-        ("token-gen buckets", ", ".join(map(str, m["buckets"]["token_generation"]))),
-        ("max model len", str(serve.get("max_model_len"))),
-        ("quantization", str(recipe.get("quantization"))),
-        ("speculation", str(recipe.get("speculation"))),
-        ("files", f"{len(m['files'])} ({_size(sum(f['size'] for f in m['files']))})"),
-        ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.get("timings", {}).items())),
-        ("created", str(m.get("created_at"))),
+        ("key", m.key),
+        ("model", f"{m.model.source}  ({m.model.path})"),
+        ("framework", f"{m.framework}  ({m.build.get('framework_reason', '')})"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(m.versions.items()))),
+        ("target", ", ".join(f"{k}={v}" for k, v in sorted(m.target.items()) if not isinstance(v, dict))),
+        ("dtype", recipe.model.dtype),
+        ("batch / tp", f"{recipe.target.batch_size} / {recipe.target.tp_degree}"),
+        ("context buckets", ", ".join(map(str, m.buckets.context))),
+        ("token-gen buckets", ", ".join(map(str, m.buckets.token_generation))),
+        ("max model len", str(m.serve.max_model_len)),
+        ("quantization", str(section.get("quantization"))),
+        ("speculation", str(section.get("speculation"))),
+        ("files", f"{len(m.files)} ({_size(m.total_size)})"),
+        ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.timings.items())),
+        ("created", str(m.created_at)),
     ]
     for field, value in rows:
-        table.add_row(field, value)
-    stdout.print(table)
+        table.add_row(field, cell(value))
+    print_result(output_format, None, table)
 
 
 def verify_command(
@@ -73,32 +87,41 @@ def verify_command(
 ) -> None:
     """Check schema, key, every file's size and sha256, and that this machine's toolchain matches (exit 1 naming the
     first problem)."""
-    from neuronpack.artifacts.verify import verify_artifact
+    from neuronpack.pipeline import verify_artifact
 
     m = verify_artifact(artifact, check_env=not no_env)
-    if output_format is OutputFormat.json:
-        print_json({"ok": True, "path": str(artifact), "key": m["key"], "files": len(m["files"])})
-    else:
-        stdout.print(f"ok: {artifact} ({len(m['files'])} files, key {m['key'][:16]})", markup=False)
+    print_result(output_format, {"ok": True, "path": str(artifact), "key": m.key, "files": len(m.files)},
+                 f"ok: {artifact} ({len(m.files)} files, key {m.key[:16]})")
 
 
-def ls_command(*, root: RootOpt = None, output_format: FormatOpt = OutputFormat.text) -> None:
-    """List the artifacts under a root, newest first."""
+def ls_command(
+    *,
+    root: RootOpt = None,
+    remote: StoreOpt = None,
+    endpoint_url: EndpointOpt = None,
+    output_format: FormatOpt = OutputFormat.text,
+) -> None:
+    """List the artifacts under a root (or in a remote store with --remote), newest first."""
     from neuronpack.artifacts.listing import list_artifacts
     from neuronpack.artifacts.store import artifacts_root
 
-    rows = list_artifacts(artifacts_root(root))
-    if output_format is OutputFormat.json:
-        print_json({"root": str(artifacts_root(root)), "artifacts": rows})
-        return
-    table = Table(title=str(artifacts_root(root)))
+    if remote:
+        from neuronpack.artifacts.remote import open_transport
+        from neuronpack.artifacts.remote.listing import list_remote
+
+        transport = open_transport(remote, endpoint_url=endpoint_url)
+        where, rows, field = transport.url, list_remote(transport), "remote"
+    else:
+        where, rows, field = str(artifacts_root(root)), list_artifacts(artifacts_root(root)), "root"
+    table = Table(title=cell(where))
     for col in ("key", "model", "framework", "buckets (ctx | tkg)", "size", "age"):
         table.add_column(col)
     for r in rows:
         ctx, tkg = (",".join(map(str, r["buckets"][kind])) for kind in ("context", "token_generation"))
         buckets = f"{ctx} | {tkg}"
-        table.add_row(r["key"][:16], str(r["model"]), r["framework"], buckets, _size(r["size"]), _age(r["age_seconds"]))
-    stdout.print(table)
+        table.add_row(r["key"][:16], cell(r["model"]), r["framework"], buckets, _size(r["size"]),
+                      _age(r["age_seconds"]))
+    print_result(output_format, {field: where, "artifacts": rows}, table)
 
 
 def gc_command(
@@ -106,25 +129,42 @@ def gc_command(
     root: RootOpt = None,
     keep: Annotated[int | None, typer.Option("--keep", min=0, help="keep only the newest N artifacts")] = None,
     older_than: Annotated[
-        str | None, typer.Option("--older-than", help="remove artifacts older than this (30m, 12h, 7d)")
+        str | None,
+        typer.Option("--older-than", callback=_check_duration, help="remove artifacts older than this (30m, 12h, 7d)"),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed; remove nothing")] = False,
+    remote: StoreOpt = None,
+    endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs."""
+    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs; prune
+    digest-cache entries of files that are gone (with --remote: old keys of a remote store, and keys whose push never
+    committed)."""
     from neuronpack.artifacts.listing import parse_duration, plan_gc, run_gc
     from neuronpack.artifacts.store import artifacts_root
 
-    items = plan_gc(artifacts_root(root), keep=keep, older_than=parse_duration(older_than) if older_than else None)
-    if not dry_run:
-        run_gc(items)
-    freed = sum(i.size for i in items)
-    if output_format is OutputFormat.json:
-        print_json({"dry_run": dry_run, "freed_bytes": freed,
-                    "removed": [{"path": str(i.path), "kind": i.kind, "size": i.size, "reason": i.reason}
-                                for i in items]})
-        return
+    age = parse_duration(older_than) if older_than else None
+    pruned = 0
+    if remote:
+        from neuronpack.artifacts.remote import open_transport
+        from neuronpack.artifacts.remote.listing import plan_remote_gc, run_remote_gc
+
+        transport = open_transport(remote, endpoint_url=endpoint_url)
+        remote_items = plan_remote_gc(transport, keep=keep, older_than=age)
+        if not dry_run:
+            run_remote_gc(transport, remote_items)
+        rows = [(f"{transport.url}/{i.key}", i.kind, i.size, i.reason) for i in remote_items]
+    else:
+        items = plan_gc(artifacts_root(root), keep=keep, older_than=age)
+        pruned = 0 if dry_run else run_gc(items)
+        rows = [(str(i.path), i.kind, i.size, i.reason) for i in items]
+    freed = sum(size for _, _, size, _ in rows)
     verb = "would remove" if dry_run else "removed"
-    for i in items:
-        stdout.print(f"{verb} {i.kind}: {i.path} ({_size(i.size)}; {i.reason})", markup=False)
-    stderr.print(f"{verb} {len(items)} item(s), {_size(freed)}", markup=False)
+    lines = "\n".join(f"{verb} {kind}: {path} ({_size(size)}; {reason})" for path, kind, size, reason in rows)
+    print_result(output_format, {"dry_run": dry_run, "freed_bytes": freed, "digest_cache_pruned": pruned,
+                                 "removed": [{"path": path, "kind": kind, "size": size, "reason": reason}
+                                             for path, kind, size, reason in rows]},
+                 lines or None)
+    if output_format is OutputFormat.text:
+        pruned_text = f"; pruned {pruned} digest-cache entr{'y' if pruned == 1 else 'ies'}" if pruned else ""
+        stderr.print(f"{verb} {len(rows)} item(s), {_size(freed)}{pruned_text}", markup=False)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from neuronpack.cli._console import OutputFormat, print_json, stdout
+from neuronpack.cli._console import OutputFormat, print_result
 from neuronpack.cli._options import FormatOpt
 
 
@@ -19,6 +19,17 @@ def _ints(text: str | None) -> list[int] | str:
     return list(parse_tnx_bucket_env(text, 0))
 
 
+def _check_ints(text: str | None) -> str | None:
+    """A bucket list that does not parse is a usage error (exit 2)."""
+    from neuronpack.errors import NeuronpackError
+
+    try:
+        _ints(text)
+    except NeuronpackError as exc:
+        raise typer.BadParameter(exc.what) from None
+    return text
+
+
 def buckets_command(
     *,
     seq_len: Annotated[int, typer.Option("--seq-len", help="maximum total length (token-generation maximum)")],
@@ -26,10 +37,12 @@ def buckets_command(
         int | None, typer.Option("--max-context-length", help="maximum prompt length (default: seq-len)")
     ] = None,
     context: Annotated[
-        str | None, typer.Option("--context", help='context-encoding buckets, comma separated, or "auto"')
+        str | None,
+        typer.Option("--context", callback=_check_ints, help='context-encoding buckets, comma separated, or "auto"'),
     ] = None,
     token_gen: Annotated[
-        str | None, typer.Option("--token-gen", help='token-generation buckets, comma separated, or "auto"')
+        str | None,
+        typer.Option("--token-gen", callback=_check_ints, help='token-generation buckets, comma separated, or "auto"'),
     ] = None,
     no_bucketing: Annotated[bool, typer.Option("--no-bucketing", help="one bucket each (bucketing off)")] = False,
     output_format: FormatOpt = OutputFormat.text,
@@ -39,13 +52,10 @@ def buckets_command(
 
     plan = plan_buckets(seq_len, max_context_length, enabled=not no_bucketing, context=_ints(context),
                         token_generation=_ints(token_gen))
-    if output_format is OutputFormat.json:
-        print_json(plan.to_dict())
-        return
     table = Table(title=f"bucket plan (seq_len {plan.seq_len}, max_context_length {plan.max_context_length})")
     table.add_column("kind")
     table.add_column("buckets")
     table.add_column("graphs", justify="right")
     table.add_row("context encoding", ", ".join(map(str, plan.context)), str(len(plan.context)))
     table.add_row("token generation", ", ".join(map(str, plan.token_generation)), str(len(plan.token_generation)))
-    stdout.print(table)
+    print_result(output_format, plan.to_dict(), table)

@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stdout
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._console import OutputFormat, RichReporter, print_result
+from neuronpack.cli._options import EndpointOpt, FormatOpt, ProgressOpt, QuietOpt, RemoteOpt, RootOpt, SetOpt
+from neuronpack.cli._progress import ProgressMode
 
 
 class FrameworkChoice(str, Enum):
@@ -29,58 +30,66 @@ def compile_command(
     framework: Annotated[
         FrameworkChoice | None, typer.Option("--framework", help="override the recipe's framework")
     ] = None,
-    out_root: Annotated[
-        Path | None,
-        typer.Option("--out-root", help="root of neuron-compiled-artifacts/ (default $NEURONPACK_ARTIFACTS_ROOT or .)"),
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="override a recipe field: --set target.batch_size=4")
-    ] = None,
+    root: RootOpt = None,
+    set_: SetOpt = None,
     force: Annotated[bool, typer.Option("--force", help="rebuild even when a valid artifact exists")] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the resolved configuration and key; build nothing")
     ] = False,
+    remote: RemoteOpt = None,
+    push: Annotated[bool, typer.Option("--push", help="publish the artifact to --remote after the build")] = False,
+    endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
+    progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
-    """Compile MODEL with a recipe into <root>/neuron-compiled-artifacts/<key>/ (a cache hit returns it at once)."""
+    """Compile MODEL with a recipe into <root>/neuron-compiled-artifacts/<key>/ (a cache hit returns it at once;
+    with --remote, a key stored there is pulled instead of built)."""
+    from neuronpack.artifacts.remote import open_transport
     from neuronpack.pipeline import compile_model
 
-    reporter = RichReporter(quiet=quiet)
+    reporter = RichReporter(quiet=quiet, progress=progress)
+    transport = open_transport(remote, endpoint_url=endpoint_url) if remote else None
     result = compile_model(
         model,
         recipe=recipe,
         overrides=set_ or [],
         framework=framework.value if framework else None,
-        out_root=out_root,
+        out_root=root,
         force=force,
         dry_run=dry_run,
         reporter=reporter,
+        remote=transport,
+        push=push,
     )
     if dry_run:
         payload = {"dry_run": True, "framework": result.framework, "framework_reason": result.framework_reason,
                    "key": result.key, "path": str(result.path), **result.compile_config}
-        if output_format is OutputFormat.json:
-            print_json(payload)
+        if result.in_remote is not None:
+            payload["in_remote"] = result.in_remote
+        print_result(output_format, payload, json.dumps(payload, indent=2, sort_keys=True, default=str))
+        return
+    manifest = result.manifest
+    summary = {
+        "path": str(result.path),
+        "key": result.key,
+        "cache_hit": result.cache_hit,
+        "remote_hit": result.remote_hit,
+        "pushed": result.pushed,
+        "framework": result.framework,
+        "framework_reason": result.framework_reason,
+        "buckets": manifest.buckets.to_dict(),
+        "files": len(manifest.files),
+        "size": manifest.total_size,
+        "timings": result.timings if result.cache_hit else manifest.timings,
+    }
+    if output_format is OutputFormat.text:
+        if result.pushed is not None:
+            reporter.info(f"push: {result.pushed['reason']} ({result.pushed['url']})")
+        if result.remote_hit:
+            reporter.info(f"remote hit: pulled {result.key[:16]} in {result.timings.get('pull', 0.0):.1f} s")
+        elif result.cache_hit:
+            reporter.info(f"cache hit: {result.key[:16]} (built {manifest.created_at or '?'})")
         else:
-            stdout.print(json.dumps(payload, indent=2, sort_keys=True, default=str), markup=False)
-        return
-    manifest = result.manifest or {}
-    if output_format is OutputFormat.json:
-        print_json({
-            "path": str(result.path),
-            "key": result.key,
-            "cache_hit": result.cache_hit,
-            "framework": result.framework,
-            "framework_reason": result.framework_reason,
-            "buckets": manifest.get("buckets"),
-            "files": len(manifest.get("files", [])),
-            "size": sum(f["size"] for f in manifest.get("files", [])),
-            "timings": result.timings if result.cache_hit else manifest.get("timings", {}),
-        })
-        return
-    if result.cache_hit:
-        reporter.info(f"cache hit: {result.key[:16]} (built {manifest.get('created_at', '?')})")
-    else:
-        reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
-    stdout.print(str(result.path), markup=False, highlight=False)
+            reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
+    print_result(output_format, summary, str(result.path))

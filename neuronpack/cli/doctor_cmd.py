@@ -5,56 +5,57 @@ It reports and exits 0 even when nothing Neuron is installed (that is a normal b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from neuronpack.cli._console import OutputFormat, print_json, stdout
+from neuronpack.cli._console import OutputFormat, cell, print_result
 from neuronpack.cli._options import FormatOpt
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 _STATE_STYLE = {"ok": "green", "placeholder": "yellow", "broken": "red", "missing": "dim"}
 
 
-def doctor_command(*, format: FormatOpt = OutputFormat.text) -> None:
+def doctor_command(*, output_format: FormatOpt = OutputFormat.text) -> None:
     """Show the toolchain neuronpack sees: Python, torch, C++ compiler, each Neuron package (importable,
     PyPI placeholder or missing), neuronx-cc, platform target, the framework `auto` picks and why, and the
     environment variables in force."""
     from neuronpack.backends.neuron_packages import environment_report
 
     report = environment_report()
-    if format == OutputFormat.json:
-        print_json(report)
-        return
-    _print_text(report)
+    print_result(output_format, report, _text(report) if output_format is OutputFormat.text else None)
 
 
-def _print_text(report: dict[str, Any]) -> None:
+def _text(report: dict[str, Any]) -> RenderableType:
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"neuronpack {report['neuronpack']} doctor", title_justify="left", show_lines=False)
     table.add_column("item", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("detail", overflow="fold")
     py = report["python"]
-    table.add_row("python", py["version"], py["executable"])
-    table.add_row("torch", report["torch"] or "missing", "read from package metadata (not imported)")
-    table.add_row("transformers", report["transformers"] or "missing", "")
+    table.add_row("python", cell(py["version"]), cell(py["executable"]))
+    table.add_row("torch", cell(report["torch"] or "missing"), "read from package metadata (not imported)")
+    table.add_row("transformers", cell(report["transformers"] or "missing"), "")
     cxx = report["cxx"]
     table.add_row("C++ compiler", "ok" if cxx["path"] else "missing",
-                  f"{cxx['path']}: {cxx['version']}" if cxx["path"] else "AOTInductor needs one (torch backend)")
+                  cell(f"{cxx['path']}: {cxx['version']}") if cxx["path"] else "AOTInductor needs one (torch backend)")
     for pkg in report["packages"]:
         style = _STATE_STYLE.get(pkg["state"], "")
         state = pkg["state"] + (f" {pkg['version']}" if pkg["version"] and pkg["state"] == "ok" else "")
-        table.add_row(pkg["dist"], f"[{style}]{state}[/]", pkg["reason"])
+        table.add_row(pkg["dist"], f"[{style}]{cell(state)}[/]", cell(pkg["reason"]))
     plat = report["platform"]
-    table.add_row("instance", plat["instance_type"] or "unknown", "from DMI product name")
-    table.add_row("neuron devices", str(len(plat["neuron_devices"])), " ".join(plat["neuron_devices"]))
-    table.add_row("platform target", plat["platform_target_override"] or "unset",
+    table.add_row("instance", cell(plat["instance_type"] or "unknown"), "from DMI product name")
+    table.add_row("neuron devices", str(len(plat["neuron_devices"])), cell(" ".join(plat["neuron_devices"])))
+    table.add_row("platform target", cell(plat["platform_target_override"] or "unset"),
                   "NEURON_PLATFORM_TARGET_OVERRIDE; compile sets it from the recipe's target.instance")
     fw = report["framework"]
-    table.add_row("auto framework", f"[bold]{fw['auto']}[/]", fw["auto_reason"])
+    table.add_row("auto framework", f"[bold]{cell(fw['auto'])}[/]", cell(fw["auto_reason"]))
     eff = fw["effective"]
-    table.add_row("with this env", str(eff["name"]), eff["reason"])
+    table.add_row("with this env", cell(eff["name"]), cell(eff["reason"]))
     for name, value in report["env"].items():
-        table.add_row(f"${name}", "set", value)
-    stdout.print(table)
-    stdout.print("validated here: " + "; ".join(report["validated"]), markup=False)
-    stdout.print("NOT validated here: " + "; ".join(report["not_validated"]), markup=False)
+        table.add_row(f"${name}", "set", cell(value))
+    return Group(table, Text("validated here: " + "; ".join(report["validated"])),
+                 Text("NOT validated here: " + "; ".join(report["not_validated"])))

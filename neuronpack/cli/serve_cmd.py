@@ -9,17 +9,22 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_json, stderr, stdout
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
+from neuronpack.cli._options import EndpointOpt, FormatOpt, QuietOpt, RootOpt, SetOpt
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
 
 
 def serve_command(
     artifact_dir: Annotated[
-        Path | None, typer.Argument(help="compiled artifact directory (default: $NEURON_COMPILED_ARTIFACTS)")
+        str | None,
+        typer.Argument(help="compiled artifact directory, or a remote one (s3://bucket/prefix/<key>, "
+                       "file:///path/<key>) to pull into the local root first (default: $NEURON_COMPILED_ARTIFACTS)"),
     ] = None,
     *,
     host: Annotated[str, typer.Option("--host", help="address to bind (loopback unless told otherwise)")] = "127.0.0.1",
@@ -32,7 +37,7 @@ def serve_command(
         str | None, typer.Option("--model", help="model to compile into $NEURON_COMPILED_ARTIFACTS when it is invalid")
     ] = None,
     recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="recipe for that compile")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="recipe override for that compile")] = None,
+    set_: SetOpt = None,
     served_model_name: Annotated[
         str | None, typer.Option("--served-model-name", help="the name clients send as 'model'")
     ] = None,
@@ -42,19 +47,22 @@ def serve_command(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="torch CPU threads (default: every core available)")
     ] = None,
+    root: RootOpt = None,
+    endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (built-in runtime for torch artifacts, vLLM for Neuron)."""
     from neuronpack.artifacts.manifest import read_manifest
-    from neuronpack.artifacts.resolve import resolve_serving_artifact
+    from neuronpack.pipeline import resolve_serving_artifact
 
     reporter = RichReporter(quiet=quiet)
-    path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter)
+    path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter,
+                                    root=root, endpoint_url=endpoint_url)
     manifest = read_manifest(path)
     if served_model_name:
-        manifest = {**manifest, "serve": {**(manifest.get("serve") or {}), "served_model_name": served_model_name}}
-    if manifest.get("framework") != "torch":
+        manifest = manifest.with_serve(served_model_name=served_model_name)
+    if manifest.framework != "torch":
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
                      output_format=output_format)
         return
@@ -88,7 +96,7 @@ def generate_command(
     quiet: QuietOpt = False,
 ) -> None:
     """Generate one completion from an artifact through the serving engine; the text goes to stdout."""
-    from neuronpack.artifacts.resolve import resolve_serving_artifact
+    from neuronpack.pipeline import resolve_serving_artifact
     from neuronpack.runtime.engine import GenerationRequest
     from neuronpack.runtime.loader import load_engine
     from neuronpack.runtime.sampling import SamplingParams
@@ -106,17 +114,16 @@ def generate_command(
     )
     result = loaded.engine.generate(request)
     timings = {"load_s": round(loaded.load_seconds, 4), **{k: round(v, 4) for k, v in result.timings.items()}}
+    print_result(output_format, {"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
+                                 "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                                 "model": loaded.served_model_name, "timings": timings}, result.text)
     if output_format is OutputFormat.json:
-        print_json({"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
-                    "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                    "model": loaded.served_model_name, "timings": timings})
         return
-    stdout.print(result.text, markup=False, highlight=False)
     reporter.info(f"[{result.completion_tokens} tokens, finish_reason={result.finish_reason}, "
                   f"{result.timings['tokens_per_s']:.1f} tokens/s, load {loaded.load_seconds:.1f} s]")
 
 
-def _serve_torch(path: Path, manifest: dict[str, Any], *, host: str, port: int, api_key: str | None,
+def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  threads: int | None, reporter: RichReporter, quiet: bool) -> None:
     from neuronpack.runtime.loader import load_engine
     from neuronpack.runtime.server import create_app, run_server
@@ -135,17 +142,16 @@ def _serve_torch(path: Path, manifest: dict[str, Any], *, host: str, port: int, 
     run_server(app, host=host, port=port, log_level="warning" if quiet else "info")
 
 
-def _launch_vllm(path: Path, manifest: dict[str, Any], *, host: str, port: int, api_key: str | None,
+def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  print_only: bool, output_format: OutputFormat) -> None:
     from neuronpack.backends.vllm_launch import format_command, run_vllm, vllm_command
 
     cmd = vllm_command(path, manifest, host=host, port=port, api_key=api_key)
     if print_only:
-        if output_format is OutputFormat.json:
-            print_json({"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes,
-                        "per_node": [{"argv": n.argv, "env": n.env} for n in cmd.per_node]})
-        else:
-            stdout.print(format_command(cmd), markup=False, highlight=False, soft_wrap=True)
+        print_result(output_format, {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes,
+                                     "per_node": [{"argv": n.argv, "env": n.env} for n in cmd.per_node]},
+                     format_command(cmd))
+        if output_format is OutputFormat.text:
             for note in cmd.notes:
                 stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
         return
@@ -156,11 +162,8 @@ def _launch_vllm(path: Path, manifest: dict[str, Any], *, host: str, port: int, 
 
 
 def _print_command(argv: list[str], env: dict[str, str], notes: list[str], output_format: OutputFormat) -> None:
-    if output_format is OutputFormat.json:
-        print_json({"argv": argv, "env": env, "notes": notes, "per_node": []})
-        return
-    line = " ".join(shlex.quote(a) for a in argv)
-    stdout.print(line, markup=False, highlight=False, soft_wrap=True)
+    print_result(output_format, {"argv": argv, "env": env, "notes": notes, "per_node": []},
+                 " ".join(shlex.quote(a) for a in argv))
 
 
 def _url_host(host: str) -> str:

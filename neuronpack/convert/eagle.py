@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from neuronpack import __version__
 from neuronpack.checkpoint import Checkpoint, TensorSpec, copy_aux_files, open_checkpoint, write_safetensors_sharded
+from neuronpack.checkpoint.dtypes import torch_dtype
 from neuronpack.checkpoint.safetensors_header import expected_nbytes
 from neuronpack.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
 from neuronpack.convert.eagle_layouts import (
@@ -50,8 +51,6 @@ CONFIG_SECTION = "neuronpack_eagle"
 # Row chunks of about this many bytes bound the memory a large tensor (head, embedding) needs while it streams.
 # 64 MiB chunks were not faster (bench/eagle.py).
 CHUNK_BYTES = 16 * 2**20
-_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "BOOL": "bool",
-                 "I32": "int32", "I8": "int8", "U8": "uint8", "F64": "float64", "I16": "int16"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ def convert_eagle(
     *,
     dtype: str = "auto",
     overwrite_head: bool = False,
-    reporter: Reporter = NullReporter(),
+    reporter: Reporter | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> EagleResult:
     """Convert an EAGLE draft for NxDI into ``out`` (a new directory, published atomically).
@@ -98,6 +97,7 @@ def convert_eagle(
         convert_eagle(Path("eagle-draft"), Path("llama-3-8b"), Path("eagle-nxd"), dtype="float16").casts
         # ({"name": "lm_head.weight", "from": "BF16", "to": "F16"},)
     """
+    reporter = reporter or NullReporter()
     from neuronpack.checkpoint import resolve_model
 
     draft_dir, target_dir = resolve_model(draft, reporter=reporter), resolve_model(target, reporter=reporter)
@@ -112,7 +112,7 @@ def convert_eagle(
         digests = pool.submit(_source_digests, draft_ckpt, target_ckpt, plan)
         with atomic_output_dir(Path(out), inputs=[draft_dir, target_dir], label="eagle-") as staging:
             stream = _TensorStream(plan, draft_ckpt, target_ckpt)
-            specs = [TensorSpec(t.name, _torch_dtype(t.dtype), t.shape) for t in plan.tensors]
+            specs = [TensorSpec(t.name, torch_dtype(t.dtype), t.shape) for t in plan.tensors]
             shards = write_safetensors_sharded(
                 staging, specs, stream.chunks(), max_shard_bytes=max_shard_bytes, reporter=reporter
             )
@@ -186,7 +186,7 @@ def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
         return rows
     import torch
 
-    cast = rows.to(_torch_dtype(spec.dtype))
+    cast = rows.to(torch_dtype(spec.dtype))
     # aminmax is one cheap pass (isfinite over the whole chunk cost as much as the cast); NaN/inf show up in it.
     if cast.numel() and not all(torch.isfinite(v) for v in torch.aminmax(cast)):
         if all(torch.isfinite(v) for v in torch.aminmax(rows)):
@@ -211,11 +211,6 @@ def _row_ranges(spec: OutputTensor) -> list[tuple[int, int]]:
 def _nbytes(spec: OutputTensor) -> int:
     return max(expected_nbytes(spec.source_dtype, spec.shape), expected_nbytes(spec.dtype, spec.shape))
 
-
-def _torch_dtype(code: str) -> torch.dtype:
-    import torch
-
-    return getattr(torch, _TORCH_DTYPES[code])
 
 
 # --- config, manifest, report ---------------------------------------------------------------------------------------

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from neuronpack.checkpoint import dtypes as checkpoint_dtypes
 from neuronpack.checkpoint.safetensors_header import TensorInfo
 from neuronpack.errors import ConversionError
 
-FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+FLOAT_DTYPES = checkpoint_dtypes.FLOAT_CODES  # "F16" -> "float16"
 FLOAT_CODES = {name: code for code, name in FLOAT_DTYPES.items()}  # "float16" -> "F16"
 DTYPE_CHOICES = ("auto", "float16", "bfloat16", "float32")
 HEAD = "lm_head.weight"
@@ -111,6 +112,7 @@ def plan_eagle_conversion(
     head_name = target.lm_head_name()
     head = target.info(head_name)
     _check_float(head, "target head", fix="point --target at the unquantized checkpoint of the target model")
+    _check_matrix(head, "target head", fix="point --target at a complete causal-LM checkpoint")
     _check_float(fc, "draft", fix="point --draft at the unquantized EAGLE draft")
     vocab, target_hidden = head.shape[0], head.shape[1]
     if target_hidden != hidden:
@@ -158,6 +160,8 @@ def _plan_eagle1(draft, target, names, head, hidden, out_dtype, codes, overwrite
             fix="pass --overwrite-head to replace it with the target's head (the report says if they were identical)",
         )
     embed = draft.info(EMBED) if EMBED in names else None
+    if embed is not None:
+        _check_matrix(embed, "draft", fix="point --draft at a complete EAGLE draft checkpoint")
     if embed is not None and embed.shape[0] != vocab:
         raise ConversionError(
             f"draft vocabulary {embed.shape[0]} ({EMBED} {list(embed.shape)}) differs from the target's {vocab} "
@@ -170,7 +174,7 @@ def _plan_eagle1(draft, target, names, head, hidden, out_dtype, codes, overwrite
     tensors = [_from_draft(draft.info(n), n, codes.draft) for n in names if n != HEAD]
     if embed is None:
         # Some EAGLE-2 exports drop the embedding (it equals the target's): NxDI still needs it in the draft.
-        tensors.append(_from_target(target, _target_embed_name(target), EMBED, codes.out))
+        tensors.append(_target_embedding(target, vocab, hidden, codes.out))
     tensors.append(_from_target(target, head.name, HEAD, codes.out))
     return EaglePlan(
         layout="eagle1", hidden_size=hidden, vocab_size=vocab, out_dtype=out_dtype, tensors=tuple(tensors),
@@ -180,6 +184,7 @@ def _plan_eagle1(draft, target, names, head, hidden, out_dtype, codes, overwrite
 
 def _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, codes) -> EaglePlan:
     own_head = _require(draft, HEAD, "EAGLE-3 draft")
+    _check_matrix(own_head, "EAGLE-3 draft", fix="point --draft at a complete EAGLE-3 draft checkpoint")
     draft_vocab = own_head.shape[0]
     if draft_vocab != vocab:
         raise ConversionError(
@@ -189,14 +194,21 @@ def _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, codes) -> Eagle
             where=str(own_head.file),
             fix="use an EAGLE-3 draft trained on the full target vocabulary (draft_vocab_size = vocab_size)",
         )
-    if "t2d" in names and draft.info("t2d").shape[0] != vocab:
+    if "t2d" in names and tuple(draft.info("t2d").shape) != (vocab,):
         t2d = draft.info("t2d")
         raise ConversionError(
-            f"t2d has {t2d.shape[0]} entries but the target vocabulary has {vocab}",
+            f"t2d has shape {list(t2d.shape)} but the target vocabulary needs [{vocab}]",
             where=str(t2d.file),
             fix="pair the draft with the target model it was trained for",
         )
     renamed = {n: "layers.0." + n[len(EAGLE3_PREFIX):] for n in names if n.startswith(EAGLE3_PREFIX)}
+    clashes = sorted(set(renamed.values()) & set(names))
+    if clashes:
+        raise ConversionError(
+            f"the EAGLE-3 draft has both {EAGLE3_PREFIX}* and layers.0.* names for {clashes[0]}",
+            where=_location(draft),
+            fix="use a draft with one naming (the original midlayer.* or an already converted layers.0.*)",
+        )
     tensors = [_from_draft(draft.info(n), renamed.get(n, n), codes.draft) for n in names]
     if EMBED in names:
         embed = draft.info(EMBED)
@@ -207,7 +219,7 @@ def _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, codes) -> Eagle
                 fix="pair the draft with the target model it was trained for",
             )
     else:
-        tensors.append(_from_target(target, _target_embed_name(target), EMBED, codes.out))
+        tensors.append(_target_embedding(target, vocab, hidden, codes.out))
     out_names = [t.name for t in tensors]
     return EaglePlan(
         layout="eagle3", hidden_size=hidden, vocab_size=vocab, out_dtype=out_dtype, tensors=tuple(tensors),
@@ -219,11 +231,17 @@ def _check_fc(draft: CheckpointView, fc: TensorInfo, layout: str) -> int:
     """fc maps concatenated hidden states to H: [H, 2H] for EAGLE-1/2, [H, 3H] for EAGLE-3. Returns H."""
     factor = 3 if layout == "eagle3" else 2
     hidden = draft.config.get("hidden_size", fc.shape[0] if len(fc.shape) == 2 else None)
-    if len(fc.shape) != 2 or tuple(fc.shape) != (hidden, factor * hidden):
-        kind = "EAGLE-3 (midlayer.*, d2t or t2d present)" if layout == "eagle3" else "EAGLE-1/2"
+    if hidden is not None and (not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1):
         raise ConversionError(
-            f"fc.weight is {list(fc.shape)} but an {kind} draft with hidden_size {hidden} needs "
-            f"[{hidden}, {factor * hidden}]",
+            f"draft config.json hidden_size {hidden!r} is not a positive integer",
+            where=str(Path(fc.file).parent / "config.json"),
+            fix="fix hidden_size in (a copy of) the draft's config.json",
+        )
+    if hidden is None or len(fc.shape) != 2 or tuple(fc.shape) != (hidden, factor * hidden):
+        kind = "EAGLE-3 (midlayer.*, d2t or t2d present)" if layout == "eagle3" else "EAGLE-1/2"
+        need = f"[H, {factor}H]" if hidden is None else f"[{hidden}, {factor * hidden}]"
+        raise ConversionError(
+            f"fc.weight is {list(fc.shape)} but an {kind} draft with hidden_size {hidden} needs {need}",
             where=str(fc.file),
             fix="check the draft's config.json hidden_size and that the checkpoint is a complete EAGLE draft",
         )
@@ -252,6 +270,27 @@ def _check_config_vocab(config: dict, vocab: int, head: TensorInfo) -> None:
             where=str(head.file),
             fix="pair the draft with the target model it was trained for",
         )
+
+
+def _check_matrix(info: TensorInfo, what: str, *, fix: str) -> None:
+    if len(info.shape) != 2:
+        raise ConversionError(
+            f"{what} {info.name} has shape {list(info.shape)}, not a [rows, hidden] matrix",
+            where=str(info.file),
+            fix=fix,
+        )
+
+
+def _target_embedding(target: CheckpointView, vocab: int, hidden: int, out_code: str) -> OutputTensor:
+    """The target's input embedding, added to the draft; it must be [vocab, hidden] like the target's head."""
+    added = _from_target(target, _target_embed_name(target), EMBED, out_code)
+    if added.shape != (vocab, hidden):
+        raise ConversionError(
+            f"target {added.source_name} {list(added.shape)} does not match its head [{vocab}, {hidden}]",
+            where=str(target.info(added.source_name).file),
+            fix="point --target at a consistent Llama-family Hugging Face checkpoint",
+        )
+    return added
 
 
 def _check_float(info: TensorInfo, what: str, *, fix: str) -> None:

@@ -122,9 +122,20 @@ def plan_quantization(
                 f"Linear weight {name} has dtype {infos[name].dtype}, not a float type", where=where,
                 fix="quantize a float32/bfloat16/float16 checkpoint",
             )
+        if 0 in infos[name].shape:
+            raise QuantizationError(
+                f"Linear weight {name} is empty (shape {list(infos[name].shape)})", where=where,
+                fix="the checkpoint is inconsistent; re-export it with save_pretrained",
+            )
     lm_head_tied = LM_HEAD not in infos
     candidates = list(linear)
     if include_lm_head and not lm_head_tied:
+        head = infos[LM_HEAD]
+        if len(head.shape) != 2 or 0 in head.shape or head.dtype not in FLOAT_DTYPES:
+            raise QuantizationError(
+                f"{LM_HEAD} is {head.dtype} {list(head.shape)}, not a float [vocab, hidden] matrix to quantize",
+                where=where, fix="drop --include-lm-head, or fix the checkpoint's lm_head.weight",
+            )
         candidates.append(LM_HEAD)
     skipped = {name for name in candidates if any(skip_matches(glob, module_prefix(name)) for glob in skip)}
     unmatched = tuple(g for g in skip if not any(skip_matches(g, module_prefix(n)) for n in candidates))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.checkpoint import Checkpoint, copy_aux_files
+from neuronpack.convert.quant_options import QuantizeOptions
 from neuronpack.convert.quant_plan import QuantPlan, module_prefix
 from neuronpack.convert.quant_report import build_report, tensor_entry, write_report
 from neuronpack.errors import QuantizationError
@@ -26,7 +27,6 @@ from neuronpack.progress import Reporter
 if TYPE_CHECKING:
     import torch
 
-    from neuronpack.convert.quantize import QuantizeOptions
 
 METHOD = "neuronpack-symmetric"
 # Rows per chunk are chosen so a chunk holds about this many elements: 4M float32 = 16 MiB per temporary.
@@ -152,14 +152,11 @@ def _passthrough_chunks(ckpt: Checkpoint, name: str) -> Iterator[tuple[str, torc
         yield name, ckpt.get_rows(name, start, min(start + step, shape[0]))
 
 
-def _torch_dtype(safetensors_dtype: str) -> torch.dtype:
-    import torch
+def _torch_dtype(code: str) -> torch.dtype:
+    from neuronpack.checkpoint.dtypes import torch_dtype
 
-    from neuronpack.checkpoint import safetensors_dtype as to_safetensors
-
-    for candidate in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-                      torch.int16, torch.int8, torch.uint8, torch.bool):
-        if to_safetensors(candidate) == safetensors_dtype:
-            return candidate
-    raise QuantizationError(f"cannot carry a tensor of dtype {safetensors_dtype} through quantization",
-                            fix="convert that tensor to a standard dtype first")
+    try:
+        return torch_dtype(code)
+    except ValueError:
+        raise QuantizationError(f"cannot carry a tensor of dtype {code} through quantization",
+                                fix="convert that tensor to a standard dtype first") from None

@@ -31,6 +31,7 @@ from typing import Any
 
 from neuronpack import __version__
 from neuronpack.checkpoint import AUX_FILES, Checkpoint, open_checkpoint
+from neuronpack.convert.quant_options import QuantizeOptions
 from neuronpack.convert.quant_plan import QuantPlan, check_not_quantized, plan_quantization
 from neuronpack.convert.quant_report import read_report, summarize
 from neuronpack.convert.quant_stream import METHOD, write_quantized
@@ -39,48 +40,11 @@ from neuronpack.errors import OutputExistsError, QuantizationError
 from neuronpack.fsutil import atomic_output_dir, check_output_path
 from neuronpack.progress import NullReporter, Reporter
 
-DTYPES = ("int8", "fp8")
-GRANULARITIES = ("per-channel", "per-tensor")
 RECORD_FILE = "neuronpack-quantize.json"
 KEY_SCHEMA = 1
 QUANTIZED_ROOT = "quantized-checkpoints"
 NXD_TYPE = {"per-channel": "per_channel_symmetric", "per-tensor": "per_tensor_symmetric"}
 NXD_DTYPE = {"int8": "int8", "fp8": "f8e4m3"}
-
-
-@dataclass(frozen=True)
-class QuantizeOptions:
-    """What to quantize and how. Invalid values raise QuantizationError (one line, exit 1 in the CLI).
-
-    Example::
-
-        QuantizeOptions(dtype="fp8", granularity="per-tensor", skip=("*.down_proj",), include_lm_head=True)
-    """
-
-    dtype: str
-    granularity: str = "per-channel"
-    skip: tuple[str, ...] = ()
-    include_lm_head: bool = False
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise QuantizationError(f"unknown quantization dtype {self.dtype!r}", where="--dtype",
-                                    fix=f"choose one of {', '.join(DTYPES)}")
-        if self.granularity not in GRANULARITIES:
-            raise QuantizationError(f"unknown granularity {self.granularity!r}", where="--granularity",
-                                    fix=f"choose one of {', '.join(GRANULARITIES)}")
-        skip = tuple(dict.fromkeys(str(s).strip() for s in self.skip if str(s).strip()))
-        object.__setattr__(self, "skip", skip)
-
-    @classmethod
-    def from_recipe(cls, section: Any) -> QuantizeOptions:
-        """From a recipe's ``[quantization]`` section (dtype, granularity, skip, include_lm_head)."""
-        return cls(dtype=section.dtype, granularity=section.granularity, skip=tuple(section.skip),
-                   include_lm_head=bool(getattr(section, "include_lm_head", False)))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "granularity": self.granularity, "skip": list(self.skip),
-                "include_lm_head": self.include_lm_head}
 
 
 @dataclass(frozen=True)
@@ -98,7 +62,7 @@ def quantize_checkpoint(
     out: Path,
     options: QuantizeOptions,
     *,
-    reporter: Reporter = NullReporter(),
+    reporter: Reporter | None = None,
     max_shard_bytes: int = 4 * 2**30,
 ) -> QuantizeResult:
     """Quantize the checkpoint in ``model_dir`` into the new directory ``out`` (atomic: all or nothing).
@@ -111,6 +75,7 @@ def quantize_checkpoint(
         res = quantize_checkpoint(Path("llama"), Path("llama-int8"), QuantizeOptions("int8"))
         res.summary["relative_error"]      # 0.0052
     """
+    reporter = reporter or NullReporter()
     model_dir, out = Path(model_dir), Path(out).expanduser().absolute()
     check_output_path(out, inputs=[model_dir], overwrite=True)  # overlap with the input only; existence below
     ckpt = open_checkpoint(model_dir)

@@ -62,7 +62,7 @@ def load_model(
     dtype: torch.dtype,
     *,
     max_seq_len: int | None = None,
-    reporter: Reporter = NullReporter(),
+    reporter: Reporter | None = None,
 ) -> LlamaForCausalLM:
     """Build the portable model for a checkpoint directory (or an open ``Checkpoint``) in ``dtype``.
 
@@ -72,6 +72,7 @@ def load_model(
 
         model = load_model(Path("tiny-llama"), torch.float32)
     """
+    reporter = reporter or NullReporter()
     from neuronpack.checkpoint import open_checkpoint
     from neuronpack.models.llama import build_model
 

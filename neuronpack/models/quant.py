@@ -26,8 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-QUANTIZED_DTYPES = (torch.int8, torch.float8_e4m3fn)
-
 # Up to this many rows (tokens x batch) the reduction form beats dequantize + matmul once compiled
 # (1 thread, SmolLM2 layer shapes: float32 8 rows 9.0 vs 19.5 ms, bfloat16 4 rows 6.2 vs 6.0 ms, 8 rows 11.7 vs 6.8).
 GEMV_MAX_ROWS = {torch.float32: 8}
@@ -81,7 +79,3 @@ def int8_gemv(rows: Tensor, weight: Tensor) -> Tensor:
 def dequantize_fp8(weight: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
     """float8_e4m3fn [out, in] * scale ([out, 1] or [1]) -> ``dtype`` [out, in]."""
     return (weight.float() * scale.float()).to(dtype)
-
-
-def is_quantized(dtype: torch.dtype) -> bool:
-    return dtype in QUANTIZED_DTYPES

@@ -17,19 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuronpack.artifacts.key import compute_key, directory_identity, key_inputs, toolchain_versions
-from neuronpack.artifacts.manifest import build_manifest, write_manifest
-from neuronpack.artifacts.store import artifacts_root, key_lock, new_staging, publish, record_failure
+from neuronpack.artifacts.manifest import Manifest, build_manifest, write_manifest
+from neuronpack.artifacts.remote import REMOTE_ENV, Transport
+from neuronpack.artifacts.remote.pull import fetch_manifest, pull_artifact
+from neuronpack.artifacts.remote.push import push_artifact
+from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
-from neuronpack.backends.base import BuildRequest
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
-from neuronpack.pipeline.inputs import ResolvedInputs, resolve_inputs
-from neuronpack.pipeline.prepare import (
-    converted_draft_path,
-    ensure_eagle_draft,
-    ensure_quantized,
-    quantized_model_path,
-)
+from neuronpack.fsutil import disk_full
+from neuronpack.pipeline.inputs import resolve_inputs
+from neuronpack.pipeline.plan import BuildPlan, plan_build
+from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
 from neuronpack.progress import NullReporter, Reporter
 
 
@@ -40,59 +38,13 @@ class CompileResult:
     cache_hit: bool
     framework: str
     framework_reason: str
-    manifest: dict[str, Any] | None = None  # None for --dry-run
+    manifest: Manifest | None = None  # None for --dry-run
     compile_config: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     dry_run: bool = False
-
-
-def _key_for(inputs: ResolvedInputs) -> tuple[str, dict[str, Any]]:
-    extra: dict[str, Path] = {}
-    if inputs.draft_dir is not None:
-        extra["draft"] = inputs.draft_dir
-    ki = key_inputs(
-        framework=inputs.framework,
-        versions=toolchain_versions(inputs.backend),
-        target=inputs.backend.target(inputs.recipe),
-        recipe=inputs.recipe,
-        plan=inputs.plan,
-        model_dir=inputs.model_dir,
-        extra_models=extra,
-    )
-    if inputs.recipe.lora:
-        ki["lora"] = {
-            a.name: directory_identity(Path(a.path)) if Path(a.path).is_dir() else a.path
-            for a in inputs.recipe.lora.adapters
-        }
-    return compute_key(ki), ki
-
-
-def _serve_hints(inputs: ResolvedInputs, model_dir: Path, draft_dir: Path | None) -> dict[str, Any]:
-    r = inputs.recipe
-    spec_len = r.speculation.length if r.speculation else 0
-    return {
-        "served_model_name": r.name or Path(str(r.model.source).rstrip("/")).name,
-        "model_source": r.model.source,
-        "model_path": str(model_dir),
-        "max_model_len": r.target.seq_len,
-        "max_num_seqs": r.target.batch_size,
-        "tensor_parallel_size": r.target.tp_degree,
-        "nodes": r.target.nodes,
-        "speculation_length": spec_len,
-        "num_lookahead_slots": spec_len,
-        "draft_path": str(draft_dir) if draft_dir else None,
-        "lora_modules": [a.model_dump() for a in r.lora.adapters] if r.lora else [],
-    }
-
-
-def _request(inputs: ResolvedInputs, model_dir: Path, draft_dir: Path | None, staging: Path, reporter: Reporter):
-    return BuildRequest(model_dir=model_dir, recipe=inputs.recipe, plan=inputs.plan, staging=staging,
-                        reporter=reporter, draft_dir=draft_dir, source_model_dir=inputs.model_dir)
-
-
-def _prequantize(inputs: ResolvedInputs) -> bool:
-    """Offline quantization runs unless the framework quantizes at load time itself (transformers-neuronx)."""
-    return inputs.recipe.quantization is not None and not inputs.backend.quantizes_on_load
+    remote_hit: bool = False  # pulled from the remote store instead of building
+    in_remote: bool | None = None  # --dry-run with a remote store: is the key there?
+    pushed: dict[str, Any] | None = None  # --push: what push_artifact did
 
 
 def compile_model(
@@ -106,10 +58,27 @@ def compile_model(
     force: bool = False,
     dry_run: bool = False,
     reporter: Reporter | None = None,
+    remote: Transport | None = None,
+    push: bool = False,
 ) -> CompileResult:
     """Compile MODEL with a recipe into ``<root>/neuron-compiled-artifacts/<key>/`` (or exactly ``dest``), or return
-    the existing artifact for the same key. Raises NeuronpackError subclasses on bad input or a failed build."""
+    the existing artifact for the same key. With ``remote``, a key missing locally is looked up there first (one
+    request) and pulled on a hit; ``push`` publishes the artifact there afterwards. Raises NeuronpackError subclasses
+    on bad input or a failed build."""
     reporter = reporter or NullReporter()
+    if push and remote is None:
+        raise NeuronpackError("--push needs a remote store", where="--push",
+                              fix=f"pass --remote s3://bucket/prefix (or set {REMOTE_ENV})")
+    result = _compile(model, recipe=recipe, overrides=overrides, framework=framework, out_root=out_root, dest=dest,
+                      force=force, dry_run=dry_run, reporter=reporter, remote=remote)
+    if push and not dry_run and not result.remote_hit:
+        result.pushed = push_artifact(result.path, remote, reporter=reporter).to_dict()
+    return result
+
+
+def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str], framework: str | None,
+             out_root: Path | None, dest: Path | None, force: bool, dry_run: bool, reporter: Reporter,
+             remote: Transport | None) -> CompileResult:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     inputs = resolve_inputs(model, recipe_path=recipe, overrides=overrides, framework=framework, reporter=reporter)
@@ -117,25 +86,19 @@ def compile_model(
     timings["resolve"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    key, ki = _key_for(inputs)
+    plan = plan_build(inputs, out_root=out_root, dest=dest)
     timings["key"] = time.perf_counter() - t0
-    store = artifacts_root(out_root)
-    final = Path(dest).expanduser().absolute() if dest is not None else store / key
-    cache_root = store.parent if dest is None else final.parent
+    final = plan.dest
 
     if dry_run:
-        model_dir = inputs.model_dir
-        if _prequantize(inputs):
-            model_dir = quantized_model_path(cache_root, inputs.model_dir, inputs.recipe.quantization)
-        draft = inputs.draft_dir
-        if draft is not None and inputs.recipe.speculation.kind == "eagle":
-            draft = converted_draft_path(cache_root, draft, inputs.model_dir)
-        config = inputs.backend.compile_config(_request(inputs, model_dir, draft, final, reporter))
-        return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, None, config, timings,
-                             dry_run=True)
+        in_remote = None if remote is None else fetch_manifest(remote, plan.key) is not None
+        return CompileResult(final, plan.key, False, inputs.framework, inputs.framework_reason, None,
+                             plan.compile_config(reporter), timings, dry_run=True, in_remote=in_remote)
 
-    if not force and (manifest := quick_check(final, key)) is not None:
-        return _hit(final, key, inputs, timings, manifest)
+    if not force and (manifest := quick_check(final, plan.key)) is not None:
+        return _hit(plan, timings, manifest)
+    if not force and remote is not None and (pulled := _pull_hit(remote, plan, timings, reporter)):
+        return _hit(plan, timings, pulled, remote_hit=True)
 
     availability = inputs.backend.availability()
     if not availability.ok:
@@ -145,30 +108,40 @@ def compile_model(
         )
     with key_lock(final.parent / ".locks", final.name,
                   on_wait=lambda: reporter.info("another build of this key is running; waiting for it")):
-        if not force and (manifest := quick_check(final, key)) is not None:
-            return _hit(final, key, inputs, timings, manifest)
-        return _build(inputs, key, ki, final, cache_root, timings, reporter, replace=final.exists())
+        if not force and (manifest := quick_check(final, plan.key)) is not None:
+            return _hit(plan, timings, manifest)
+        return _build(plan, timings, reporter, replace=final.exists())
 
 
-def _hit(final: Path, key: str, inputs: ResolvedInputs, timings: dict[str, float],
-         manifest: dict[str, Any]) -> CompileResult:
-    return CompileResult(final, key, True, inputs.framework, inputs.framework_reason, manifest,
-                         manifest.get("compile_config", {}), timings)
+def _hit(plan: BuildPlan, timings: dict[str, float], manifest: Manifest, *, remote_hit: bool = False) -> CompileResult:
+    return CompileResult(plan.dest, plan.key, True, plan.inputs.framework, plan.inputs.framework_reason, manifest,
+                         manifest.compile_config, timings, remote_hit=remote_hit)
 
 
-def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, cache_root: Path,
-           timings: dict[str, float], reporter: Reporter, *, replace: bool) -> CompileResult:
+def _pull_hit(remote: Transport, plan: BuildPlan, timings: dict[str, float], reporter: Reporter) -> Manifest | None:
+    """The manifest of the artifact pulled from the remote store, or None when the key is not there (one request)."""
+    t0 = time.perf_counter()
+    manifest = fetch_manifest(remote, plan.key)
+    timings["remote_lookup"] = time.perf_counter() - t0
+    if manifest is None:
+        reporter.info(f"remote miss: {plan.key[:16]} is not in {remote.url}; building")
+        return None
+    reporter.info(f"remote hit: pulling {plan.key[:16]} from {remote.url}")
+    timings["pull"] = pull_artifact(remote, plan.key, plan.dest, manifest=manifest, reporter=reporter).seconds
+    return manifest
+
+
+def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool) -> CompileResult:
+    inputs, key, final = plan.inputs, plan.key, plan.dest
     staging = new_staging(final.parent, key)
     try:
-        model_dir = inputs.model_dir
-        if _prequantize(inputs):
+        if plan.prequantize:
             t0 = time.perf_counter()
-            model_dir = ensure_quantized(cache_root, inputs.model_dir, inputs.recipe.quantization, reporter)
+            ensure_quantized(plan.model_dir, inputs.model_dir, inputs.recipe.quantization, reporter)
             timings["quantize"] = time.perf_counter() - t0
-        draft_dir = inputs.draft_dir
-        if draft_dir is not None and inputs.recipe.speculation.kind == "eagle":
-            draft_dir = ensure_eagle_draft(cache_root, draft_dir, inputs.model_dir, reporter)
-        request = _request(inputs, model_dir, draft_dir, staging, reporter)
+        if plan.convert_draft:
+            ensure_eagle_draft(plan.draft_dir, inputs.draft_dir, inputs.model_dir, reporter)
+        request = plan.request(staging, reporter)
         config = inputs.backend.compile_config(request)
         t0 = time.perf_counter()
         extras = inputs.backend.build(request) or {}
@@ -176,18 +149,18 @@ def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, ca
         t0 = time.perf_counter()
         manifest = build_manifest(
             key=key,
-            key_inputs=ki,
-            recipe=inputs.recipe.to_dict(),
-            model={"source": inputs.recipe.model.source, "path": str(model_dir),
-                   "original_path": str(inputs.model_dir), "config": ki["model"]["config"]},
+            key_inputs=plan.key_inputs,
+            recipe=inputs.recipe,
+            plan=inputs.plan,
+            model=plan.model_info(),
             compile_config=config,
-            serve=_serve_hints(inputs, model_dir, draft_dir),
+            serve=plan.serve_hints(),
             timings=timings,
             extras={**extras, "framework_reason": inputs.framework_reason},
             root=staging,
         )
         timings["manifest"] = time.perf_counter() - t0
-        manifest["timings"] = {k: round(v, 3) for k, v in timings.items()}
+        manifest = manifest.model_copy(update={"timings": {k: round(v, 3) for k, v in timings.items()}})
         write_manifest(staging, manifest)  # last: only now can the directory load as valid
         publish(staging, final, replace=replace)
     except NeuronpackError as exc:
@@ -199,6 +172,11 @@ def _build(inputs: ResolvedInputs, key: str, ki: dict[str, Any], final: Path, ca
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         log = record_failure(final.parent, key, repr(exc), traceback.format_exc())
-        raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}", where=str(log),
+        if disk_full(exc):
+            raise BuildError("no space left on device while building the artifact", where=str(final.parent),
+                             fix="free space there (`neuronpack gc --keep N` removes old artifacts) or choose "
+                             "another --out-root") from exc
+        raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}",
+                         where=str(log) if log else str(final.parent),
                          fix="read the log; rerun with NEURONPACK_DEBUG=1 for a traceback") from exc
     return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest, config, timings)

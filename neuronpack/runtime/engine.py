@@ -10,6 +10,12 @@ stalls them for more than one prefill.
 Limits are checked when a request is submitted (HTTP 400 before anything streams): the prompt must fit the largest
 context bucket and leave room for one token below ``max_model_len``; ``max_tokens`` is clamped to what fits
 (``max_model_len - prompt``), like vLLM does when max_tokens is omitted, and the sequence ends with "length" there.
+``max_tokens`` 0 scores the prompt only (prompt logprobs, nothing generated).
+
+Parallel sampling: ``submit_forks`` queues several requests for one prompt (n > 1); the prompt is prefilled once and
+its KV copied into the other members' slots (``CompiledModel.copy_slot``), then each samples with its own generator.
+Prompt logprobs (echo) need logits at every prompt position: ``CompiledModel.prompt_logits`` prefills the prompt
+and returns them in one context pass.
 
 Example::
 
@@ -29,20 +35,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from neuronpack.errors import InvalidRequestError, ServeError
+from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.metrics import EngineMetrics
-from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample_rows
-from neuronpack.runtime.scheduler import Sequence as EngineSequence
-from neuronpack.runtime.scheduler import SlotScheduler, StepOutput
-from neuronpack.runtime.stopping import IncrementalDetokenizer, SequenceOutput, StopRules
+from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample
+from neuronpack.runtime.scheduler import SlotScheduler
+from neuronpack.runtime.stopping import FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
-
-FINISH_ABORT = "abort"
-FINISH_ERROR = "error"
-
 
 class CompiledModel(Protocol):
     """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
@@ -58,6 +60,10 @@ class CompiledModel(Protocol):
 
     def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
 
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
+        ...
+
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> Tensor:
         """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
         ...
@@ -65,7 +71,8 @@ class CompiledModel(Protocol):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One completion to generate. ``max_tokens`` None means "up to the model length"."""
+    """One completion to generate. ``max_tokens`` None means "up to the model length", 0 "score the prompt only".
+    ``prompt_logprobs``: top-N for the prompt tokens' logprobs (the first output carries them), None for none."""
 
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams = SamplingParams()
@@ -73,6 +80,8 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = None
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex}")
 
 
@@ -82,10 +91,53 @@ class GenerationResult:
 
     text: str
     token_ids: list[int]
-    finish_reason: str
+    finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     timings: dict[str, float]
+
+
+@dataclass
+class StepOutput:
+    """What one request gets after a step: the new token(s) and text, and the finish reason once it ends."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None  # set when the model failed; finish_reason is then ERROR
+    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked for them
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
+    stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
+
+
+@dataclass(eq=False)
+class RequestState:
+    """One request inside the engine (what the scheduler queues and seats). ``sink`` receives every StepOutput
+    (called on the engine thread)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampler: RowSampler
+    output: SequenceOutput
+    sink: Callable[[StepOutput], None]
+    arrival: float = field(default_factory=time.monotonic)
+    slot: int | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
+    forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
+
+    @property
+    def last_token(self) -> int:
+        return self.output.token_ids[-1]
+
+    @property
+    def next_position(self) -> int:
+        # The last sampled token is not in the cache yet: it goes at position total_len - 1.
+        return self.output.total_len - 1
 
 
 class Engine:
@@ -115,7 +167,7 @@ class Engine:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.metrics = metrics or EngineMetrics(model.batch_size)
-        self.scheduler = SlotScheduler(model.batch_size)
+        self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -151,15 +203,38 @@ class Engine:
                 f"token id {bad[0]} is outside the vocabulary (0..{self.model.vocab_size - 1})", param="prompt"
             )
         _check_sampling(request.sampling)
+        for name, value in (("logprobs", request.sampling.logprobs), ("prompt_logprobs", request.prompt_logprobs)):
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", param=name)
         room = self.max_model_len - n
         if request.max_tokens is None:
             return room
-        if request.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be at least 1, got {request.max_tokens}", param="max_tokens")
+        if request.max_tokens < 0:
+            raise InvalidRequestError(f"max_tokens must be at least 0, got {request.max_tokens}", param="max_tokens")
         return min(request.max_tokens, room)
 
     def submit(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> str:
         """Queue a request; ``sink`` gets each StepOutput on the engine thread. Returns the request id."""
+        return self.submit_forks([request], [sink])[0]
+
+    def submit_forks(self, requests: Sequence[GenerationRequest], sinks: Sequence[Callable[[StepOutput], None]]
+                     ) -> list[str]:
+        """Queue requests that share one prompt (parallel sampling, n > 1): the prompt is prefilled once and its KV
+        copied to the others' slots. At most ``batch_size`` of them (they run side by side). Returns their ids."""
+        if not requests or len(requests) != len(sinks):
+            raise ValueError(f"{len(requests)} requests but {len(sinks)} sinks")
+        if len(requests) > self.model.batch_size:
+            raise InvalidRequestError(f"{len(requests)} parallel samples of one prompt do not fit the batch of "
+                                      f"{self.model.batch_size} this artifact was compiled for", param="n")
+        if len({r.prompt_ids for r in requests}) != 1 or len({r.prompt_logprobs for r in requests}) != 1:
+            raise ValueError("forked requests must share their prompt and prompt_logprobs")
+        seqs = [self._sequence(r, sink) for r, sink in zip(requests, sinks, strict=True)]
+        seqs[0].forks = seqs[1:]
+        self._inbox.put(("add", seqs[0]))
+        self._wake.set()
+        return [r.request_id for r in requests]
+
+    def _sequence(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> RequestState:
         max_tokens = self.check(request)
         rules = StopRules(
             eos_token_ids=self.eos_token_ids,
@@ -168,15 +243,14 @@ class Engine:
             stop=tuple(s for s in request.stop if s),
             stop_token_ids=frozenset(request.stop_token_ids),
             ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
             lookahead=self.lookahead,
         )
         prompt = list(request.prompt_ids)
         output = SequenceOutput(rules, prompt, IncrementalDetokenizer(self.tokenizer, prompt))
         sampler = RowSampler(request.sampling.resolve(self.global_topk))
-        seq = EngineSequence(request.request_id, prompt, sampler, output, sink)
-        self._inbox.put(("add", seq))
-        self._wake.set()
-        return request.request_id
+        return RequestState(request.request_id, prompt, sampler, output, sink,
+                              prompt_logprobs=request.prompt_logprobs)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its slot is freed before the next model call."""
@@ -221,8 +295,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        for seq in [*self.scheduler.waiting, *self.scheduler.running]:
-            self._finish_without_token(seq, FINISH_ABORT)
+        for seq in self.scheduler.all_sequences():
+            self._finish_without_token(seq, FinishReason.ABORT)
 
     def step(self) -> bool:
         """One iteration: inbox, prefills, one decode step. Returns False when there was nothing to do."""
@@ -246,8 +320,8 @@ class Engine:
             try:
                 busy = self.step()
             except Exception as exc:  # a bug or a model failure outside a request: fail everyone, keep serving
-                for seq in [*self.scheduler.waiting, *self.scheduler.running]:
-                    self._finish_without_token(seq, FINISH_ERROR, error=f"{type(exc).__name__}: {exc}")
+                for seq in self.scheduler.all_sequences():
+                    self._finish_without_token(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
                 busy = False
             if not busy:
                 self._wake.wait(timeout=0.5)
@@ -264,22 +338,59 @@ class Engine:
             elif kind == "abort":
                 seq = self.scheduler.remove(payload)
                 if seq is not None:
-                    self._finish_without_token(seq, FINISH_ABORT)
+                    self._finish_without_token(seq, FinishReason.ABORT)
 
-    def _prefill(self, seqs: list[EngineSequence]) -> None:
-        # One model call for every admitted prompt (right padded to the longest): the weights are read once.
-        started = time.monotonic()
+    def _prefill(self, seqs: list[RequestState]) -> None:
+        # Prompts that need no prompt logprobs go through one model call together (right padded to the longest: the
+        # weights are read once for all of them); a prompt asking for prompt logprobs takes its own call.
+        batched = self._prefill_together([s for s in seqs if s.prompt_logprobs is None])
+        for seq in seqs:
+            if seq.slot is None:  # failed in the shared call: already finished
+                continue
+            members = [seq, *seq.forks]
+            seq.forks = []  # admitted: from now on the members are independent sequences
+            started = time.monotonic()
+            try:
+                prompt_lp = None
+                if seq.prompt_logprobs is not None:
+                    all_logits = self.model.prompt_logits(seq.prompt_ids, seq.slot)  # [T, vocab], KV written
+                    prompt_lp = prompt_logprobs(all_logits, seq.prompt_ids, seq.prompt_logprobs)
+                    logits = all_logits[-1:]
+                else:
+                    logits = batched[id(seq)]  # [1, vocab]
+                scoring_only = seq.output.rules.max_tokens == 0
+                if not scoring_only:
+                    for fork in members[1:]:
+                        self.model.copy_slot(seq.slot, fork.slot, len(seq.prompt_ids))
+                    tokens, entries = sample(logits.expand(len(members), -1), [m.sampler for m in members])
+            except Exception as exc:
+                for member in members:
+                    self._finish_without_token(member, FinishReason.ERROR,
+                                               error=f"prefill failed: {type(exc).__name__}: {exc}")
+                continue
+            self.metrics.prefill_seconds.observe(time.monotonic() - started)
+            self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
+            for i, member in enumerate(members):
+                if scoring_only:
+                    self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
+                else:
+                    self._emit(member, int(tokens[i]), entries[i], prompt_lp)
+
+    def _prefill_together(self, seqs: list[RequestState]) -> dict[int, Tensor]:
+        """One ``prefill`` call for ``seqs``; returns each one's [1, vocab] logits by id. On failure every one of
+        them (and its forks) finishes with an error and gets no entry."""
+        if not seqs:
+            return {}
         try:
             logits = self.model.prefill([s.slot for s in seqs], [s.prompt_ids for s in seqs])  # [n, vocab]
-            tokens = sample_rows(logits, [s.sampler for s in seqs]).tolist()
         except Exception as exc:
             for seq in seqs:
-                self._finish_without_token(seq, FINISH_ERROR, error=f"prefill failed: {type(exc).__name__}: {exc}")
-            return
-        self.metrics.prefill_seconds.observe(time.monotonic() - started)
-        for seq, token in zip(seqs, tokens, strict=True):
-            self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
-            self._emit(seq, token)
+                members, seq.forks = [seq, *seq.forks], []
+                for member in members:
+                    self._finish_without_token(member, FinishReason.ERROR,
+                                               error=f"prefill failed: {type(exc).__name__}: {exc}")
+            return {}
+        return {id(seq): logits[i : i + 1] for i, seq in enumerate(seqs)}
 
     def _decode(self) -> None:
         import torch
@@ -290,17 +401,18 @@ class Engine:
         try:
             # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
             logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots)
-            next_tokens = sample_rows(logits, [s.sampler for s in running]).tolist()
+            next_tokens, entries = sample(logits, [s.sampler for s in running])
         except Exception as exc:
             for seq in running:
-                self._finish_without_token(seq, FINISH_ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
+                self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
             return
         self.metrics.decode_seconds.observe(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
-        for seq, token in zip(running, next_tokens, strict=True):
-            self._emit(seq, token)
+        for seq, token, entry in zip(running, next_tokens.tolist(), entries, strict=True):
+            self._emit(seq, token, entry)
 
-    def _emit(self, seq: EngineSequence, token: int) -> None:
+    def _emit(self, seq: RequestState, token: int, logprobs: TokenLogprobs | None = None,
+              prompt_lp: list[TokenLogprobs | None] | None = None) -> None:
         now = time.monotonic()
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -311,27 +423,28 @@ class Engine:
         delta = seq.output.append(token)
         self.metrics.generation_tokens.inc()
         out = StepOutput(seq.request_id, [token], delta.text, delta.finish_reason, len(seq.prompt_ids),
-                         len(seq.output.token_ids))
+                         len(seq.output.token_ids), logprobs=[logprobs] if logprobs is not None else None,
+                         prompt_logprobs=prompt_lp, stop_reason=seq.output.stop_reason)
         if delta.finish_reason is not None:
             self.scheduler.release(seq)
             self.metrics.observe_finish(delta.finish_reason, now - seq.arrival)
         self._deliver(seq, out)
 
-    def _finish_without_token(self, seq: EngineSequence, reason: str, error: str | None = None) -> None:
-        self.scheduler.release(seq)
-        if seq in self.scheduler.waiting:
-            self.scheduler.waiting.remove(seq)
+    def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
+                              prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
+        self.scheduler.discard(seq)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
-        out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error)
+        out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
+                         prompt_logprobs=prompt_logprobs)
         self._deliver(seq, out)
 
-    def _deliver(self, seq: EngineSequence, out: StepOutput) -> None:
+    def _deliver(self, seq: RequestState, out: StepOutput) -> None:
         try:
             seq.sink(out)
         except Exception:  # the consumer is gone (closed event loop): stop generating for it
             if out.finish_reason is None:
                 self.scheduler.remove(seq.request_id)
-                self.metrics.observe_finish(FINISH_ABORT, time.monotonic() - seq.arrival)
+                self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival)
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
@@ -346,14 +459,14 @@ def _check_sampling(params: SamplingParams) -> None:
 
 def _result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:
     last = outputs[-1]
-    if last.finish_reason == FINISH_ERROR:
+    if last.finish_reason is FinishReason.ERROR:
         raise ServeError(f"generation failed: {last.error}", fix="run with NEURONPACK_DEBUG=1 and report the error")
     token_ids = [t for o in outputs for t in o.token_ids]
     total = time.monotonic() - started
     return GenerationResult(
         text="".join(o.text for o in outputs),
         token_ids=token_ids,
-        finish_reason=last.finish_reason or FINISH_ERROR,
+        finish_reason=last.finish_reason or FinishReason.ERROR,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         timings={

@@ -13,33 +13,34 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter, Reporter
 from neuronpack.runtime.engine import Engine
-from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
 
 
 @dataclass
 class LoadedEngine:
     engine: Engine
-    manifest: dict[str, Any]
+    manifest: Manifest
     served_model_name: str
     load_seconds: float
 
 
-def served_model_name(manifest: dict[str, Any], artifact_dir: Path) -> str:
+def served_model_name(manifest: Manifest, artifact_dir: Path) -> str:
     """The name clients put in ``model``: the manifest's serve hint, else the artifact directory name."""
-    name = (manifest.get("serve") or {}).get("served_model_name")
-    return str(name) if name else Path(artifact_dir).name
+    return manifest.serve.served_model_name or Path(artifact_dir).name
 
 
 def load_engine(
     artifact_dir: Path,
     *,
-    manifest: dict[str, Any] | None = None,
+    manifest: Manifest | None = None,
     num_threads: int | None = None,
     reporter: Reporter | None = None,
 ) -> LoadedEngine:
@@ -54,7 +55,7 @@ def load_engine(
     started = time.perf_counter()
     artifact_dir = Path(artifact_dir)
     manifest = manifest if manifest is not None else read_manifest(artifact_dir)
-    framework = manifest.get("framework")
+    framework = manifest.framework
     if framework != "torch":
         raise ServeError(
             f"the built-in runtime serves torch artifacts; this one is {framework!r}",
@@ -64,14 +65,12 @@ def load_engine(
     configure_threads(num_threads)
     model = load_artifact(artifact_dir, reporter=reporter)
     tokenizer = ArtifactTokenizer.from_dir(artifact_dir)
-    serve = manifest.get("serve") or {}
-    sampling = (manifest.get("recipe") or {}).get("sampling") or {}
     engine = Engine(
         model,
         tokenizer,
-        max_model_len=serve.get("max_model_len"),
-        global_topk=int(sampling.get("global_topk", DEFAULT_GLOBAL_TOPK)),
-        lookahead=int(serve.get("num_lookahead_slots") or 0),
+        max_model_len=manifest.serve.max_model_len,
+        global_topk=manifest.recipe.sampling.global_topk,
+        lookahead=manifest.serve.num_lookahead_slots,
     )
     return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started)
 

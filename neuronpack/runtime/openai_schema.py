@@ -1,26 +1,83 @@
-"""OpenAI-compatible request models and response builders for /v1/completions and /v1/chat/completions.
+"""OpenAI-compatible request models for /v1/completions and /v1/chat/completions, and the error / usage shapes.
 
-Requests accept OpenAI's fields plus vLLM's sampling extensions (``top_k``, ``ignore_eos``, ``stop_token_ids``);
-unknown fields are ignored like vLLM does. Fields this runtime cannot honour (``n`` > 1, ``logprobs``, penalties,
-``logit_bias``, ``echo``, ``suffix``) are refused with 400 instead of being silently dropped.
+Requests accept OpenAI's fields plus vLLM's extensions (``top_k``, ``ignore_eos``, ``stop_token_ids``,
+``include_stop_str_in_output``). Known OpenAI / vLLM fields this runtime does not implement (``UNSUPPORTED_FIELDS``:
+penalties, ``logit_bias``, ``response_format``, tools, ``suffix``, guided decoding, ...) are refused with 400 naming
+the field unless they carry their neutral value; names nobody defines are ignored, as vLLM does.
 
 Example::
 
-    req = CompletionRequest.model_validate({"model": "m", "prompt": "Hi", "max_tokens": 8})
-    body = completion_response("cmpl-1", "m", [("Hello", "length")], usage(2, 8))
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "Hi", "max_tokens": 8, "logprobs": 2})
+    req.refuse_unsupported()
+    req.sampling_params().logprobs      # 2
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from neuronpack.errors import InvalidRequestError
+from neuronpack.runtime.logprobs import MAX_LOGPROBS
 from neuronpack.runtime.sampling import SamplingParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for the legacy completions endpoint
+
+
+def _unset(value: Any) -> bool:
+    return value is None or value is False or value == 0 or value == "" or value == [] or value == {}
+
+
+def _one(value: Any) -> bool:
+    return value is None or value == 1
+
+
+# Known request fields that change the output and that this runtime does not implement -> "this value is neutral".
+UNSUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "presence_penalty": _unset,
+    "frequency_penalty": _unset,
+    "repetition_penalty": _one,
+    "logit_bias": _unset,
+    "min_p": _unset,
+    "min_tokens": _unset,
+    "best_of": _one,
+    "use_beam_search": _unset,
+    "length_penalty": _one,
+    "suffix": _unset,
+    "prompt_logprobs": lambda v: v is None,
+    "prompt_embeds": lambda v: v is None,
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "structured_outputs": _unset,
+    "guided_json": _unset,
+    "guided_regex": _unset,
+    "guided_choice": _unset,
+    "guided_grammar": _unset,
+    "tools": _unset,
+    "tool_choice": lambda v: v in (None, "none"),
+    "functions": _unset,
+    "function_call": lambda v: v in (None, "none"),
+    "bad_words": _unset,
+    "allowed_token_ids": lambda v: v is None,
+    "logits_processors": _unset,
+    "truncate_prompt_tokens": lambda v: v is None,
+    "skip_special_tokens": lambda v: v in (None, True),
+    "spaces_between_special_tokens": lambda v: v in (None, True),
+    "return_tokens_as_token_ids": _unset,
+    "return_token_ids": _unset,
+    "echo": _unset,  # chat (completions declare their own echo)
+    "add_generation_prompt": lambda v: v in (None, True),
+    "continue_final_message": _unset,
+    "chat_template": lambda v: v is None,
+    "chat_template_kwargs": _unset,
+    "documents": _unset,
+    "modalities": lambda v: v in (None, ["text"]),
+    "audio": lambda v: v is None,
+    "prediction": lambda v: v is None,
+    "reasoning_effort": lambda v: v is None,
+    "web_search_options": lambda v: v is None,
+}
 
 
 class StreamOptions(BaseModel):
@@ -29,7 +86,7 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # extras are checked against UNSUPPORTED_FIELDS, others ignored
 
     model: str
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -39,22 +96,26 @@ class _SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1)
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
+    n: int = Field(1, ge=1, le=128)
     user: str | None = None
 
-    def sampling_params(self) -> SamplingParams:
-        """OpenAI defaults: temperature 1, top_p 1; top_k unlimited."""
+    def sampling_params(self, index: int = 0) -> SamplingParams:
+        """OpenAI defaults: temperature 1, top_p 1; top_k unlimited. ``index``: which of the ``n`` choices; each
+        gets seed + index when a seed is given (vLLM's rule), so the choices differ but stay reproducible."""
         return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_k=-1 if self.top_k is None else self.top_k,
             top_p=1.0 if self.top_p is None else self.top_p,
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed + index,
+            logprobs=self.sampled_logprobs,
         )
+
+    @property
+    def sampled_logprobs(self) -> int | None:
+        return None
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -67,36 +128,36 @@ class _SamplingFields(BaseModel):
 
     def refuse_unsupported(self) -> None:
         """400 for options this runtime does not implement (never silently ignored)."""
-        if self.n != 1:
-            raise InvalidRequestError(f"n={self.n} is not supported; only n=1", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise InvalidRequestError(f"{name} is not supported by this runtime", param=name)
-        if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported by this runtime", param="logit_bias")
+        for name, value in (self.model_extra or {}).items():
+            neutral = UNSUPPORTED_FIELDS.get(name)
+            if neutral is not None and not neutral(value):
+                raise InvalidRequestError(f"{name} is not supported by this runtime", param=name,
+                                          fix="remove the field (see docs/serve.md for the supported ones)")
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(COMPLETIONS_DEFAULT_MAX_TOKENS, ge=1)
+    max_tokens: int | None = Field(COMPLETIONS_DEFAULT_MAX_TOKENS, ge=0)
     echo: bool = False
-    logprobs: int | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @property
+    def sampled_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Prompt logprobs are computed when echoing with logprobs (what lm-eval's loglikelihood requests use)."""
+        return self.logprobs if self.echo else None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.echo:
-            raise InvalidRequestError("echo is not supported by this runtime", param="echo")
-        if self.logprobs is not None:
-            raise InvalidRequestError("logprobs are not supported by this runtime", param="logprobs")
-        if self.suffix:
-            raise InvalidRequestError("suffix is not supported by this runtime", param="suffix")
-        if self.best_of not in (None, 1):
-            raise InvalidRequestError("best_of > 1 is not supported by this runtime", param="best_of")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError("max_tokens 0 only makes sense with echo (scoring the prompt)",
+                                      param="max_tokens", fix="set echo: true, or ask for at least one token")
 
     def prompts(self) -> list[str | list[int]]:
-        """The request's prompts (a batch gives one choice each, index in order)."""
+        """The request's prompts (a batch gives ``n`` choices each, index in order)."""
         p = self.prompt
         if isinstance(p, str):
             return [p]
@@ -137,22 +198,24 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @property
+    def sampled_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.logprobs or self.top_logprobs:
-            raise InvalidRequestError("logprobs are not supported by this runtime", param="logprobs")
-        if self.tools:
-            raise InvalidRequestError("tools are not supported by this runtime", param="tools")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs",
+                                      fix="set logprobs: true, or drop top_logprobs")
 
     @property
     def completion_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-# ---- responses -------------------------------------------------------------------------------------------------
+# ---- shared response pieces --------------------------------------------------------------------------------
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -161,79 +224,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-def completion_response(
-    request_id: str, model: str, choices: list[tuple[str, str | None]], usage_: dict[str, int]
-) -> dict[str, Any]:
-    """A non-streaming text_completion body; ``choices`` are (text, finish_reason) in index order."""
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-            for i, (text, reason) in enumerate(choices)
-        ],
-        "usage": usage_,
-    }
-
-
-def completion_chunk(
-    request_id: str, model: str, index: int, text: str, finish_reason: str | None, *, with_usage_field: bool
-) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": request_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-    }
-    if with_usage_field:
-        chunk["usage"] = None
-    return chunk
-
-
-def chat_response(
-    request_id: str, model: str, text: str, finish_reason: str | None, usage_: dict[str, int]
-) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage_,
-    }
-
-
-def chat_chunk(
-    request_id: str, model: str, delta: dict[str, str], finish_reason: str | None, *, with_usage_field: bool
-) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
-    if with_usage_field:
-        chunk["usage"] = None
-    return chunk
-
-
-def usage_chunk(request_id: str, model: str, obj: str, usage_: dict[str, int]) -> dict[str, Any]:
-    """The last streamed chunk when ``stream_options.include_usage`` is set: no choices, the request's usage."""
-    return {"id": request_id, "object": obj, "created": int(time.time()), "model": model, "choices": [],
-            "usage": usage_}
 
 
 ErrorType = Literal["invalid_request_error", "authentication_error", "not_found_error", "server_error"]

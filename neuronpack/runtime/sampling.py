@@ -1,4 +1,5 @@
-"""Per-request sampling with vLLM's dynamic on-device sampling semantics (see neuron-facts.md).
+"""Per-request sampling with vLLM's dynamic on-device sampling semantics (see docs/neuron.md, "Facts the code
+relies on").
 
 Each running sequence is one row with its own (top_k, top_p, temperature) and its own ``torch.Generator``, so a
 seeded request samples the same tokens whatever else shares the batch. Rules, as on Neuron:
@@ -6,11 +7,15 @@ seeded request samples the same tokens whatever else shares the batch. Rules, as
 - temperature 0 means greedy: the row becomes (top_k 1, top_p 1.0, temperature 1.0);
 - top_k < 1 or > global_topk becomes global_topk: sampling never looks past the global_topk best logits.
 
+A row whose params ask for ``logprobs`` (top-N) also gets the sampled token's logprob under the distribution it was
+drawn from (see ``logprobs.py`` for which one).
+
 Example::
 
     params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=1).resolve(global_topk=256)
     sampler = RowSampler(params)
     token_ids = sample_rows(logits, [sampler])          # logits: float32 [1, vocab] -> [1] int64
+    token_ids, logprobs = sample(logits, [sampler])     # logprobs: [TokenLogprobs | None] per row
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from neuronpack.runtime.logprobs import TokenLogprobs, from_log_distribution
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -28,12 +35,14 @@ DEFAULT_GLOBAL_TOPK = 256
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What a request asked for. ``top_k`` -1 (or any value < 1) means "no limit" (capped at global_topk)."""
+    """What a request asked for. ``top_k`` -1 (or any value < 1) means "no limit" (capped at global_topk).
+    ``logprobs``: None for none, else how many best alternatives to report with each sampled token (0..20)."""
 
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
     seed: int | None = None
+    logprobs: int | None = None
 
     def resolve(self, global_topk: int = DEFAULT_GLOBAL_TOPK) -> SamplingParams:
         """Apply the on-device rules: greedy for temperature 0, top_k clamped into 1..global_topk.
@@ -71,24 +80,37 @@ def sample_rows(logits: Tensor, samplers: Sequence[RowSampler]) -> Tensor:
     Example: ``sample_rows(torch.tensor([[0.0, 5.0, 1.0]]), [RowSampler(SamplingParams(temperature=0).resolve())])``
     returns ``tensor([1])``.
     """
+    return sample(logits, samplers)[0]
+
+
+def sample(logits: Tensor, samplers: Sequence[RowSampler]) -> tuple[Tensor, list[TokenLogprobs | None]]:
+    """``sample_rows`` plus, for rows whose params ask for logprobs, the sampled token's entry (else None)."""
     import torch
 
     n = logits.shape[0]
     if n != len(samplers):
         raise ValueError(f"{n} logit rows but {len(samplers)} samplers")
     out = torch.argmax(logits, dim=-1)  # [n]
+    logprobs: list[TokenLogprobs | None] = [None] * n
     rows = [i for i, s in enumerate(samplers) if not s.params.greedy]
     if rows:
-        picked = _sample_filtered(logits[rows], [samplers[i] for i in rows])
+        picked, row_logprobs = _sample_filtered(logits[rows], [samplers[i] for i in rows])
         out[rows] = picked
-    return out
+        for i, entry in zip(rows, row_logprobs, strict=True):
+            logprobs[i] = entry
+    for i, s in enumerate(samplers):
+        if s.params.greedy and s.params.logprobs is not None:
+            logp = torch.log_softmax(logits[i].float(), dim=-1)
+            logprobs[i] = from_log_distribution(logp, int(out[i]), s.params.logprobs)
+    return out, logprobs
 
 
-def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> Tensor:
+def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> tuple[Tensor, list[TokenLogprobs | None]]:
     # logits: [m, vocab] for the sampling rows only.
     import torch
 
-    max_k = min(max(s.params.top_k for s in samplers), logits.shape[-1])
+    wanted = max((s.params.logprobs or 0) for s in samplers)
+    max_k = min(max(max(s.params.top_k for s in samplers), wanted), logits.shape[-1])
     top_values, top_ids = torch.topk(logits.float(), max_k, dim=-1)  # [m, K], sorted descending
     temperature = torch.tensor([s.params.temperature for s in samplers], dtype=torch.float32)[:, None]
     top_k = torch.tensor([s.params.top_k for s in samplers])[:, None]
@@ -100,11 +122,25 @@ def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> Tensor:
     # Nucleus: keep a candidate while the mass of the better ones is still below top_p (the best one always stays).
     mass_before = torch.cumsum(probs, dim=-1) - probs
     probs = probs.masked_fill(mass_before >= top_p, 0.0)
+    # Each row draws over its own top_k candidates only: multinomial consumes one random number per candidate, so
+    # a longer row (another row's larger top_k, or more logprobs asked) would change a seeded row's tokens.
     picks = [
-        torch.multinomial(probs[i], 1, generator=sampler.generator) for i, sampler in enumerate(samplers)
+        torch.multinomial(probs[i, : min(sampler.params.top_k, max_k)], 1, generator=sampler.generator)
+        for i, sampler in enumerate(samplers)
     ]  # each [1], an index into the row's candidates
     choice = torch.cat(picks)[:, None]  # [m, 1]
-    return top_ids.gather(1, choice)[:, 0]
+    tokens = top_ids.gather(1, choice)[:, 0]
+    entries: list[TokenLogprobs | None] = [None] * len(samplers)
+    if any(s.params.logprobs is not None for s in samplers):
+        # The distribution actually sampled from, renormalised over the kept candidates: [m, K], -inf outside.
+        logp = (probs / probs.sum(dim=-1, keepdim=True)).log()
+        for i, s in enumerate(samplers):
+            if s.params.logprobs is None:
+                continue
+            c, n = int(choice[i, 0]), s.params.logprobs
+            top = tuple(zip(top_ids[i, :n].tolist(), logp[i, :n].tolist(), strict=True))
+            entries[i] = TokenLogprobs(int(tokens[i]), float(logp[i, c]), top)
+    return tokens, entries
 
 
-__all__ = ["DEFAULT_GLOBAL_TOPK", "RowSampler", "SamplingParams", "sample_rows"]
+__all__ = ["DEFAULT_GLOBAL_TOPK", "RowSampler", "SamplingParams", "sample", "sample_rows"]

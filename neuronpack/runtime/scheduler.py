@@ -4,6 +4,10 @@ Pure bookkeeping (no model calls, no threads), so the policy is testable on its 
 (the lowest one) when it is prefilled, keeps it while it decodes, and gives it back the moment it finishes or is
 aborted. Decode runs the running sequences only (the model packs their slots into the first cache rows).
 
+Parallel sampling (``n`` > 1) shares one prefill: the first sequence of a fork group waits in the queue carrying the
+others (``forks``), and the group is admitted only when every member gets a slot at once, so the prompt's KV can be
+copied from the leader's slot into the others' right after the leader is prefilled.
+
 Example::
 
     sched = SlotScheduler(batch_size=4)
@@ -15,64 +19,39 @@ Example::
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-from neuronpack.runtime.sampling import RowSampler
-from neuronpack.runtime.stopping import SequenceOutput
+from typing import Generic, Protocol, TypeVar
 
 
-@dataclass
-class StepOutput:
-    """What one request gets after a step: the new token(s) and text, and the finish reason once it ends."""
+class Schedulable(Protocol):
+    """What the scheduler needs of a sequence (the engine's ``RequestState``)."""
 
     request_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None  # set when the model failed; finish_reason is then "error"
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the engine. ``sink`` receives every StepOutput (called on the engine thread)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    sampler: RowSampler
-    output: SequenceOutput
-    sink: Callable[[StepOutput], None]
-    arrival: float = field(default_factory=time.monotonic)
-    slot: int | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
+    slot: int | None
+    forks: list  # same-prompt sequences admitted (and prefilled) together with this one; empty once admitted
 
     @property
-    def last_token(self) -> int:
-        return self.output.token_ids[-1]
+    def last_token(self) -> int: ...
 
     @property
-    def next_position(self) -> int:
-        # The last sampled token is not in the cache yet: it goes at position total_len - 1.
-        return self.output.total_len - 1
+    def next_position(self) -> int: ...
 
 
-class SlotScheduler:
+S = TypeVar("S", bound=Schedulable)
+
+
+class SlotScheduler(Generic[S]):
     """Waiting queue + slot table for one compiled batch."""
 
     def __init__(self, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
-        self.waiting: deque[Sequence] = deque()
-        self.slots: list[Sequence | None] = [None] * batch_size
+        self.waiting: deque[S] = deque()
+        self.slots: list[S | None] = [None] * batch_size
 
     @property
-    def running(self) -> list[Sequence]:
+    def running(self) -> list[S]:
         """Sequences holding a slot, in slot order."""
         return [s for s in self.slots if s is not None]
 
@@ -84,35 +63,59 @@ class SlotScheduler:
     def idle(self) -> bool:
         return not self.waiting and self.free_slots == self.batch_size
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: S) -> None:
         self.waiting.append(seq)
 
-    def admit(self, limit: int) -> list[Sequence]:
-        """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled)."""
-        admitted: list[Sequence] = []
-        while self.waiting and len(admitted) < limit and None in self.slots:
+    def all_sequences(self) -> list[S]:
+        """Every unfinished sequence: waiting ones (fork group members included), then running ones."""
+        return [m for seq in self.waiting for m in (seq, *seq.forks)] + self.running
+
+    def admit(self, limit: int) -> list[S]:
+        """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled).
+        A fork group counts as one and takes all its slots at once (it waits until that many are free)."""
+        admitted: list[S] = []
+        while self.waiting and len(admitted) < limit and self.free_slots >= 1 + len(self.waiting[0].forks):
             seq = self.waiting.popleft()
-            seq.slot = self.slots.index(None)
-            self.slots[seq.slot] = seq
+            for member in (seq, *seq.forks):
+                member.slot = self.slots.index(None)
+                self.slots[member.slot] = member
             admitted.append(seq)
         return admitted
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: S) -> None:
         """Give a finished sequence's slot back."""
         if seq.slot is not None and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
         seq.slot = None
 
-    def remove(self, request_id: str) -> Sequence | None:
+    def discard(self, seq: S) -> None:
+        """Drop a sequence wherever it is (waiting or holding a slot); nothing happens when it is in neither."""
+        self._unqueue(lambda s: s is seq)
+        self.release(seq)
+
+    def remove(self, request_id: str) -> S | None:
         """Drop a request wherever it is (waiting or running); returns it, or None when it already finished."""
-        for seq in self.waiting:
-            if seq.request_id == request_id:
-                self.waiting.remove(seq)
-                return seq
+        if (seq := self._unqueue(lambda s: s.request_id == request_id)) is not None:
+            return seq
         for seq in self.running:
             if seq.request_id == request_id:
                 self.release(seq)
                 return seq
+        return None
+
+    def _unqueue(self, match) -> S | None:
+        # A waiting leader hands its fork group to the next member; a waiting fork leaves its group.
+        for index, seq in enumerate(self.waiting):
+            if match(seq):
+                del self.waiting[index]
+                if seq.forks:
+                    leader, leader.forks, seq.forks = seq.forks[0], seq.forks[1:], []
+                    self.waiting.insert(index, leader)
+                return seq
+            for fork in seq.forks:
+                if match(fork):
+                    seq.forks.remove(fork)
+                    return fork
         return None
 
     def decode_inputs(self) -> tuple[list[int], list[int], list[int]]:

@@ -2,9 +2,11 @@
 
 Endpoints: ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (both with SSE streaming). Errors use OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}``: 400 for invalid requests (bad JSON and field validation
-included, so the openai client raises BadRequestError), 401 for a wrong or missing API key, 404 for an unknown model,
-500 when the model fails. /health and /metrics never need the API key (like vLLM).
+``{"error": {"message", "type", "param", "code"}}``: 400 for invalid requests (``InvalidRequestError``, bad JSON and
+field validation included, so the openai client raises BadRequestError), 401 for a wrong or missing API key, 404 for
+an unknown model, 500 for a server fault (the model fails; any other ``ServeError``, e.g. a broken tokenizer or chat
+template). Chat templates are rendered on a worker thread, never on the event loop. /health and /metrics never need
+the API key (like vLLM).
 
 Example::
 
@@ -20,17 +22,21 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from neuronpack.errors import InvalidRequestError, ServeError
+from neuronpack.runtime import openai_responses as resp
 from neuronpack.runtime import openai_schema as oa
-from neuronpack.runtime.engine import Engine, GenerationRequest
-from neuronpack.runtime.scheduler import StepOutput
+from neuronpack.runtime.engine import Engine, GenerationRequest, StepOutput
+from neuronpack.runtime.logprobs import TokenLogprobs
+from neuronpack.runtime.stopping import FinishReason
 from neuronpack.runtime.streams import RequestGroup, run_unless_disconnected
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
@@ -95,34 +101,43 @@ def create_app(
     async def completions(body: oa.CompletionRequest, request: Request) -> Response:
         _check_model(body.model, names)
         body.refuse_unsupported()
-        gen_requests = [_completion_request(engine, body, prompt) for prompt in body.prompts()]
+        prompts = body.prompts()
+        prompt_ids = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        gen_requests = [_generation_request(body, ids, body.max_tokens, index=i, prompt_logprobs=body.prompt_logprobs)
+                        for ids in prompt_ids for i in range(body.n)]
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        group = RequestGroup(engine, gen_requests)  # validates every prompt first: a 400 comes before any stream
+        echo = [(p if isinstance(p, str) else engine.tokenizer.decode(p), ids)
+                for p, ids in zip(prompts, prompt_ids, strict=True) for _ in range(body.n)] if body.echo else None
+        group = RequestGroup(engine, gen_requests, n=body.n)  # validates every prompt first: 400 before any stream
         if body.stream:
-            return _sse(group, _stream_completion(group, body, request_id))
+            return _sse(group, _stream_completion(group, body, request_id, echo))
         completed, outputs = await run_unless_disconnected(request, _collect(group, len(gen_requests)))
         if not completed:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        texts, reasons, prompt_tokens, completion_tokens = _summarise(outputs)
-        return JSONResponse(oa.completion_response(request_id, body.model, list(zip(texts, reasons, strict=True)),
-                                                   oa.usage(prompt_tokens, completion_tokens)))
+        choices = [_Choice.gather(outs) for outs in outputs]
+        bodies = [_completion_choice(engine, body, index, choice, echo[index] if echo else None)
+                  for index, choice in enumerate(choices)]
+        return JSONResponse(resp.completion_response(request_id, body.model, bodies, _usage(choices, body.n)))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, request: Request) -> Response:
         _check_model(body.model, names)
         body.refuse_unsupported()
-        prompt_ids = engine.tokenizer.encode_chat([m.as_template_dict() for m in body.messages])
-        gen_request = _generation_request(body, prompt_ids, body.completion_limit)
+        messages = [m.as_template_dict() for m in body.messages]
+        prompt_ids = await run_in_threadpool(engine.tokenizer.encode_chat, messages)
+        gen_requests = [_generation_request(body, prompt_ids, body.completion_limit, index=i)
+                        for i in range(body.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        group = RequestGroup(engine, [gen_request])
+        group = RequestGroup(engine, gen_requests, n=body.n)
         if body.stream:
             return _sse(group, _stream_chat(group, body, request_id))
-        completed, outputs = await run_unless_disconnected(request, _collect(group, 1))
+        completed, outputs = await run_unless_disconnected(request, _collect(group, len(gen_requests)))
         if not completed:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        texts, reasons, prompt_tokens, completion_tokens = _summarise(outputs)
-        return JSONResponse(oa.chat_response(request_id, body.model, texts[0], reasons[0],
-                                             oa.usage(prompt_tokens, completion_tokens)))
+        choices = [_Choice.gather(outs) for outs in outputs]
+        bodies = [resp.chat_choice(i, c.text, _chat_logprobs(engine, body, c.logprobs), c.finish_reason,
+                                   c.stop_reason) for i, c in enumerate(choices)]
+        return JSONResponse(resp.chat_response(request_id, body.model, bodies, _usage(choices, body.n)))
 
     return app
 
@@ -143,20 +158,18 @@ def _check_model(model: str, names: list[str]) -> None:
                          "invalid_request_error", param="model", code="model_not_found")
 
 
-def _generation_request(body: Any, prompt_ids: list[int], max_tokens: int | None) -> GenerationRequest:
+def _generation_request(body: Any, prompt_ids: list[int], max_tokens: int | None, *, index: int = 0,
+                        prompt_logprobs: int | None = None) -> GenerationRequest:
     return GenerationRequest(
         prompt_ids=tuple(prompt_ids),
-        sampling=body.sampling_params(),
+        sampling=body.sampling_params(index),
         max_tokens=max_tokens,
         stop=body.stop_strings(),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        prompt_logprobs=prompt_logprobs,
     )
-
-
-def _completion_request(engine: Engine, body: oa.CompletionRequest, prompt: str | list[int]) -> GenerationRequest:
-    ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    return _generation_request(body, ids, body.max_tokens)
 
 
 async def _collect(group: RequestGroup, n: int) -> list[list[StepOutput]]:
@@ -166,22 +179,58 @@ async def _collect(group: RequestGroup, n: int) -> list[list[StepOutput]]:
     return outputs
 
 
-def _summarise(outputs: list[list[StepOutput]]) -> tuple[list[str], list[str | None], int, int]:
-    texts, reasons, prompt_tokens, completion_tokens = [], [], 0, 0
-    for outs in outputs:
+@dataclass
+class _Choice:
+    """One choice's outputs put together (non-streaming)."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs]
+    prompt_logprobs: list[TokenLogprobs | None] | None
+    finish_reason: FinishReason | None
+    stop_reason: str | int | None
+    prompt_tokens: int
+    completion_tokens: int
+
+    @classmethod
+    def gather(cls, outs: list[StepOutput]) -> _Choice:
         last = outs[-1]
         _raise_if_failed(last)
-        texts.append("".join(o.text for o in outs))
-        reasons.append(last.finish_reason)
-        prompt_tokens += last.prompt_tokens
-        completion_tokens += last.completion_tokens
-    return texts, reasons, prompt_tokens, completion_tokens
+        return cls("".join(o.text for o in outs), [t for o in outs for t in o.token_ids],
+                   [e for o in outs for e in (o.logprobs or ())], outs[0].prompt_logprobs, last.finish_reason,
+                   last.stop_reason, last.prompt_tokens, last.completion_tokens)
+
+
+def _usage(choices: list[_Choice], n: int) -> dict[str, int]:
+    # Each prompt counts once however many choices it has (vLLM); every choice's tokens count.
+    prompt_tokens = sum(c.prompt_tokens for c in choices[::n])
+    return oa.usage(prompt_tokens, sum(c.completion_tokens for c in choices))
+
+
+def _completion_choice(engine: Engine, body: oa.CompletionRequest, index: int, choice: _Choice,
+                       echo: tuple[str, list[int]] | None) -> dict[str, Any]:
+    text, token_ids = choice.text, choice.token_ids
+    entries: list[TokenLogprobs | None] = list(choice.logprobs)
+    if echo is not None:  # the prompt (and its logprobs) first, as vLLM does
+        text, token_ids = echo[0] + text, [*echo[1], *token_ids]
+        entries = [*(choice.prompt_logprobs or [None] * len(echo[1])), *entries]
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = resp.completion_logprobs(engine.tokenizer, token_ids, entries, body.logprobs)
+    return resp.completion_choice(index, text, logprobs, choice.finish_reason, choice.stop_reason)
+
+
+def _chat_logprobs(engine: Engine, body: oa.ChatCompletionRequest, entries: list[TokenLogprobs] | None
+                   ) -> dict | None:
+    if not body.logprobs:
+        return None
+    return resp.chat_logprobs(engine.tokenizer, entries or [], body.top_logprobs or 0)
 
 
 def _raise_if_failed(out: StepOutput) -> None:
-    if out.finish_reason == "error":
+    if out.finish_reason is FinishReason.ERROR:
         raise _HTTPError(500, f"generation failed: {out.error}", "server_error")
-    if out.finish_reason == "abort":
+    if out.finish_reason is FinishReason.ABORT:
         raise _HTTPError(503, "the server is shutting down", "server_error")
 
 
@@ -220,42 +269,60 @@ def _stream_error(out: StepOutput) -> dict[str, Any] | None:
 
 
 async def _stream_completion(
-    group: RequestGroup, body: oa.CompletionRequest, request_id: str
+    group: RequestGroup, body: oa.CompletionRequest, request_id: str, echo: list[tuple[str, list[int]]] | None
 ) -> AsyncIterator[dict[str, Any]]:
     with_usage = body.include_usage
     prompt_tokens = completion_tokens = 0
+    sent_text: dict[int, int] = {}  # choice index -> characters sent (logprobs text_offset)
     async for index, out in group:
         if (error := _stream_error(out)) is not None:
             yield error
             return
-        if out.text or out.finish_reason:
-            yield oa.completion_chunk(request_id, body.model, index, out.text, out.finish_reason,
-                                      with_usage_field=with_usage)
+        text, token_ids = out.text, list(out.token_ids)
+        entries: list[TokenLogprobs | None] = list(out.logprobs or ())
+        if echo is not None and index not in sent_text:  # the first chunk of a choice echoes the prompt
+            text, token_ids = echo[index][0] + text, [*echo[index][1], *token_ids]
+            entries = [*(out.prompt_logprobs or [None] * len(echo[index][1])), *entries]
+        wants_logprobs = body.logprobs is not None and token_ids
+        if text or out.finish_reason or wants_logprobs:
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = resp.completion_logprobs(group.engine.tokenizer, token_ids, entries, body.logprobs,
+                                                    initial_offset=sent_text.get(index, 0))
+            choice = resp.completion_choice(index, text, logprobs, out.finish_reason, out.stop_reason)
+            yield resp.completion_chunk(request_id, body.model, choice, with_usage_field=with_usage)
+        sent_text[index] = sent_text.get(index, 0) + len(text)
         if out.finish_reason:
-            prompt_tokens += out.prompt_tokens
             completion_tokens += out.completion_tokens
+            if index % body.n == 0:
+                prompt_tokens += out.prompt_tokens
     if with_usage:
-        yield oa.usage_chunk(request_id, body.model, "text_completion", oa.usage(prompt_tokens, completion_tokens))
+        yield resp.usage_chunk(request_id, body.model, "text_completion", oa.usage(prompt_tokens, completion_tokens))
 
 
 async def _stream_chat(
     group: RequestGroup, body: oa.ChatCompletionRequest, request_id: str
 ) -> AsyncIterator[dict[str, Any]]:
     with_usage = body.include_usage
-    yield oa.chat_chunk(request_id, body.model, {"role": "assistant", "content": ""}, None,
-                        with_usage_field=with_usage)
-    last: StepOutput | None = None
-    async for _, out in group:
+    for index in range(body.n):
+        yield resp.chat_chunk(request_id, body.model, index, {"role": "assistant", "content": ""}, None,
+                              with_usage_field=with_usage)
+    prompt_tokens = completion_tokens = 0
+    async for index, out in group:
         if (error := _stream_error(out)) is not None:
             yield error
             return
-        if out.text or out.finish_reason:
+        if out.text or out.finish_reason or (body.logprobs and out.token_ids):
             delta = {"content": out.text} if out.text else {}
-            yield oa.chat_chunk(request_id, body.model, delta, out.finish_reason, with_usage_field=with_usage)
-        last = out
-    if with_usage and last is not None:
-        yield oa.usage_chunk(request_id, body.model, "chat.completion.chunk",
-                             oa.usage(last.prompt_tokens, last.completion_tokens))
+            logprobs = _chat_logprobs(group.engine, body, out.logprobs)
+            yield resp.chat_chunk(request_id, body.model, index, delta, out.finish_reason, logprobs=logprobs,
+                                  stop_reason=out.stop_reason, with_usage_field=with_usage)
+        if out.finish_reason:
+            completion_tokens += out.completion_tokens
+            prompt_tokens = out.prompt_tokens
+    if with_usage:
+        yield resp.usage_chunk(request_id, body.model, "chat.completion.chunk",
+                               oa.usage(prompt_tokens, completion_tokens))
 
 
 # ---- errors and auth -----------------------------------------------------------------------------------------
@@ -274,8 +341,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         return reply(400, exc.one_line(), "invalid_request_error", exc.param, 400)
 
     @app.exception_handler(ServeError)
-    async def serve_error(_req: Request, exc: ServeError) -> JSONResponse:
-        return reply(400, exc.one_line(), "invalid_request_error", None, 400)
+    async def server_fault(_req: Request, exc: ServeError) -> JSONResponse:
+        # not an InvalidRequestError (that handler is more specific): the server's fault, not the request's
+        return reply(500, exc.one_line(), "server_error", None, 500)
 
     @app.exception_handler(RequestValidationError)
     async def validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

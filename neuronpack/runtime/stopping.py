@@ -6,6 +6,9 @@ With speculation, a sequence at length L with ``L + lookahead > max_model_len`` 
 (vLLM on Neuron), because the next step would write ``lookahead`` slots past the cache.
 
 Streaming holds back the last ``len(longest stop) - 1`` characters: they might be the start of a stop string.
+With ``include_stop_str_in_output`` (vLLM's extension) the stop string, or the stop token's text, stays in the
+output and nothing is held back. ``stop_reason`` tells what stopped it: the stop string, the stop token id, or None
+(EOS, length), as vLLM reports it.
 
 Example::
 
@@ -18,10 +21,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol
 
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
+
+class FinishReason(str, Enum):
+    """Why a sequence ended; the values are OpenAI's ``finish_reason`` (and the metrics label)."""
+
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the model length
+    ABORT = "abort"  # the client went away or the server shut down
+    ERROR = "error"  # the model failed
+
+    def __str__(self) -> str:  # the wire value in f-strings and labels, on every Python version
+        return self.value
+
+
 # Prompt tokens decoded together with the first output tokens, so tokenizers that drop a leading space when a text
 # starts (SentencePiece) still produce the right first word (vLLM uses the same window).
 PROMPT_CONTEXT_TOKENS = 5
@@ -72,13 +87,14 @@ class StopRules:
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     lookahead: int = 0  # speculation: num_lookahead_slots (0 without speculation)
 
 
 @dataclass
 class Delta:
     text: str  # newly streamable text (may be "")
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
 
 
 @dataclass
@@ -90,7 +106,8 @@ class SequenceOutput:
     detokenizer: IncrementalDetokenizer
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     _emitted: int = 0  # characters of ``text`` already handed out
 
     def append(self, token_id: int) -> Delta:
@@ -103,6 +120,8 @@ class SequenceOutput:
         self.token_ids.append(int(token_id))
         reason = self._check_token(int(token_id))
         hit_stop_string = False
+        if reason is not None and self.rules.include_stop_str_in_output:
+            self.text += self.detokenizer.push(int(token_id))  # the stop token's text stays (EOS decodes to "")
         if reason is None:
             self.text += self.detokenizer.push(int(token_id))
             reason = self._check_stop_strings()
@@ -120,36 +139,39 @@ class SequenceOutput:
     def total_len(self) -> int:
         return len(self.prompt_ids) + len(self.token_ids)
 
-    def _check_token(self, token_id: int) -> str | None:
+    def _check_token(self, token_id: int) -> FinishReason | None:
         if token_id in self.rules.stop_token_ids:
-            return FINISH_STOP
+            self.stop_reason = token_id
+            return FinishReason.STOP
         if token_id in self.rules.eos_token_ids and not self.rules.ignore_eos:
-            return FINISH_STOP
+            return FinishReason.STOP
         return None
 
-    def _check_stop_strings(self) -> str | None:
+    def _check_stop_strings(self) -> FinishReason | None:
         if not self.rules.stop:
             return None
         longest = max(len(s) for s in self.rules.stop)
         # Only the unstreamed tail plus a stop-string's width can hold a new match.
         start = max(0, self._emitted - longest)
-        hits = [i for s in self.rules.stop if (i := self.text.find(s, start)) >= 0]
+        hits = [(i, s) for s in self.rules.stop if (i := self.text.find(s, start)) >= 0]
         if not hits:
             return None
-        self.text = self.text[: min(hits)]
-        return FINISH_STOP
+        index, stop = min(hits)
+        self.stop_reason = stop
+        self.text = self.text[: index + len(stop) if self.rules.include_stop_str_in_output else index]
+        return FinishReason.STOP
 
-    def _check_length(self) -> str | None:
+    def _check_length(self) -> FinishReason | None:
         if len(self.token_ids) >= self.rules.max_tokens:
-            return FINISH_LENGTH
+            return FinishReason.LENGTH
         total = self.total_len
         if total >= self.rules.max_model_len or total + self.rules.lookahead > self.rules.max_model_len:
-            return FINISH_LENGTH
+            return FinishReason.LENGTH
         return None
 
     def _take_streamable(self) -> str:
         end = len(self.text)
-        if self.finish_reason is None and self.rules.stop:
+        if self.finish_reason is None and self.rules.stop and not self.rules.include_stop_str_in_output:
             end -= max(len(s) for s in self.rules.stop) - 1
         if end <= self._emitted:
             return ""

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from neuronpack.runtime.scheduler import StepOutput
+from neuronpack.runtime.engine import StepOutput
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -26,9 +26,13 @@ if TYPE_CHECKING:
 
 
 class RequestGroup:
-    """Submit several requests at once and read their outputs as they come, in arrival order."""
+    """Submit several requests at once and read their outputs as they come, in arrival order.
 
-    def __init__(self, engine: Engine, requests: Sequence[GenerationRequest]) -> None:
+    With ``n`` > 1, each run of ``n`` consecutive requests shares one prompt and is submitted as forks (one prefill
+    per run, in chunks of at most the batch size). The yielded index is the request's position (OpenAI's choice
+    index: prompt-major)."""
+
+    def __init__(self, engine: Engine, requests: Sequence[GenerationRequest], n: int = 1) -> None:
         self._engine = engine
         self._requests = list(requests)
         self._loop = asyncio.get_running_loop()
@@ -36,8 +40,15 @@ class RequestGroup:
         for request in self._requests:  # refuse the whole group before anything is queued
             engine.check(request)
         self._open = {r.request_id for r in self._requests}
-        for index, request in enumerate(self._requests):
-            engine.submit(request, self._sink_for(index))
+        chunk = max(1, min(n, engine.model.batch_size))
+        for start in range(0, len(self._requests), n):
+            for first in range(start, start + n, chunk):
+                indices = range(first, min(first + chunk, start + n))
+                engine.submit_forks([self._requests[i] for i in indices], [self._sink_for(i) for i in indices])
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
 
     def _sink_for(self, index: int):
         def sink(out: StepOutput) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.errors import ServeError
+from neuronpack.errors import InvalidRequestError, TokenizerError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -41,6 +41,7 @@ class ArtifactTokenizer:
         eos = self.special_tokens.get("eos_token")
         eos_id = tokenizer.token_to_id(eos) if eos else None
         self.eos_token_id: int | None = eos_id
+        self._token_texts: dict[int, str] = {}
 
     @classmethod
     def from_dir(cls, path: Path) -> ArtifactTokenizer:
@@ -53,7 +54,7 @@ class ArtifactTokenizer:
         path = Path(path)
         tok_file = path / "tokenizer.json"
         if not tok_file.is_file():
-            raise ServeError(
+            raise TokenizerError(
                 "the artifact has no tokenizer.json",
                 where=str(path),
                 fix="recompile from a checkpoint that ships a fast tokenizer (tokenizer.json)",
@@ -61,7 +62,7 @@ class ArtifactTokenizer:
         try:
             tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
-            raise ServeError(f"cannot read tokenizer.json: {exc}", where=str(tok_file), fix="recompile") from None
+            raise TokenizerError(f"cannot read tokenizer.json: {exc}", where=str(tok_file), fix="recompile") from None
         config = _read_json(path / "tokenizer_config.json")
         return cls(tokenizer, config, _chat_template(path, config), where=str(path))
 
@@ -78,19 +79,32 @@ class ArtifactTokenizer:
         text = self._tok.decode(list(ids), skip_special_tokens=True)
         return _clean_up_tokenization(text) if self.clean_up_spaces else text
 
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (how logprobs name tokens, like vLLM).
+
+        Example: ``tok.token_text(tok.encode(" Paris")[0]) == " Paris"``.
+        """
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
+        return text
+
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text for a conversation; ServeError (HTTP 400) when there is no template or it rejects it.
+        """The prompt text for a conversation. InvalidRequestError (HTTP 400) when the model has no template or the
+        template rejects the messages (``raise_exception`` in the template, wrong types); TokenizerError (HTTP 500)
+        when the template itself is broken (syntax error, a failure inside it).
 
         Example: ``tok.apply_chat_template([{"role": "user", "content": "Hi"}])``
         -> ``"<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n"``.
         """
         if not self.chat_template:
-            raise ServeError(
+            raise InvalidRequestError(
                 "this model has no chat template",
+                param="messages",
                 where=self.where,
                 fix="use /v1/completions, or compile from a checkpoint whose tokenizer has a chat_template",
             )
-        from jinja2.exceptions import TemplateError
+        from jinja2.exceptions import TemplateError, TemplateSyntaxError
         from transformers.utils.chat_template_utils import render_jinja_template
 
         try:
@@ -100,8 +114,15 @@ class ArtifactTokenizer:
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
             )
+        except TemplateSyntaxError as exc:
+            raise TokenizerError(f"the chat template is broken: {exc}", where=self.where,
+                                 fix="recompile from a checkpoint with a valid chat template") from None
         except (TemplateError, TypeError, ValueError) as exc:
-            raise ServeError(f"the chat template rejected the messages: {exc}", where="messages") from None
+            raise InvalidRequestError(f"the chat template rejected the messages: {exc}", param="messages",
+                                      where="messages") from None
+        except Exception as exc:  # a failure inside the template is the template's fault, not the request's
+            raise TokenizerError(f"the chat template failed: {type(exc).__name__}: {exc}", where=self.where,
+                                 fix="recompile from a checkpoint with a working chat template") from None
         return rendered[0]
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -115,7 +136,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ServeError(f"cannot read {path.name}: {exc}", where=str(path), fix="recompile the artifact") from None
+        raise TokenizerError(f"cannot read {path.name}: {exc}", where=str(path), fix="recompile the artifact") from None
     return data if isinstance(data, dict) else {}
 
 

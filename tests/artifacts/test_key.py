@@ -94,3 +94,14 @@ def test_digest_cache_answers_without_rereading(model, monkeypatch):
 
     monkeypatch.setattr(digest, "sha256_stream", fail)
     assert file_sha256(weights) == first
+
+
+def test_lora_adapters_are_keyed_by_content(model, tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v1")
+    recipe = load_recipe(Path("recipes/tiny-test.toml"),
+                         overrides=[f'lora.adapters=[{{name="sql", path="{adapter}"}}]'])
+    before = key_of(model, recipe)
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v2")
+    assert key_of(model, recipe) != before

@@ -8,13 +8,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from neuron_standin import fixtures as standin
 
 from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.nxd import NxdBackend
 from neuronpack.backends.tnx import TnxBackend
 from neuronpack.errors import ArtifactError, BuildError, RecipeError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
+from tests.backends.neuron_standin import fixtures as standin
+from tests.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures
@@ -24,7 +25,7 @@ SAMPLING_DEFAULT = {"do_sample": False, "top_k": 1, "top_p": 1.0, "temperature":
 BASE = {"ctx_batch_size": 1, "is_continuous_batching": True, "padding_side": "right",
         "sequence_parallel_enabled": True, "save_sharded_checkpoint": True, "quantized": False,
         "on_device_sampling_config": SAMPLING_DEFAULT, "enable_bucketing": True, "torch_dtype": "bfloat16"}
-# The exact NeuronConfig kwargs for each shipped NxDI recipe, written out by hand from neuron-facts.md.
+# The exact NeuronConfig kwargs for each shipped NxDI recipe, written out by hand from docs/neuron.md.
 EXPECTED = {
     "llama-3.1-8b-instruct-trn1.toml": {
         **BASE, "tp_degree": 8, "batch_size": 4, "tkg_batch_size": 4, "max_context_length": 8192, "seq_len": 8192,
@@ -143,9 +144,9 @@ def test_validate_artifact_checks_files_and_versions(tiny_llama, tmp_path, nxd_s
     backend = NxdBackend()
     config = backend.compile_config(_request(recipe, tiny_llama, staging))
     backend.build(_request(recipe, tiny_llama, staging))
-    manifest = {"versions": backend.versions(), "compile_config": config, "model": {"path": str(tiny_llama)}}
+    manifest = make_manifest(versions=backend.versions(), compile_config=config, model={"path": str(tiny_llama)})
     backend.validate_artifact(staging, manifest)
-    old = {**manifest, "versions": {**manifest["versions"], "neuronx-cc": "2.18.0.0"}}
+    old = manifest.model_copy(update={"versions": {**manifest.versions, "neuronx-cc": "2.18.0.0"}})
     with pytest.raises(ArtifactError) as info:
         backend.validate_artifact(staging, old)
     assert "built with neuronx-cc 2.18.0.0, this machine has 2.19.8089.0" in info.value.what

@@ -32,5 +32,3 @@ def test_unwritten_rows_swap_for_free():
     rows = RowMap(3)
     assert rows.pack([2]) == []  # nothing written: only the table changes
     assert rows.row(2) == 0
-    rows.reset()
-    assert rows.rows([0, 1, 2]) == [0, 1, 2]

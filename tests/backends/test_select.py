@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from neuron_standin import fixtures as standin
-from neuron_standin.fixtures import make_placeholder
 
 from neuronpack.artifacts.key import toolchain_versions
 from neuronpack.backends.neuron_packages import probe_package
 from neuronpack.backends.select import choose_framework, get_backend
 from neuronpack.errors import NeuronpackError
+from tests.backends.neuron_standin import fixtures as standin
+from tests.backends.neuron_standin.fixtures import make_placeholder
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path, tnx_sdk = standin.nxd_sdk, standin.sdk_path, standin.tnx_sdk  # fixtures
@@ -134,7 +134,7 @@ def test_registry_and_versions_from_metadata(nxd_sdk):
 
 
 def test_selection_does_not_import_torch():
-    from fresh_interpreter import run_fresh
+    from tests.fresh_interpreter import run_fresh
 
     code = ("from neuronpack.backends.select import choose_framework, get_backend; "
             "c = choose_framework('auto', {}); get_backend('nxd').versions(); print(c.name)")

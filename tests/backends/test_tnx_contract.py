@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from neuron_standin import fixtures as standin
 
 from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.tnx import TnxBackend
 from neuronpack.errors import ArtifactError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
+from tests.backends.neuron_standin import fixtures as standin
+from tests.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 sdk_path, tnx_sdk = standin.sdk_path, standin.tnx_sdk  # fixtures
@@ -53,11 +54,12 @@ def test_build_compiles_saves_and_validates(tiny_llama, tmp_path, tnx_sdk):
     assert len(list((staging / "neffs").glob("*.neff"))) == 6  # 4 context + 2 token-generation kernels
     assert json.loads((staging / "tnx_config.json").read_text())["platform_target"] == "inf2"
     assert (staging / "config.json").is_file() and (staging / "tokenizer.json").is_file()
-    manifest = {"versions": backend.versions()}
-    assert manifest["versions"]["transformers-neuronx"] == "0.13.1216"
+    manifest = make_manifest(versions=backend.versions())
+    assert manifest.versions["transformers-neuronx"] == "0.13.1216"
     backend.validate_artifact(staging, manifest)
     with pytest.raises(ArtifactError, match="transformers-neuronx 0.12.0"):
-        backend.validate_artifact(staging, {"versions": {**manifest["versions"], "transformers-neuronx": "0.12.0"}})
+        backend.validate_artifact(staging, make_manifest(versions={**manifest.versions,
+                                                                   "transformers-neuronx": "0.12.0"}))
     for neff in (staging / "neffs").iterdir():
         neff.unlink()
     with pytest.raises(ArtifactError, match="no compiled NEFFs"):

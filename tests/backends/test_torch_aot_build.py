@@ -5,36 +5,21 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-from neuronpack.backends.base import BuildRequest
 from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
-from neuronpack.buckets import plan_buckets
 from neuronpack.checkpoint import open_checkpoint
 from neuronpack.errors import ArtifactError, BucketError, RecipeError
 from neuronpack.models import load_model
-from neuronpack.recipe import Recipe
-
-BUCKETS = {"context": [16, 64], "token_generation": [64, 128]}
-
-
-def tiny_request(model_dir: Path, staging: Path, *, compiler="export", batch_size=2, **recipe) -> BuildRequest:
-    data = {"compiler": compiler, "buckets": BUCKETS,
-            "target": {"batch_size": batch_size, "seq_len": 128, "max_context_length": 64}, **recipe}
-    parsed = Recipe.model_validate(data)
-    plan = plan_buckets(parsed.target.seq_len, parsed.max_context_length, context=parsed.buckets.context,
-                        token_generation=parsed.buckets.token_generation)
-    staging.mkdir(parents=True, exist_ok=True)
-    return BuildRequest(model_dir=model_dir, recipe=parsed, plan=plan, staging=staging)
+from tests.backends.torch_aot_requests import tiny_request
 
 
 @pytest.fixture(scope="module")
 def smollm_export(tmp_path_factory):
     """A bf16 export-only artifact of a tiny tied SmolLM (built once for this module)."""
-    from tiny_models import make_tiny_checkpoint
+    from tests.tiny_models import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("torch-export")
     model_dir = make_tiny_checkpoint(root / "smollm", arch="smollm")
@@ -88,8 +73,7 @@ def test_loaded_artifact_matches_the_model(smollm_export):
     torch.testing.assert_close(logits[0], full[19], atol=5e-2, rtol=2e-2)
     step = lm.decode(torch.tensor([0, 9]), torch.tensor([0, 20]))
     torch.testing.assert_close(step[1], full[20], atol=5e-2, rtol=2e-2)
-    lm.reset()
-    lm.prefill([1], [prompt])
+    lm.prefill([1], [prompt])  # rewrites slot 1's positions 0..19
     alone = lm.decode(torch.tensor([9]), torch.tensor([20]), slots=[1])  # slot 1 alone: a batch-1 step
     assert alone.shape == (1, 384)
     torch.testing.assert_close(alone[0], full[20], atol=5e-2, rtol=2e-2)

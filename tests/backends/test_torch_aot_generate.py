@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from test_torch_aot_build import tiny_request
-from tiny_models import ARCHS, make_tiny_checkpoint
 
 from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
+from tests.backends.torch_aot_requests import tiny_request
+from tests.tiny_models import ARCHS, make_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 64

@@ -30,7 +30,7 @@ SMALL_BUCKETS = ['target.seq_len=64', 'target.max_context_length=16', 'buckets.c
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    from tiny_models import make_tiny_checkpoint
+    from tests.tiny_models import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("int8") / "llama", arch="llama")
 
@@ -96,7 +96,7 @@ def hf_greedy(model) -> tuple[torch.Tensor, list[int]]:
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_int8_artifact_generates_like_eager_and_transformers(tiny_checkpoint, tmp_path, dtype):
     result = build_int8(tiny_checkpoint, dtype, tmp_path)  # used to raise BuildError for bfloat16
-    quantized = Path(result.manifest["model"]["path"])
+    quantized = Path(result.manifest.model.path)
     assert result.compile_config["quantization_dtype"] == "int8"
     assert any(isinstance(m, Int8Linear) for m in load_model(result.path / "weights", torch.float32).modules())
 

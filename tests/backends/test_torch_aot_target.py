@@ -43,7 +43,7 @@ def test_cpu_capability_from_flags():
 
 
 def test_target_is_computed_without_importing_torch():
-    from fresh_interpreter import run_fresh
+    from tests.fresh_interpreter import run_fresh
 
     code = (
         "import json\n"

@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import pytest
-from neuron_standin import fixtures as standin
 
-from neuronpack.artifacts.verify import verify_artifact
 from neuronpack.backends.vllm_launch import VllmCommand, format_command, neuron_override, run_vllm, vllm_command
 from neuronpack.errors import ArtifactError, ServeError
-from neuronpack.pipeline import compile_model
+from neuronpack.pipeline import compile_model, verify_artifact
+from tests.backends.neuron_standin import fixtures as standin
+from tests.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures
@@ -41,8 +41,8 @@ def nxd_artifact(tiny_llama, tmp_path, nxd_sdk):
 
 def test_nxd_command_loads_the_artifact(nxd_artifact):
     path, manifest = nxd_artifact
-    assert manifest["versions"]["neuronx-distributed-inference"] == "0.9.0"
-    assert manifest["versions"]["neuronx-cc"] == "2.19.8089.0"
+    assert manifest.versions["neuronx-distributed-inference"] == "0.9.0"
+    assert manifest.versions["neuronx-cc"] == "2.19.8089.0"
     cmd = vllm_command(path, manifest, port=8080, api_key="k")
     assert cmd.env == {"NEURON_COMPILED_ARTIFACTS": str(path), "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference"}
     assert cmd.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
@@ -73,13 +73,13 @@ def test_override_diff_against_vllm_defaults():
                                   "quantized": True, "speculation_length": 4}
 
 
-def _manifest(framework="nxd", **serve):
+def _manifest(framework="nxd", *, recipe=None, compile_config=None, **serve):
     base = {"served_model_name": "m", "max_model_len": 4096, "max_num_seqs": 4, "tensor_parallel_size": 8,
             "nodes": 1, "speculation_length": 0, "draft_path": None, "lora_modules": []}
     neuron_config = {"tp_degree": 8, "batch_size": 4, "seq_len": 4096, "max_context_length": 4096,
                      "torch_dtype": "bfloat16", "save_sharded_checkpoint": True}
-    return {"framework": framework, "serve": {**base, **serve}, "model": {"path": "/models/llama"},
-            "compile_config": {"neuron_config": neuron_config}, "recipe": {}}
+    return make_manifest(framework=framework, serve={**base, **serve}, model={"path": "/models/llama"},
+                         compile_config=compile_config or {"neuron_config": neuron_config}, recipe=recipe or {})
 
 
 def test_speculation_uses_the_bundled_draft(tmp_path):
@@ -92,8 +92,9 @@ def test_speculation_uses_the_bundled_draft(tmp_path):
 
 
 def test_lora_flags_and_override(tmp_path):
-    manifest = _manifest(lora_modules=[{"name": "sql", "path": "/a/sql"}, {"name": "chat", "path": "/a/chat"}])
-    manifest["recipe"] = {"lora": {"max_loras": 2, "max_rank": 32, "target_modules": ["q_proj", "v_proj"]}}
+    adapters = [{"name": "sql", "path": "/a/sql"}, {"name": "chat", "path": "/a/chat"}]
+    manifest = _manifest(lora_modules=adapters, recipe={"lora": {
+        "adapters": adapters, "max_loras": 2, "max_rank": 32, "target_modules": ["q_proj", "v_proj"]}})
     cmd = vllm_command(tmp_path, manifest)
     i = cmd.argv.index("--enable-lora")
     assert cmd.argv[i:i + 8] == ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "32", "--lora-modules",
@@ -120,10 +121,9 @@ def test_multi_node_lines(tmp_path):
 
 
 def test_tnx_env_buckets_and_quant(tmp_path):
-    manifest = _manifest("tnx")
-    manifest["compile_config"] = {
+    manifest = _manifest("tnx", compile_config={
         "from_pretrained": {"amp": "bf16", "n_positions": [512, 2048], "context_length_estimate": [256, 1024]},
-        "neuron_config": {"quant": {"quant_dtype": "s8"}}}
+        "neuron_config": {"quant": {"quant_dtype": "s8"}}})
     cmd = vllm_command(tmp_path, manifest)
     assert cmd.env["VLLM_NEURON_FRAMEWORK"] == "transformers-neuronx"
     assert cmd.env["NEURON_CONTEXT_LENGTH_BUCKETS"] == "256,1024"
@@ -136,7 +136,7 @@ def test_tnx_env_buckets_and_quant(tmp_path):
 
 def test_torch_artifacts_are_not_for_vllm(tmp_path):
     with pytest.raises(ArtifactError, match="built for 'torch'"):
-        vllm_command(tmp_path, {"framework": "torch"})
+        vllm_command(tmp_path, make_manifest(framework="torch"))
 
 
 def test_run_vllm_refuses_without_vllm_and_execs_otherwise(tmp_path):

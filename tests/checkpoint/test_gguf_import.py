@@ -10,10 +10,10 @@ import pytest
 import torch
 import transformers
 
-from checkpoint.tiny_gguf import write_tiny_gguf
 from neuronpack.checkpoint import find_packaged_gguf, import_gguf, open_checkpoint
 from neuronpack.checkpoint.gguf_import import gguf_auto_dtype
 from neuronpack.errors import CheckpointError, OutputExistsError
+from tests.checkpoint.tiny_gguf import write_tiny_gguf
 
 PROMPT_IDS = torch.tensor([[1, 5, 9, 42, 7, 100, 3]])
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from fresh_interpreter import run_fresh
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from neuronpack.checkpoint import read_safetensors_header
 from neuronpack.checkpoint.safetensors_header import expected_nbytes, read_safetensors_metadata
 from neuronpack.errors import CheckpointError
+from tests.fresh_interpreter import run_fresh
 
 
 def write_raw(path: Path, header: dict, data: bytes) -> Path:

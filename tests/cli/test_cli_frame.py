@@ -5,11 +5,11 @@ import os
 import subprocess
 import sys
 
-from fresh_interpreter import run_fresh
 from typer.testing import CliRunner
 
 from neuronpack import __version__
 from neuronpack.cli.app import app
+from tests.fresh_interpreter import run_fresh
 
 runner = CliRunner(env={"COLUMNS": "120"})
 

@@ -63,3 +63,22 @@ def test_compile_bad_inputs_are_one_line_errors(tmp_path):
     assert bad_set.exit_code == 1 and "target.batch_size" in bad_set.stderr
     no_model = runner.invoke(app, ["compile", "--recipe", RECIPE])
     assert no_model.exit_code == 1 and "no model to compile" in no_model.stderr
+
+
+def test_error_text_keeps_square_brackets(tiny_llama, tmp_path):
+    """Error lines are printed with rich markup escaped: "[speculation]" must survive."""
+    result = runner.invoke(app, ["compile", str(tiny_llama), "--recipe", RECIPE, "--root", str(tmp_path),
+                                 "--set", f'speculation.draft="{tiny_llama}"', "--set", 'speculation.kind="draft"',
+                                 "--dry-run"])
+    assert result.exit_code == 1
+    assert "remove [speculation] or use framework nxd" in result.stderr
+
+
+def test_usage_errors_exit_2(tmp_path):
+    for args in (["compile", "x", "--recipe", RECIPE, "--set", "no-equals-sign"],
+                 ["gc", "--root", str(tmp_path), "--older-than", "soon"],
+                 ["buckets", "--seq-len", "128", "--context", "64,abc"],
+                 ["doctor", "--format", "yaml"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
-from fresh_interpreter import run_fresh
 from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
-from neuron_standin import fixtures as standin  # noqa: E402
-from neuron_standin.fixtures import make_placeholder  # noqa: E402
+from tests.backends.neuron_standin import fixtures as standin
+from tests.backends.neuron_standin.fixtures import make_placeholder
+from tests.fresh_interpreter import run_fresh
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures

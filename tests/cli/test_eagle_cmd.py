@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "convert"))
-from eagle_fixtures import load_output, make_eagle1_draft, make_eagle3_draft, tiny_target, vocab_of  # noqa: E402
-
-from neuronpack.cli.app import app  # noqa: E402
+from neuronpack.cli.app import app
+from tests.convert.eagle_fixtures import load_output, make_eagle1_draft, make_eagle3_draft, tiny_target, vocab_of
 
 
 @pytest.fixture

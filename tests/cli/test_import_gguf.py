@@ -7,10 +7,10 @@ import importlib.util
 import json
 
 import pytest
-from checkpoint.tiny_gguf import write_tiny_gguf
 from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
+from tests.checkpoint.tiny_gguf import write_tiny_gguf
 
 runner = CliRunner(env={"COLUMNS": "120"})
 

@@ -6,17 +6,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
-from backends.neuron_standin import fixtures as standin
-from runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, build_artifact, hf_greedy
 from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
+from tests.backends.neuron_standin import fixtures as standin
+from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, build_artifact, hf_greedy, wait_for_health
 
 runner = CliRunner(env={"COLUMNS": "120"})
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures: the stand-in Neuron SDK (it cannot run here)
@@ -136,16 +134,7 @@ def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama):
                              "--threads", "1", "--served-model-name", "tiny", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+        wait_for_health(proc, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         out = client.completions.create(model="tiny", prompt="Hello world", max_tokens=10, temperature=0)
         expected = hf_greedy(tiny_llama, tokenizer.encode("Hello world"), 10)

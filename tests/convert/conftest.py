@@ -1,5 +1,6 @@
 import pytest
-from eagle_fixtures import tiny_target
+
+from tests.convert.eagle_fixtures import tiny_target
 
 
 @pytest.fixture(scope="session")

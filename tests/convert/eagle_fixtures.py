@@ -197,7 +197,7 @@ def tiny_target(base: Path, kind: str) -> Path:
     kinds: "fp32" (untied, one safetensors file), "bf16-sharded" (untied, several shards + index), "tied" (fp32,
     tie_word_embeddings: no lm_head.weight).
     """
-    from tiny_models import make_tiny_checkpoint
+    from tests.tiny_models import make_tiny_checkpoint
 
     if kind not in _TARGETS:
         options = {

@@ -7,7 +7,10 @@ import json
 
 import pytest
 import torch
-from eagle_fixtures import (
+
+from neuronpack.convert.eagle import MANIFEST, convert_eagle, eagle_nxd_hints
+from neuronpack.progress import NullReporter
+from tests.convert.eagle_fixtures import (
     load_draft_tensors,
     load_output,
     make_eagle1_draft,
@@ -15,9 +18,6 @@ from eagle_fixtures import (
     target_tensor,
     vocab_of,
 )
-
-from neuronpack.convert.eagle import MANIFEST, convert_eagle, eagle_nxd_hints
-from neuronpack.progress import NullReporter
 
 
 def _tree_state(root):
@@ -182,7 +182,7 @@ def test_tokenizer_files_of_the_draft_are_copied(tmp_path, target):
 
 
 def test_eagle1_draft_without_embedding_gets_the_targets(tmp_path, target):
-    from eagle_fixtures import draft_config, eagle1_tensors, write_draft
+    from tests.convert.eagle_fixtures import draft_config, eagle1_tensors, write_draft
 
     tgt = target("fp32")
     tensors = eagle1_tensors(64, vocab_of(tgt), fc_bias=True, dtype=torch.float32)

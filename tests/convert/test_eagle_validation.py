@@ -6,7 +6,10 @@ import json
 
 import pytest
 import torch
-from eagle_fixtures import (
+
+from neuronpack.convert.eagle import convert_eagle
+from neuronpack.errors import ConversionError, NeuronpackError, OutputExistsError
+from tests.convert.eagle_fixtures import (
     draft_config,
     eagle1_tensors,
     make_eagle1_draft,
@@ -14,9 +17,6 @@ from eagle_fixtures import (
     vocab_of,
     write_draft,
 )
-
-from neuronpack.convert.eagle import convert_eagle
-from neuronpack.errors import ConversionError, NeuronpackError, OutputExistsError
 
 
 def _refused(draft, tgt, out, **kwargs) -> ConversionError:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from tiny_models import ARCHS
 
 from neuronpack.models import load_model
+from tests.tiny_models import ARCHS
 
 # (arch, tie): every family with its default tying, plus the opposite tying for llama and smollm.
 CASES = [(arch, None) for arch in ARCHS] + [("llama", True), ("smollm", False)]

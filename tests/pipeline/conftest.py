@@ -4,11 +4,7 @@ from pathlib import Path
 import pytest
 
 from neuronpack.pipeline import compile_model
-
-RECIPE = Path(__file__).parents[2] / "recipes" / "tiny-test.toml"
-# Export-only graphs build in about a second each: enough to exercise the pipeline. AOTInductor is covered by the
-# backend's own tests and by test_compile_aoti below.
-FAST = ["compiler=export"]
+from tests.pipeline.builds import FAST, RECIPE
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,10 @@ import pytest
 
 from neuronpack.artifacts.manifest import read_manifest
 from neuronpack.artifacts.store import artifacts_root
-from neuronpack.artifacts.verify import quick_check, verify_artifact
+from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import BuildError, NeuronpackError, RecipeError
-from neuronpack.pipeline import compile_model
-
-from .conftest import FAST, RECIPE
+from neuronpack.pipeline import compile_model, verify_artifact
+from tests.pipeline.builds import FAST, RECIPE
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.Popen:
@@ -30,16 +29,18 @@ def test_build_publishes_a_verified_artifact(built_artifact, tiny_llama):
     assert not built_artifact.cache_hit
     assert path.parent.name == "neuron-compiled-artifacts" and path.name == built_artifact.key
     manifest = verify_artifact(path)
-    assert manifest["framework"] == "torch"
-    assert manifest["buckets"] == {"context": [16, 64], "token_generation": [64, 128], "max_context_length": 64,
-                                   "seq_len": 128}
-    assert manifest["serve"]["max_num_seqs"] == 2 and manifest["serve"]["max_model_len"] == 128
-    assert manifest["model"]["source"] == str(tiny_llama)
-    names = {f["path"] for f in manifest["files"]}
+    assert manifest.framework == "torch"
+    assert manifest.buckets.to_dict() == {"context": [16, 64], "token_generation": [64, 128],
+                                          "max_context_length": 64, "seq_len": 128}
+    assert manifest.serve.max_num_seqs == 2 and manifest.serve.max_model_len == 128
+    assert manifest.model.source == str(tiny_llama)
+    names = {f.path for f in manifest.files}
     assert {"neuron_config.json", "config.json", "tokenizer.json"} <= names
     assert any(n.startswith("weights/") for n in names)
-    assert set(manifest["timings"]) >= {"resolve", "key", "build"}
-    assert "torch" in manifest["versions"] and "neuronpack" in manifest["versions"]
+    assert set(manifest.timings) >= {"resolve", "key", "build"}
+    assert "torch" in manifest.versions and "neuronpack" in manifest.versions
+    # the typed manifest reads and re-dumps the file exactly (nothing dropped, no key renamed)
+    assert manifest.to_json() == json.loads((path / "neuronpack.json").read_text())
 
 
 def test_second_compile_is_a_cache_hit(built_artifact, tiny_llama):
@@ -82,14 +83,18 @@ def test_sigkill_during_build_leaves_nothing_valid_and_rebuild_works(tiny_llama,
     args = ["compile", str(tiny_llama), "--recipe", str(RECIPE), "--set", "compiler=export",
             "--out-root", str(tmp_path), "--quiet"]
     proc = cli(*args)
-    staging = store / ".staging"
+    # The marker: the model's config.json is copied into the staging directory after the weights and right before
+    # the graphs are exported, so the build is mid-way (and has seconds of graph export left) when we kill it.
+    def reached_graph_export() -> bool:  # staging directories are hidden (.neuronpack-staging-*): pathlib sees them
+        return any((store / ".staging").glob("*/config.json"))
+
     deadline = time.time() + 300
-    while time.time() < deadline and not (staging.is_dir() and any(staging.iterdir())):
-        time.sleep(0.05)
-    assert staging.is_dir() and any(staging.iterdir()), "build never started"
-    time.sleep(0.5)  # somewhere inside the build
+    while time.time() < deadline and proc.poll() is None and not reached_graph_export():
+        time.sleep(0.01)
+    assert reached_graph_export(), "the build never reached graph export"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL  # killed mid-build, not finished before the signal
     published = [p for p in store.iterdir() if not p.name.startswith(".")]
     assert all(quick_check(p) is None for p in published)
     result = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=tmp_path)
@@ -120,8 +125,8 @@ def test_force_rebuilds_in_place(built_artifact, tiny_llama, tmp_path):
     first = read_manifest(root / "neuron-compiled-artifacts" / built_artifact.key)
     result = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=root, force=True)
     assert not result.cache_hit and result.key == built_artifact.key
-    assert read_manifest(result.path)["created_by"]["pid"] == os.getpid()
-    assert first["key"] == result.key
+    assert read_manifest(result.path).created_by["pid"] == os.getpid()
+    assert first.key == result.key
 
 
 def test_internal_build_failure_is_wrapped_with_log(tiny_llama, tmp_path, monkeypatch):

@@ -10,12 +10,10 @@ import pytest
 from neuronpack.artifacts.key import compute_key
 from neuronpack.artifacts.listing import list_artifacts, parse_duration, plan_gc, run_gc
 from neuronpack.artifacts.manifest import MANIFEST_NAME, read_manifest
-from neuronpack.artifacts.resolve import resolve_serving_artifact
 from neuronpack.artifacts.store import artifacts_root
-from neuronpack.artifacts.verify import verify_artifact
 from neuronpack.errors import ArtifactError, NeuronpackError, ServeError
-
-from .conftest import FAST, RECIPE
+from neuronpack.pipeline import resolve_serving_artifact, verify_artifact
+from tests.pipeline.builds import FAST, RECIPE
 
 
 def weights_file(artifact):
@@ -131,7 +129,7 @@ def test_resolve_compiles_into_a_missing_env_path(tiny_llama, tmp_path, monkeypa
     monkeypatch.setenv("NEURON_COMPILED_ARTIFACTS", str(target))
     path = resolve_serving_artifact(None, model=str(tiny_llama), recipe=RECIPE, overrides=FAST)
     assert path == target
-    assert read_manifest(target)["framework"] == "torch"
+    assert read_manifest(target).framework == "torch"
     verify_artifact(target)
 
 

@@ -2,13 +2,13 @@ from pathlib import Path
 
 import pytest
 
-from runtime.serving import build_artifact
+from tests.runtime.serving import build_artifact
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     """The tiny test tokenizer (byte-level BPE + ChatML template) saved as transformers would ship it."""
-    from tiny_models import make_tokenizer
+    from tests.tiny_models import make_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     make_tokenizer().save_pretrained(out)

@@ -5,7 +5,7 @@ import pytest
 from neuronpack.errors import InvalidRequestError
 from neuronpack.runtime.engine import Engine, GenerationRequest
 from neuronpack.runtime.sampling import SamplingParams
-from runtime.serving import hf_greedy
+from tests.runtime.serving import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["The quick brown fox", "Hello world! How are", "A recipe describes a build: model, target, buckets"]

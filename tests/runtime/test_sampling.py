@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from neuronpack.runtime.sampling import RowSampler, SamplingParams, sample_rows
+from neuronpack.runtime.sampling import RowSampler, SamplingParams, sample, sample_rows
 
 
 def sampler(**kwargs) -> RowSampler:
@@ -48,6 +48,32 @@ def test_seed_reproduces_and_rows_are_independent_of_the_batch():
     assert alone == draw(7, batch=False)
     assert alone == draw(7, batch=True)  # same seed, other rows around it: same tokens
     assert alone != draw(8, batch=False)
+
+
+def test_seeded_row_ignores_other_rows_top_k_and_its_own_logprobs():
+    torch.manual_seed(2)
+    logits = torch.randn(2, 300)
+
+    def draw(other_top_k, logprobs):
+        s = sampler(temperature=0.9, top_k=8, seed=4, logprobs=logprobs)
+        return [sample_rows(logits, [s, sampler(temperature=1.0, top_k=other_top_k)])[0].item() for _ in range(30)]
+
+    assert draw(8, None) == draw(200, None) == draw(8, 20)
+
+
+def test_logprobs_are_of_the_distribution_sampled_from():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
+    s = sampler(temperature=0.5, top_k=3, seed=0, logprobs=4)
+    tokens, entries = sample(logits, [s])
+    expected = torch.log_softmax(logits[0, :3] / 0.5, -1)
+    entry = entries[0]
+    assert entry.token_id == tokens[0].item() and entry.logprob == pytest.approx(expected[entry.token_id].item())
+    assert [i for i, _ in entry.top] == [0, 1, 2, 3]
+    assert [v for _, v in entry.top[:3]] == pytest.approx(expected.tolist()) and entry.top[3][1] == float("-inf")
+    greedy = sampler(temperature=0.0, logprobs=2)
+    _, (entry,) = sample(logits, [greedy])
+    assert entry.logprob == pytest.approx(torch.log_softmax(logits[0], -1)[0].item())  # greedy: the model's own
+    assert sample(logits, [sampler(temperature=0.5)])[1] == [None]
 
 
 def test_top_k_and_global_topk_limit_the_candidates():

@@ -2,8 +2,9 @@
 
 import pytest
 
+from neuronpack.runtime.engine import RequestState
 from neuronpack.runtime.sampling import RowSampler, SamplingParams
-from neuronpack.runtime.scheduler import Sequence, SlotScheduler
+from neuronpack.runtime.scheduler import SlotScheduler
 from neuronpack.runtime.stopping import IncrementalDetokenizer, SequenceOutput, StopRules
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
@@ -12,10 +13,10 @@ from neuronpack.runtime.tokenizer import ArtifactTokenizer
 def make_seq(tokenizer_dir):
     tok = ArtifactTokenizer.from_dir(tokenizer_dir)
 
-    def make(name: str, prompt=(5, 6, 7)) -> Sequence:
+    def make(name: str, prompt=(5, 6, 7)) -> RequestState:
         rules = StopRules(eos_token_ids=frozenset({2}), max_tokens=8, max_model_len=128)
         output = SequenceOutput(rules, list(prompt), IncrementalDetokenizer(tok, list(prompt)))
-        return Sequence(name, list(prompt), RowSampler(SamplingParams().resolve()), output, sink=lambda out: None)
+        return RequestState(name, list(prompt), RowSampler(SamplingParams().resolve()), output, sink=lambda out: None)
 
     return make
 
@@ -58,6 +59,40 @@ def test_decode_inputs_list_the_running_sequences_with_their_slots(make_seq):
     assert sched.decode_inputs() == ([1], [51], [3])  # running sequences only: b in slot 1
 
 
+def test_discard_drops_a_sequence_wherever_it_is(make_seq):
+    sched = SlotScheduler(batch_size=1)
+    running, waiting, done = make_seq("run"), make_seq("wait"), make_seq("done")
+    sched.add(running)
+    sched.admit(limit=1)
+    sched.add(waiting)
+    for seq in (running, waiting, done):  # seated, queued, and neither: all fine
+        sched.discard(seq)
+    assert sched.idle and running.slot is None
+
+
 def test_batch_size_must_be_positive():
     with pytest.raises(ValueError):
         SlotScheduler(0)
+
+
+def test_a_fork_group_takes_its_slots_at_once_and_keeps_fifo(make_seq):
+    sched = SlotScheduler(batch_size=3)
+    first, leader, fork, later = (make_seq(n) for n in ("first", "leader", "fork", "later"))
+    leader.forks = [fork]
+    for seq in (first, leader, later):
+        sched.add(seq)
+    sched.admit(limit=1)
+    sched.slots[2] = make_seq("busy")  # one slot left: the group of two must wait, and so does what follows it
+    assert sched.admit(limit=5) == [] and list(sched.waiting) == [leader, later]
+    sched.slots[2] = None
+    assert sched.admit(limit=1) == [leader] and (leader.slot, fork.slot) == (1, 2)
+    assert sched.all_sequences() == [later, first, leader, fork]
+
+
+def test_removing_a_waiting_leader_promotes_its_fork(make_seq):
+    sched = SlotScheduler(batch_size=4)
+    leader, a, b = make_seq("leader"), make_seq("a"), make_seq("b")
+    leader.forks = [a, b]
+    sched.add(leader)
+    assert sched.remove("a") is a and leader.forks == [b]
+    assert sched.remove("leader") is leader and list(sched.waiting) == [b] and b.forks == []

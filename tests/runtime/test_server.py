@@ -1,12 +1,14 @@
 """The OpenAI-compatible server on loopback, driven by the official openai client."""
 
+import shutil
+
 import httpx
 import openai
 import pytest
 
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.server import create_app
-from runtime.serving import LiveServer, hf_greedy, metric_value
+from tests.runtime.serving import LiveServer, hf_greedy, metric_value
 
 NAME = "tiny"
 KEY = "sk-test-123"
@@ -122,15 +124,40 @@ def test_errors_use_openai_shapes(client, server):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=NAME, prompt="hi", max_tokens=2, temperature=-1)
     assert exc.value.body["param"] == "temperature"
-    with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
-        client.completions.create(model=NAME, prompt="hi", max_tokens=2, n=2)
-    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+    with pytest.raises(openai.BadRequestError, match="response_format is not supported") as exc:
+        client.completions.create(model=NAME, prompt="hi", max_tokens=2,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    assert exc.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError, match="max_tokens 0 only makes sense with echo"):
         client.completions.create(model=NAME, prompt="hi", max_tokens=0)
     auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     bad_json = httpx.post(f"{server.url}/v1/completions", content=b"{not json", headers=auth)
     assert bad_json.status_code == 400 and set(bad_json.json()["error"]) == {"message", "type", "param", "code"}
     missing = httpx.post(f"{server.url}/v1/completions", json={"model": NAME}, headers=auth)
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+
+
+def test_server_faults_are_500_and_request_errors_400(compiled_lm, serve_artifact, tmp_path):
+    """A template that refuses the messages is the client's problem (400); one that crashes is the server's (500)."""
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+    tok_dir = tmp_path / "tokenizer"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(serve_artifact / name, tok_dir / name)
+    (tok_dir / "chat_template.jinja").write_text(
+        "{% if messages|length > 1 %}{{ raise_exception('one message only') }}{% endif %}{{ 1 // 0 }}")
+    engine = Engine(compiled_lm, ArtifactTokenizer.from_dir(tok_dir))
+    with LiveServer(create_app(engine, served_model_name=NAME)) as live:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError, match="one message only") as refused:
+            client.chat.completions.create(model=NAME, max_tokens=2, messages=[
+                {"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+        assert refused.value.body["param"] == "messages"
+        with pytest.raises(openai.InternalServerError, match="ZeroDivisionError") as fault:
+            client.chat.completions.create(model=NAME, max_tokens=2, messages=[{"role": "user", "content": "a"}])
+        assert fault.value.body["type"] == "server_error" and fault.value.status_code == 500
+        assert set(fault.value.body) == {"message", "type", "param", "code"}
 
 
 def test_api_key_is_required_on_v1(server):

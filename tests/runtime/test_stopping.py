@@ -92,3 +92,13 @@ def test_appending_after_finish_is_a_bug(tok):
     _, out = run(tok, "Hello world", max_tokens=1)
     with pytest.raises(RuntimeError):
         out.append(5)
+
+
+def test_include_stop_str_in_output_keeps_it_and_holds_nothing_back(tok):
+    deltas, out = run(tok, "Hello world! How are you today?", stop=("How are",), include_stop_str_in_output=True)
+    assert out.text == "".join(deltas) == "Hello world! How are"
+    assert (out.finish_reason, out.stop_reason) == ("stop", "How are")
+    ids = tok.encode("Hello world! How", add_special_tokens=False)
+    for include, expected in ((False, tok.decode(ids[:-1])), (True, tok.decode(ids))):
+        _, out = run(tok, ids, stop_token_ids=frozenset({ids[-1]}), include_stop_str_in_output=include)
+        assert (out.text, out.finish_reason, out.stop_reason) == (expected, "stop", ids[-1])

@@ -5,7 +5,7 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from neuronpack.errors import ServeError
+from neuronpack.errors import InvalidRequestError, ServeError, TokenizerError
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
 TEXTS = ["Hello world! How are you today?", "héllo wörld 你好 😀", "<|im_start|>user\nhi<|im_end|>", ""]
@@ -49,3 +49,23 @@ def test_missing_tokenizer_and_template_are_clear_errors(tokenizer_dir, tmp_path
     tok = ArtifactTokenizer.from_dir(no_template)
     with pytest.raises(ServeError, match="no chat template"):
         tok.apply_chat_template(MESSAGES)
+
+
+def test_request_errors_and_server_faults_are_told_apart(tokenizer_dir, tmp_path):
+    """What the client can fix is an InvalidRequestError (HTTP 400); a broken tokenizer or template is the server's
+    fault, a TokenizerError (HTTP 500)."""
+    with pytest.raises(TokenizerError, match="no tokenizer.json"):
+        ArtifactTokenizer.from_dir(tmp_path)
+    no_template = tmp_path / "no-template"
+    shutil.copytree(tokenizer_dir, no_template)
+    (no_template / "chat_template.jinja").unlink()
+    with pytest.raises(InvalidRequestError, match="no chat template") as info:
+        ArtifactTokenizer.from_dir(no_template).apply_chat_template(MESSAGES)
+    assert info.value.param == "messages"
+    cases = [("{{ raise_exception('roles must alternate') }}", InvalidRequestError, "roles must alternate"),
+             ("{% if %}", TokenizerError, "the chat template is broken"),
+             ("{{ 1 // 0 }}", TokenizerError, "ZeroDivisionError")]
+    for template, error, message in cases:
+        (no_template / "chat_template.jinja").write_text(template)
+        with pytest.raises(error, match=message):
+            ArtifactTokenizer.from_dir(no_template).apply_chat_template(MESSAGES)

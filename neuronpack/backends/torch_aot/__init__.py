@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.torch_aot.build import build_artifact, neuron_config
 from neuronpack.backends.torch_aot.load import CompiledLM, check_loadable, load_artifact, read_neuron_config
 from neuronpack.backends.torch_aot.target import current_target, cxx_compiler, effective_compiler, torch_version
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
 
 __all__ = ["CompiledLM", "TorchAotBackend", "load_artifact"]
 
@@ -53,6 +56,6 @@ class TorchAotBackend:
     def build(self, request: BuildRequest) -> dict[str, Any]:
         return build_artifact(request)
 
-    def validate_artifact(self, artifact_dir: Path, manifest: dict[str, Any]) -> None:
+    def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         config = read_neuron_config(artifact_dir)
         check_loadable(artifact_dir, config["target"])

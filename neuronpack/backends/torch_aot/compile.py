@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from pathlib import Path
@@ -41,15 +42,20 @@ def compile_graphs(model, plan, config: dict, staging: Path, reporter) -> dict[s
             compiled[config["graphs"][kind]], seconds[kind] = result, round(elapsed, 3)
             task.advance()
     with reporter.task("package graphs.pt2", total=1) as task:
-        package = Path(staging) / GRAPHS_FILE
+        # Packaged in memory (the weights are outside: it is small), then written by Python: torch's archive writer,
+        # writing to a full disk, reports only "unexpected pos" and aborts the process from its destructor later;
+        # Python's write raises a plain ENOSPC OSError that the pipeline reports as such.
+        buffer = io.BytesIO()
         if config["compiler"] == "aoti":
             from torch._inductor.package import package_aoti
 
-            package_aoti(str(package), compiled)
+            package_aoti(buffer, compiled)
         else:
             from torch.export.pt2_archive._package import package_pt2
 
-            package_pt2(str(package), exported_programs=compiled)
+            package_pt2(buffer, exported_programs=compiled)
+        with open(Path(staging) / GRAPHS_FILE, "wb") as fh:
+            fh.write(buffer.getbuffer())
         task.advance()
     return seconds
 

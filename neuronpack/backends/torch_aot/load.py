@@ -67,7 +67,7 @@ def check_loadable(artifact_dir: Path, built_target: dict[str, Any]) -> None:
                             fix="rebuild with neuronpack compile on this machine, or use compiler=export")
 
 
-def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Reporter = NullReporter()):
+def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Reporter | None = None):
     """Load a torch-backend artifact directory into a ready ``CompiledLM`` (KV cache allocated, zeroed).
 
     Example::
@@ -75,6 +75,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
         lm = load_artifact(Path("artifacts/abc123"))
         lm.batch_size, lm.context_buckets        # (4, (128, 256))
     """
+    reporter = reporter or NullReporter()
     import torch
 
     from neuronpack.checkpoint import open_checkpoint
@@ -194,11 +195,16 @@ class CompiledLM:
             self._rows.wrote(row, pos + 1)
         return logits if rows == list(range(n)) else logits[rows]
 
-    def reset(self) -> None:
-        """Zero the whole KV cache."""
-        for cache in (*self.k_caches, *self.v_caches):
-            cache.zero_()
-        self._rows.reset()
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst`` (parallel sampling shares
+        one prefilled prompt)."""
+        import torch
+
+        a, b = self._rows.row(src), self._rows.row(dst)
+        with torch.inference_mode():
+            for cache in (*self.k_caches, *self.v_caches):
+                cache[b, :, :length].copy_(cache[a, :, :length])
+        self._rows.wrote(b, length)
 
     def _pack(self, slots: list[int]) -> None:
         import torch

@@ -55,7 +55,3 @@ class RowMap:
             self._slot_of[low], self._slot_of[high_row] = slot, other
             self._filled[low], self._filled[high_row] = self._filled[high_row], self._filled[low]
         return swaps
-
-    def reset(self) -> None:
-        size = len(self._row_of)
-        self.__init__(size)

@@ -1,0 +1,50 @@
+"""What to quantize and how: ``QuantizeOptions``, from the command line or a recipe's ``[quantization]`` section.
+
+Its own module so the quantizer's stages (quant_plan, quant_stream) and the pipeline share it without importing
+quantize.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neuronpack.errors import QuantizationError
+
+DTYPES = ("int8", "fp8")
+GRANULARITIES = ("per-channel", "per-tensor")
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """What to quantize and how. Invalid values raise QuantizationError (one line, exit 1 in the CLI).
+
+    Example::
+
+        QuantizeOptions(dtype="fp8", granularity="per-tensor", skip=("*.down_proj",), include_lm_head=True)
+    """
+
+    dtype: str
+    granularity: str = "per-channel"
+    skip: tuple[str, ...] = ()
+    include_lm_head: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise QuantizationError(f"unknown quantization dtype {self.dtype!r}", where="--dtype",
+                                    fix=f"choose one of {', '.join(DTYPES)}")
+        if self.granularity not in GRANULARITIES:
+            raise QuantizationError(f"unknown granularity {self.granularity!r}", where="--granularity",
+                                    fix=f"choose one of {', '.join(GRANULARITIES)}")
+        skip = tuple(dict.fromkeys(str(s).strip() for s in self.skip if str(s).strip()))
+        object.__setattr__(self, "skip", skip)
+
+    @classmethod
+    def from_recipe(cls, section: Any) -> QuantizeOptions:
+        """From a recipe's ``[quantization]`` section (dtype, granularity, skip, include_lm_head)."""
+        return cls(dtype=section.dtype, granularity=section.granularity, skip=tuple(section.skip),
+                   include_lm_head=bool(getattr(section, "include_lm_head", False)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "granularity": self.granularity, "skip": list(self.skip),
+                "include_lm_head": self.include_lm_head}
