@@ -3,6 +3,7 @@
 #   make test   lint, check the CLI reference, run the whole test suite
 #   make test-fast   lint and the suite without the slow tests (a few minutes)
 #   make eval-clients   lm-evaluation-harness and guidellm against `neuronpack serve` on SmolLM2 (heavy)
+#   make soak   64 streaming clients with random disconnects against `neuronpack serve` for minutes
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +17,7 @@ DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench eval-clients clean
+.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench eval-clients soak clean
 
 install: $(STAMP)
 
@@ -62,11 +63,16 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/compile.py --model $(DEMO_MODEL)
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
+	$(PY) bench/remote.py
 
 # lm-eval (local-completions vs its hf model) and guidellm against the server; both come with the dev extra
 # (the suite runs their smoke tests), so `install` already has them.
 eval-clients: install
 	$(PY) bench/eval_clients.py
+
+# The long soak of `neuronpack serve` (minutes; SmolLM2 compiled with the fast export compiler): docs/bench/soak.*
+soak: install $(DEMO_MODEL)/config.json
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,37 @@ def time_command(argv: list[str], *, repeats: int = 5, env: dict | None = None) 
         subprocess.run(argv, check=True, capture_output=True, env={**os.environ, **(env or {})})
         times.append(time.perf_counter() - t0)
     return times
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_serve_process(artifact: Path | None, port: int, args: list[str], *, env: dict | None = None) -> tuple:
+    """``neuronpack serve [ARTIFACT] --port PORT ARGS`` on loopback; returns (process, seconds until /health
+    answers). Its stderr goes to a temporary file (``proc.log_path``), never to a pipe nobody reads (a full pipe
+    would block the server). Raises when the process exits first."""
+    import tempfile
+
+    import httpx
+
+    argv = [*NEURONPACK, "serve", *([str(artifact)] if artifact else []), "--port", str(port), *args]
+    log = tempfile.NamedTemporaryFile("w+", prefix="neuronpack-serve-", suffix=".log", delete=False)  # noqa: SIM115
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    proc.log_path = Path(log.name)
+    log.close()
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.log_path.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, time.perf_counter() - t0
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
 
 
 def median(values: list[float]) -> float:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import NEURONPACK, OUT_DIR, ROOT, save_results  # noqa: E402
+from _common import NEURONPACK, OUT_DIR, ROOT, free_port, save_results, start_serve_process  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-cpu.toml"
 RECIPE_SETS = ["target.batch_size=8"]
@@ -91,35 +90,16 @@ def hf_static_batch(lm, tok, max_tokens: int) -> dict:
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(artifact: Path, port: int, threads: int, *, model: Path | None = None) -> tuple:
     """``neuronpack serve`` through NEURON_COMPILED_ARTIFACTS; returns (process, seconds until /health answers).
     With ``model`` the artifact is compiled first, with an empty inductor cache (what a fresh pod has)."""
-    import httpx
-
-    argv = [*NEURONPACK, "serve", "--port", str(port), "--threads", str(threads), "--served-model-name", "smollm2",
-            "--quiet"]
+    args = ["--threads", str(threads), "--served-model-name", "smollm2", "--quiet"]
     if model is not None:
-        argv += ["--model", str(model), "--recipe", str(RECIPE), *[a for s in RECIPE_SETS for a in ("--set", s)]]
-    env = {**os.environ, "NEURON_COMPILED_ARTIFACTS": str(artifact)}
+        args += ["--model", str(model), "--recipe", str(RECIPE), *[a for s in RECIPE_SETS for a in ("--set", s)]]
+    env = {"NEURON_COMPILED_ARTIFACTS": str(artifact)}
     if model is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(artifact.parent / f"{artifact.name}-inductor-cache")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, time.perf_counter() - t0
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
+    return start_serve_process(None, port, args, env=env)
 
 
 def stop_server(proc) -> None:

@@ -93,3 +93,7 @@ class InvalidRequestError(ServeError):
     def __init__(self, what: str, *, param: str | None = None, where: str | None = None, fix: str | None = None):
         self.param = param
         super().__init__(what, where=where, fix=fix)
+
+
+class ServerBusyError(ServeError):
+    """The server cannot take a request now: its waiting queue is full or it is shutting down (HTTP 503)."""

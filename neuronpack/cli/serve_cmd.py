@@ -9,12 +9,18 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
 from neuronpack.cli._options import EndpointOpt, FormatOpt, QuietOpt, RootOpt, SetOpt
+from neuronpack.runtime.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_WAITING,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SHUTDOWN_GRACE,
+)
 
 if TYPE_CHECKING:
     from neuronpack.artifacts.manifest import Manifest
@@ -49,6 +55,21 @@ def serve_command(
     ] = None,
     root: RootOpt = None,
     endpoint_url: EndpointOpt = None,
+    max_body_bytes: Annotated[
+        int, typer.Option("--max-body-bytes", min=1, help="largest request body; a larger one gets 413")
+    ] = DEFAULT_MAX_BODY_BYTES,
+    max_waiting: Annotated[
+        int, typer.Option("--max-waiting", min=0,
+                          help="requests that may wait for a batch slot; one more gets 503 with Retry-After")
+    ] = DEFAULT_MAX_WAITING,
+    request_timeout: Annotated[
+        float, typer.Option("--request-timeout", min=0.0,
+                            help="seconds a request may take (queue + generation) before it ends; 0: no limit")
+    ] = DEFAULT_REQUEST_TIMEOUT,
+    shutdown_grace: Annotated[
+        float, typer.Option("--shutdown-grace", min=0.0,
+                            help="on SIGTERM, seconds in-flight requests get to finish before they are ended")
+    ] = DEFAULT_SHUTDOWN_GRACE,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,
 ) -> None:
@@ -66,8 +87,10 @@ def serve_command(
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
                      output_format=output_format)
         return
+    limits = _ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace)
     if print_command:
-        argv = [sys.executable, "-m", "neuronpack", "serve", str(path), "--host", host, "--port", str(port)]
+        argv = [sys.executable, "-m", "neuronpack", "serve", str(path), "--host", host, "--port", str(port),
+                *limits.argv()]
         if served_model_name:
             argv += ["--served-model-name", served_model_name]
         if api_key:
@@ -75,7 +98,7 @@ def serve_command(
         _print_command(argv, {}, [], output_format)
         return
     _serve_torch(path, manifest, host=host, port=port, api_key=api_key, threads=threads, reporter=reporter,
-                 quiet=quiet)
+                 quiet=quiet, limits=limits)
 
 
 def generate_command(
@@ -123,15 +146,29 @@ def generate_command(
                   f"{result.timings['tokens_per_s']:.1f} tokens/s, load {loaded.load_seconds:.1f} s]")
 
 
+class _ServeLimits(NamedTuple):
+    max_body_bytes: int
+    max_waiting: int
+    request_timeout: float
+    shutdown_grace: float
+
+    def argv(self) -> list[str]:
+        return ["--max-body-bytes", str(self.max_body_bytes), "--max-waiting", str(self.max_waiting),
+                "--request-timeout", f"{self.request_timeout:g}", "--shutdown-grace", f"{self.shutdown_grace:g}"]
+
+
 def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
-                 threads: int | None, reporter: RichReporter, quiet: bool) -> None:
+                 threads: int | None, reporter: RichReporter, quiet: bool, limits: _ServeLimits) -> None:
+    from neuronpack.runtime.engine import EngineLimits
+    from neuronpack.runtime.http_limits import ServerLimits
     from neuronpack.runtime.loader import load_engine
     from neuronpack.runtime.server import create_app, run_server
 
-    loaded = load_engine(path, manifest=manifest, num_threads=threads, reporter=reporter)
+    engine_limits = EngineLimits(max_waiting=limits.max_waiting, request_timeout=limits.request_timeout or None)
+    loaded = load_engine(path, manifest=manifest, num_threads=threads, reporter=reporter, limits=engine_limits)
     name = loaded.served_model_name
     app = create_app(loaded.engine, served_model_name=name, api_key=api_key,
-                     model_info={"root": str(path)})
+                     model_info={"root": str(path)}, limits=ServerLimits(max_body_bytes=limits.max_body_bytes))
     engine = loaded.engine
     reporter.info(f"loaded {name} in {loaded.load_seconds:.1f} s (batch {engine.scheduler.batch_size}, "
                   f"max model length {engine.max_model_len}, largest prompt {engine.max_prompt_len})")
@@ -139,7 +176,8 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
                  markup=False, highlight=False, soft_wrap=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         reporter.warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
-    run_server(app, host=host, port=port, log_level="warning" if quiet else "info")
+    run_server(app, host=host, port=port, log_level="warning" if quiet else "info",
+               shutdown_grace=limits.shutdown_grace)
 
 
 def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,

@@ -16,6 +16,10 @@ Parallel sampling: ``submit_forks`` queues several requests for one prompt (n > 
 its KV copied into the other members' slots (``CompiledModel.copy_slot``), then each samples with its own generator.
 Prompt logprobs (echo) need logits at every prompt position: ``CompiledModel.prompt_logits`` prefills the prompt
 and returns them in one context pass.
+``EngineLimits`` bounds the load: at most ``batch_size + max_waiting`` requests are in the engine at once (the next
+one gets ServerBusyError, HTTP 503), and a request older than ``request_timeout`` ends with finish_reason "timeout",
+its slot freed before the next model call. ``drain()`` refuses new requests and ``abort_all()`` ends every one in
+flight (graceful shutdown).
 
 Example::
 
@@ -34,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from neuronpack.errors import InvalidRequestError, ServeError
+from neuronpack.errors import InvalidRequestError, ServeError, ServerBusyError
 from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.metrics import EngineMetrics
 from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample
@@ -45,6 +49,18 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Load limits. ``max_waiting``: requests that may wait for a slot beyond the batch (None: unbounded);
+    ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never)."""
+
+    max_waiting: int | None = None
+    request_timeout: float | None = None
+
 
 class CompiledModel(Protocol):
     """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
@@ -154,6 +170,7 @@ class Engine:
         lookahead: int = 0,
         max_prefills_per_step: int = 1,
         metrics: EngineMetrics | None = None,
+        limits: EngineLimits | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -172,6 +189,10 @@ class Engine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.limits = limits or EngineLimits()
+        self._admission = threading.Lock()
+        self._in_flight = 0  # submitted and not finished yet (waiting, in the inbox or holding a slot)
+        self._draining = False
 
     # ---- requests (any thread) -------------------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> int:
@@ -214,7 +235,9 @@ class Engine:
         return min(request.max_tokens, room)
 
     def submit(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> str:
-        """Queue a request; ``sink`` gets each StepOutput on the engine thread. Returns the request id."""
+        """Queue a request; ``sink`` gets each StepOutput on the engine thread. Returns the request id.
+
+        ServerBusyError when the engine is full (``batch_size + max_waiting`` in flight) or draining."""
         return self.submit_forks([request], [sink])[0]
 
     def submit_forks(self, requests: Sequence[GenerationRequest], sinks: Sequence[Callable[[StepOutput], None]]
@@ -230,6 +253,7 @@ class Engine:
             raise ValueError("forked requests must share their prompt and prompt_logprobs")
         seqs = [self._sequence(r, sink) for r, sink in zip(requests, sinks, strict=True)]
         seqs[0].forks = seqs[1:]
+        self._admit(len(seqs))
         self._inbox.put(("add", seqs[0]))
         self._wake.set()
         return [r.request_id for r in requests]
@@ -256,6 +280,40 @@ class Engine:
         """Stop a request (client gone); its slot is freed before the next model call."""
         self._inbox.put(("abort", request_id))
         self._wake.set()
+
+    def drain(self) -> None:
+        """Refuse new requests from now on (ServerBusyError); those in flight go on."""
+        with self._admission:
+            self._draining = True
+
+    def abort_all(self) -> None:
+        """End every request in flight with "abort" (graceful shutdown once its grace period is over)."""
+        self._inbox.put(("abort_all", None))
+        self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished yet."""
+        return self._in_flight
+
+    def _admit(self, n: int) -> None:
+        with self._admission:
+            if self._draining:
+                self.metrics.rejected.labels(reason="shutting_down").inc()
+                raise ServerBusyError("the server is shutting down and takes no new requests",
+                                      fix="retry against another replica")
+            max_waiting = self.limits.max_waiting
+            if max_waiting is not None and self._in_flight + n > self.scheduler.batch_size + max_waiting:
+                self.metrics.rejected.labels(reason="queue_full").inc()
+                raise ServerBusyError(
+                    f"the server is at capacity ({self.scheduler.batch_size} running, {max_waiting} waiting)",
+                    fix="retry later",
+                )
+            self._in_flight += n
+
+    def _retire(self) -> None:
+        with self._admission:
+            self._in_flight -= 1
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Run one request to completion (on this thread unless the background loop is running)."""
@@ -301,6 +359,7 @@ class Engine:
     def step(self) -> bool:
         """One iteration: inbox, prefills, one decode step. Returns False when there was nothing to do."""
         self._drain_inbox()
+        self._expire()
         sched = self.scheduler
         if sched.idle:
             self._update_load()
@@ -339,6 +398,19 @@ class Engine:
                 seq = self.scheduler.remove(payload)
                 if seq is not None:
                     self._finish_without_token(seq, FinishReason.ABORT)
+            elif kind == "abort_all":
+                for seq in self.scheduler.all_sequences():
+                    self._finish_without_token(seq, FinishReason.ABORT)
+
+    def _expire(self) -> None:
+        timeout = self.limits.request_timeout
+        if timeout is None:
+            return
+        now = time.monotonic()
+        for seq in self.scheduler.all_sequences():
+            if now - seq.arrival > timeout:
+                self._finish_without_token(seq, FinishReason.TIMEOUT,
+                                           error=f"the request took longer than the server's {timeout:g} s limit")
 
     def _prefill(self, seqs: list[RequestState]) -> None:
         # Prompts that need no prompt logprobs go through one model call together (right padded to the longest: the
@@ -428,12 +500,14 @@ class Engine:
         if delta.finish_reason is not None:
             self.scheduler.release(seq)
             self.metrics.observe_finish(delta.finish_reason, now - seq.arrival)
+            self._retire()
         self._deliver(seq, out)
 
     def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
                               prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.scheduler.discard(seq)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
+        self._retire()
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
                          prompt_logprobs=prompt_logprobs)
         self._deliver(seq, out)
@@ -442,9 +516,9 @@ class Engine:
         try:
             seq.sink(out)
         except Exception:  # the consumer is gone (closed event loop): stop generating for it
-            if out.finish_reason is None:
-                self.scheduler.remove(seq.request_id)
+            if out.finish_reason is None and self.scheduler.remove(seq.request_id) is not None:
                 self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival)
+                self._retire()
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
@@ -455,6 +529,9 @@ def _check_sampling(params: SamplingParams) -> None:
         raise InvalidRequestError(f"temperature must be >= 0, got {params.temperature}", param="temperature")
     if not 0.0 < params.top_p <= 1.0:
         raise InvalidRequestError(f"top_p must be in (0, 1], got {params.top_p}", param="top_p")
+    if params.seed is not None and not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
+        raise InvalidRequestError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {params.seed}",
+                                  param="seed")
 
 
 def _result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:

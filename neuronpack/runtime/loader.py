@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter, Reporter
-from neuronpack.runtime.engine import Engine
+from neuronpack.runtime.engine import Engine, EngineLimits
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
 if TYPE_CHECKING:
@@ -43,8 +43,10 @@ def load_engine(
     manifest: Manifest | None = None,
     num_threads: int | None = None,
     reporter: Reporter | None = None,
+    limits: EngineLimits | None = None,
 ) -> LoadedEngine:
-    """Load a torch-framework artifact into an Engine (not started). ServeError for other frameworks.
+    """Load a torch-framework artifact into an Engine (not started), with ``limits`` on its queue and request time.
+    ServeError for other frameworks.
 
     Example: ``load_engine(path).engine.max_model_len``.
     """
@@ -71,6 +73,7 @@ def load_engine(
         max_model_len=manifest.serve.max_model_len,
         global_topk=manifest.recipe.sampling.global_topk,
         lookahead=manifest.serve.num_lookahead_slots,
+        limits=limits,
     )
     return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started)
 

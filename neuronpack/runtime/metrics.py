@@ -31,7 +31,9 @@ class EngineMetrics:
         r = self.registry
         self.batch_size = batch_size
         self.requests = Counter(f"{PREFIX}_requests", "Finished requests by finish reason "
-                                "(stop, length, abort, error)", ["finish_reason"], registry=r)
+                                "(stop, length, abort, timeout, error)", ["finish_reason"], registry=r)
+        self.rejected = Counter(f"{PREFIX}_requests_rejected", "Requests refused before reaching a slot, by reason "
+                                "(queue_full, shutting_down, body_too_large)", ["reason"], registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=r)
         self.waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued for a free batch slot "
@@ -68,3 +70,18 @@ class EngineMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """One sample's value from Prometheus text (what /metrics serves); 0.0 when absent.
+
+    Example: ``metric_value(text, "neuronpack_requests_total", 'finish_reason="abort"')``.
+    """
+    wanted = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == wanted:
+            return float(value)
+    return 0.0

@@ -81,12 +81,13 @@ UNSUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
 class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="allow")  # extras are checked against UNSUPPORTED_FIELDS, others ignored
+    # Extras are checked against UNSUPPORTED_FIELDS, others ignored; types are strict (no bool as a number).
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -169,13 +170,13 @@ class CompletionRequest(_SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: str
     content: str | list[TextPart] | None = None
 

@@ -4,7 +4,7 @@ relies on").
 Each running sequence is one row with its own (top_k, top_p, temperature) and its own ``torch.Generator``, so a
 seeded request samples the same tokens whatever else shares the batch. Rules, as on Neuron:
 
-- temperature 0 means greedy: the row becomes (top_k 1, top_p 1.0, temperature 1.0);
+- temperature 0 (below 1e-5, as in vLLM) means greedy: the row becomes (top_k 1, top_p 1.0, temperature 1.0);
 - top_k < 1 or > global_topk becomes global_topk: sampling never looks past the global_topk best logits.
 
 A row whose params ask for ``logprobs`` (top-N) also gets the sampled token's logprob under the distribution it was
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 DEFAULT_GLOBAL_TOPK = 256
+SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class SamplingParams:
 
         Example: ``SamplingParams(temperature=0).resolve().top_k == 1``.
         """
-        if self.temperature <= 0.0:
+        if self.temperature < SAMPLING_EPS:  # tiny temperatures overflow float32 logits / temperature
             return replace(self, temperature=1.0, top_k=1, top_p=1.0)
         top_k = global_topk if self.top_k < 1 or self.top_k > global_topk else self.top_k
         return replace(self, top_k=top_k)
@@ -119,9 +120,10 @@ def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> tuple[Te
     rank = torch.arange(max_k)[None, :]  # [1, K]
     scaled = scaled.masked_fill(rank >= top_k, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
-    # Nucleus: keep a candidate while the mass of the better ones is still below top_p (the best one always stays).
+    # Nucleus: keep a candidate while the mass of the better ones is still below top_p (the best one always stays,
+    # even when top_p rounds to 0 in float32).
     mass_before = torch.cumsum(probs, dim=-1) - probs
-    probs = probs.masked_fill(mass_before >= top_p, 0.0)
+    probs = probs.masked_fill((mass_before >= top_p) & (rank > 0), 0.0)  # the best one always stays
     # Each row draws over its own top_k candidates only: multinomial consumes one random number per candidate, so
     # a longer row (another row's larger top_k, or more logprobs asked) would change a seeded row's tokens.
     picks = [

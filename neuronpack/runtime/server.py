@@ -4,9 +4,11 @@ Endpoints: ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /v1/models``, `
 ``POST /v1/chat/completions`` (both with SSE streaming). Errors use OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid requests (``InvalidRequestError``, bad JSON and
 field validation included, so the openai client raises BadRequestError), 401 for a wrong or missing API key, 404 for
-an unknown model, 500 for a server fault (the model fails; any other ``ServeError``, e.g. a broken tokenizer or chat
-template). Chat templates are rendered on a worker thread, never on the event loop. /health and /metrics never need
-the API key (like vLLM).
+an unknown model or route, 405 for a wrong method, 413 for a body over the limit, 503 (with Retry-After) when the
+waiting queue is full or the server is shutting down, 504 past the request deadline, 500 for a server fault (the
+model fails; any other ``ServeError``, e.g. a broken tokenizer or chat template; anything unexpected: never a
+plain-text 500). Chat templates are rendered on a worker thread, never on the event loop. /health and /metrics never
+need the API key (like vLLM).
 
 Example::
 
@@ -31,11 +33,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from neuronpack.errors import InvalidRequestError, ServeError
+from neuronpack.errors import InvalidRequestError, ServeError, ServerBusyError
 from neuronpack.runtime import openai_responses as resp
 from neuronpack.runtime import openai_schema as oa
 from neuronpack.runtime.engine import Engine, GenerationRequest, StepOutput
+from neuronpack.runtime.http_limits import BodySizeLimit, ServerLimits, serve_gracefully
+from neuronpack.runtime.limits import DEFAULT_SHUTDOWN_GRACE, RETRY_AFTER_SECONDS
 from neuronpack.runtime.logprobs import TokenLogprobs
+from neuronpack.runtime.openapi import declare_served_models
 from neuronpack.runtime.stopping import FinishReason
 from neuronpack.runtime.streams import RequestGroup, run_unless_disconnected
 
@@ -48,6 +53,13 @@ class _HTTPError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
 
+class _ErrorResponse(JSONResponse):
+    """An OpenAI-shaped error, rendered ASCII-only: whatever text it quotes (even a lone surrogate), it encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
+
+
 def create_app(
     engine: Engine,
     *,
@@ -55,9 +67,11 @@ def create_app(
     api_key: str | None = None,
     manage_engine: bool = True,
     model_info: dict[str, Any] | None = None,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """The FastAPI app for ``engine``. With ``manage_engine`` the app starts the engine thread on startup and stops it
-    on shutdown. ``served_model_name`` (one or several names) is what requests must put in ``model``.
+    on shutdown. ``served_model_name`` (one or several names) is what requests must put in ``model``; the published
+    OpenAPI document declares them. ``limits`` caps the request body (the engine's own limits bound the queue).
 
     Example: ``TestClient(create_app(engine, served_model_name="tiny")).get("/v1/models").json()["data"][0]["id"]``
     is ``"tiny"``.
@@ -78,6 +92,13 @@ def create_app(
     app.state.engine = engine
     _install_error_handlers(app)
     _install_auth(app, api_key)
+    limits = limits or ServerLimits()
+    if limits.max_body_bytes is not None:
+        def count_rejection() -> None:
+            engine.metrics.rejected.labels(reason="body_too_large").inc()
+
+        app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes, on_reject=count_rejection)
+    declare_served_models(app, names, with_api_key=bool(api_key))
     created = int(time.time())
 
     @app.get("/health")
@@ -99,7 +120,7 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(body: oa.CompletionRequest, request: Request) -> Response:
-        _check_model(body.model, names)
+        _check_request(body, names)
         body.refuse_unsupported()
         prompts = body.prompts()
         prompt_ids = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
@@ -121,7 +142,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, request: Request) -> Response:
-        _check_model(body.model, names)
+        _check_request(body, names)
         body.refuse_unsupported()
         messages = [m.as_template_dict() for m in body.messages]
         prompt_ids = await run_in_threadpool(engine.tokenizer.encode_chat, messages)
@@ -142,20 +163,42 @@ def create_app(
     return app
 
 
-def run_server(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve ``app`` with uvicorn until interrupted (blocking)."""
-    import uvicorn
-
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
+def run_server(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+               shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE) -> None:
+    """Serve ``app`` with uvicorn until SIGTERM / SIGINT (blocking), then shut down gracefully: no new connections
+    or requests, in-flight ones get ``shutdown_grace`` seconds to finish before they are ended cleanly."""
+    serve_gracefully(app, app.state.engine, host=host, port=port, shutdown_grace=shutdown_grace,
+                     log_level=log_level)
 
 
 # ---- request building ----------------------------------------------------------------------------------------
 
 
-def _check_model(model: str, names: list[str]) -> None:
-    if model not in names:
-        raise _HTTPError(404, f"The model `{model}` does not exist. Served models: {', '.join(names)}",
+def _check_request(body: Any, names: list[str]) -> None:
+    """Text the tokenizer can encode (no lone UTF-16 surrogate anywhere), then a served model name."""
+    _refuse_lone_surrogates(body.model_dump(exclude_none=True), "")
+    if body.model not in names:
+        raise _HTTPError(404, f"The model `{body.model}` does not exist. Served models: {', '.join(names)}",
                          "invalid_request_error", param="model", code="model_not_found")
+
+
+def _refuse_lone_surrogates(value: Any, where: str) -> None:
+    # JSON may escape a lone surrogate ("\ud800"); Python keeps it, and no UTF-8 encoder (tokenizer, response)
+    # accepts it. Refused with 400 naming the field, like any invalid input.
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(
+                f"{where or 'the request'} holds an unpaired UTF-16 surrogate at character {exc.start}",
+                param=where or None, fix="Send valid Unicode text (surrogates only in escaped pairs)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_lone_surrogates(key, where)
+            _refuse_lone_surrogates(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_lone_surrogates(item, f"{where}.{index}")
 
 
 def _generation_request(body: Any, prompt_ids: list[int], max_tokens: int | None, *, index: int = 0,
@@ -230,8 +273,11 @@ def _chat_logprobs(engine: Engine, body: oa.ChatCompletionRequest, entries: list
 def _raise_if_failed(out: StepOutput) -> None:
     if out.finish_reason is FinishReason.ERROR:
         raise _HTTPError(500, f"generation failed: {out.error}", "server_error")
+    if out.finish_reason is FinishReason.TIMEOUT:
+        raise _HTTPError(504, f"{out.error} (neuronpack serve --request-timeout); {out.completion_tokens} tokens "
+                         "were generated", "server_error", code="request_timeout")
     if out.finish_reason is FinishReason.ABORT:
-        raise _HTTPError(503, "the server is shutting down", "server_error")
+        raise _HTTPError(503, "the server is shutting down", "server_error", code="shutting_down")
 
 
 # ---- streaming -----------------------------------------------------------------------------------------------
@@ -264,7 +310,7 @@ def _stream_error(out: StepOutput) -> dict[str, Any] | None:
     try:
         _raise_if_failed(out)
     except _HTTPError as exc:
-        return oa.error_body(exc.message, exc.type, code=exc.status)
+        return oa.error_body(exc.message, exc.type, code=exc.code or exc.status)
     return None
 
 
@@ -329,8 +375,9 @@ async def _stream_chat(
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    def reply(status: int, message: str, type_: oa.ErrorType, param=None, code=None) -> JSONResponse:
-        return JSONResponse(oa.error_body(message, type_, param=param, code=code), status_code=status)
+    def reply(status: int, message: str, type_: oa.ErrorType, param=None, code=None, headers=None) -> JSONResponse:
+        return _ErrorResponse(oa.error_body(message, type_, param=param, code=code), status_code=status,
+                              headers=headers)
 
     @app.exception_handler(_HTTPError)
     async def http_error(_req: Request, exc: _HTTPError) -> JSONResponse:
@@ -345,18 +392,40 @@ def _install_error_handlers(app: FastAPI) -> None:
         # not an InvalidRequestError (that handler is more specific): the server's fault, not the request's
         return reply(500, exc.one_line(), "server_error", None, 500)
 
+    @app.exception_handler(ServerBusyError)
+    async def busy(_req: Request, exc: ServerBusyError) -> JSONResponse:
+        return reply(503, exc.one_line(), "server_error", None, "server_busy",
+                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
     @app.exception_handler(RequestValidationError)
     async def validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        message = f"{param}: {first['msg']}" if param else str(first["msg"])
+        param, message = _validation_message(exc.errors())
         return reply(400, message, "invalid_request_error", param, 400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_exc(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_exc(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_: oa.ErrorType = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return reply(exc.status_code, str(exc.detail), type_, None, exc.status_code)
+        message = f"{exc.detail}: {req.method} {req.url.path}"
+        return reply(exc.status_code, message, type_, None, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        # The last resort (uvicorn still logs the traceback): the client gets JSON it can parse, not plain text.
+        return reply(500, f"internal server error ({type(exc).__name__}); the server log has the details",
+                     "server_error", None, 500)
+
+
+def _validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
+    """(param, message) for the first pydantic / JSON error of a request body."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", first.get("msg"))
+        return None, f"the request body is not valid JSON: {detail} (at character {loc[0] if loc else 0})"
+    if not loc and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
+        return None, "the request body must be a JSON object (send Content-Type: application/json)"
+    param = ".".join(loc) or None
+    return param, f"{param}: {first['msg']}" if param else str(first["msg"])
 
 
 def _install_auth(app: FastAPI, api_key: str | None) -> None:

@@ -32,6 +32,7 @@ class FinishReason(str, Enum):
     LENGTH = "length"  # max_tokens or the model length
     ABORT = "abort"  # the client went away or the server shut down
     ERROR = "error"  # the model failed
+    TIMEOUT = "timeout"  # the server's per-request deadline (--request-timeout) passed
 
     def __str__(self) -> str:  # the wire value in f-strings and labels, on every Python version
         return self.value

@@ -41,10 +41,14 @@ class RequestGroup:
             engine.check(request)
         self._open = {r.request_id for r in self._requests}
         chunk = max(1, min(n, engine.model.batch_size))
-        for start in range(0, len(self._requests), n):
-            for first in range(start, start + n, chunk):
-                indices = range(first, min(first + chunk, start + n))
-                engine.submit_forks([self._requests[i] for i in indices], [self._sink_for(i) for i in indices])
+        try:
+            for start in range(0, len(self._requests), n):
+                for first in range(start, start + n, chunk):
+                    indices = range(first, min(first + chunk, start + n))
+                    engine.submit_forks([self._requests[i] for i in indices], [self._sink_for(i) for i in indices])
+        except BaseException:  # e.g. the queue filled up half-way through a batch: take back what went in
+            self.abort()
+            raise
 
     @property
     def engine(self) -> Engine:

@@ -6,8 +6,10 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from typer.testing import CliRunner
@@ -127,14 +129,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama):
-    port = _free_port()
-    env = {**os.environ, "COLUMNS": "120", "NEURONPACK_API_KEY": "k"}
+def _start_serve(artifact: Path, port: int, *args: str) -> subprocess.Popen:
+    """A real `neuronpack serve` process on loopback, returned once /health answers."""
+    env = {**os.environ, "COLUMNS": "120"}
     proc = subprocess.Popen([sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port),
-                             "--threads", "1", "--served-model-name", "tiny", "--quiet"],
+                             "--threads", "1", "--served-model-name", "tiny", "--quiet", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    wait_for_health(proc, port)
+    return proc
+
+
+def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama, monkeypatch):
+    port = _free_port()
+    monkeypatch.setenv("NEURONPACK_API_KEY", "k")
+    proc = _start_serve(artifact, port)
     try:
-        wait_for_health(proc, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         out = client.completions.create(model="tiny", prompt="Hello world", max_tokens=10, temperature=0)
         expected = hf_greedy(tiny_llama, tokenizer.encode("Hello world"), 10)
@@ -143,6 +152,69 @@ def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama):
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
     assert f"serving tiny at http://127.0.0.1:{port}/v1" in stderr
+
+
+def test_sigterm_drains_in_flight_streams_then_exits_0(artifact):
+    """SIGTERM with streams in flight: the port stops accepting at once, short streams finish, the rest end with
+    an error event and [DONE] when the grace period is over, and the process exits 0."""
+    import asyncio
+
+    port, grace = _free_port(), 3.0
+    proc = _start_serve(artifact, port, "--shutdown-grace", str(grace))
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    # 4 short streams (done well within the grace), 20 long ones (120 tokens on 4 slots: about 6 rounds).
+    jobs = [8] * 4 + [120] * 20
+
+    async def stream(client: httpx.AsyncClient, max_tokens: int, started: asyncio.Event) -> list[str]:
+        body = {"model": "tiny", "prompt": "Hello", "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        async with client.stream("POST", url, json=body) as response:
+            events = []
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    started.set()
+            return events
+
+    async def run() -> tuple[list[list[str]], float, bool]:
+        started = asyncio.Event()
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+            tasks = [asyncio.create_task(stream(client, n, started)) for n in jobs]
+            await asyncio.wait_for(started.wait(), 60)
+            await asyncio.sleep(0.3)  # every request is in (running or waiting)
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            refused = False
+            for _ in range(100):  # the listening socket closes within a moment, before the grace is over
+                await asyncio.sleep(0.05)
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except OSError:
+                    refused = proc.poll() is None
+                    break
+            results = await asyncio.gather(*tasks)
+            return results, time.monotonic() - signalled, refused
+
+    try:
+        results, streams_ended_after, refused_while_draining = asyncio.run(run())
+        code = proc.wait(timeout=120)  # then the engine stops and the interpreter exits (slow on a loaded machine)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert code == 0 and refused_while_draining
+    assert streams_ended_after < grace + 10  # the grace period bounds the drain (not a speed target: 3 s + slack)
+    completed = ended = 0
+    for events in results:
+        assert events[-1] == "[DONE]"  # every stream ends cleanly, none is cut
+        last = json.loads(events[-2])
+        if "error" in last:
+            assert last["error"]["code"] == "shutting_down"
+            ended += 1
+        else:
+            assert last["choices"][0]["finish_reason"] == "length"
+            completed += 1
+    assert completed >= 4 and ended >= 1 and completed + ended == len(jobs)
 
 
 @pytest.mark.slow

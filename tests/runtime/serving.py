@@ -9,6 +9,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from neuronpack.runtime.metrics import metric_value  # noqa: F401 (the tests' import path)
+
 RECIPE = Path(__file__).parents[2] / "recipes" / "tiny-test.toml"
 # The tiny serving recipe: batch 4, seq_len 128, context buckets [16, 64], token generation [64, 128].
 SERVE_OVERRIDES = [
@@ -99,16 +101,3 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(30)
         self.sock.close()
-
-
-def metric_value(text: str, name: str, labels: str = "") -> float:
-    """One sample's value from Prometheus text, e.g. metric_value(t, "neuronpack_requests_total",
-    'finish_reason="abort"'); 0.0 when absent."""
-    wanted = f"{name}{{{labels}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        if key == wanted:
-            return float(value)
-    return 0.0

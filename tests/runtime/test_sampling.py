@@ -109,3 +109,15 @@ def test_sampling_follows_the_tempered_softmax():
 def test_row_count_must_match():
     with pytest.raises(ValueError, match="2 logit rows but 1 samplers"):
         sample_rows(torch.zeros(2, 4), [sampler()])
+
+
+def test_degenerate_top_p_and_temperature_still_sample_the_best_token():
+    """Regression (schemathesis: top_p 5e-324 gave a 500): top_p that rounds to 0 in float32 keeps the best token,
+    and a temperature below 1e-5 is greedy instead of dividing the logits by a float32 zero."""
+    import torch
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    samplers = [RowSampler(SamplingParams(temperature=1.0, top_p=5e-324).resolve()),
+                RowSampler(SamplingParams(temperature=5e-324).resolve()),
+                RowSampler(SamplingParams(temperature=1e-6, top_k=5).resolve())]
+    assert sample_rows(logits, samplers).tolist() == logits.argmax(-1).tolist()
