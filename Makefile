@@ -60,6 +60,7 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/cache_hit.py
 	$(PY) bench/decode.py
 	$(PY) bench/serve.py
+	$(PY) bench/compile.py --model $(DEMO_MODEL)
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
 	$(PY) bench/remote.py
