@@ -80,6 +80,10 @@ class TokenizerError(ServeError):
     """The artifact's tokenizer or chat template is missing, unreadable or broken (a server fault: HTTP 500)."""
 
 
+class AccuracyError(NeuronpackError):
+    """An accuracy check cannot run with what it was given (prompts file, reference checkpoint, artifact)."""
+
+
 class UnsupportedModelError(NeuronpackError):
     """The checkpoint's architecture or a config field is not supported by the portable (torch) model code."""
 

@@ -95,6 +95,8 @@ class Manifest(_Frozen):
     files: tuple[FileEntry, ...]
     created_at: str | None = None
     created_by: dict[str, Any] = {}
+    # `compile --check-accuracy` figures (neuronpack.accuracy's report): results, not key inputs; None = not checked
+    accuracy: dict[str, Any] | None = None
 
     @property
     def total_size(self) -> int:
@@ -102,7 +104,8 @@ class Manifest(_Frozen):
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as it is written to disk (JSON types, the on-disk key names)."""
-        return self.model_dump(mode="json", by_alias=True)
+        unchecked = {"accuracy"} if self.accuracy is None else None  # unchecked builds keep the older JSON shape
+        return self.model_dump(mode="json", by_alias=True, exclude=unchecked)
 
     def with_serve(self, **hints: Any) -> Manifest:
         """A copy with some serve hints replaced (e.g. ``served_model_name`` from the command line)."""

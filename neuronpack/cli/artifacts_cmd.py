@@ -71,10 +71,22 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("files", f"{len(m.files)} ({_size(m.total_size)})"),
         ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.timings.items())),
         ("created", str(m.created_at)),
+        ("accuracy", _accuracy_line(m.accuracy)),
     ]
     for field, value in rows:
         table.add_row(field, cell(value))
     print_result(output_format, None, table)
+
+
+def _accuracy_line(accuracy: dict | None) -> str:
+    if not accuracy:
+        return "not checked (neuronpack eval, or compile --check-accuracy)"
+    summary = accuracy.get("summary") or {}
+    if not summary:
+        return str(accuracy.get("status"))
+    return (f"{accuracy['status']} ({accuracy.get('precision')}): top-1 {summary['top1_agreement']:.4f}, "
+            f"mean KL {summary['kl_mean']:.3g}, greedy match min {summary['greedy_match_min']}/"
+            f"{summary['continuation_tokens']}")
 
 
 def verify_command(

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, print_result
+from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
 from neuronpack.cli._options import EndpointOpt, FormatOpt, ProgressOpt, QuietOpt, RemoteOpt, RootOpt, SetOpt
 from neuronpack.cli._progress import ProgressMode
 
@@ -36,6 +36,10 @@ def compile_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the resolved configuration and key; build nothing")
     ] = False,
+    check_accuracy: Annotated[
+        bool, typer.Option("--check-accuracy", help="compare the build with the checkpoint (like `neuronpack eval`) "
+                           "and record the figures in the manifest; exit 1 when it fails, 3 when it cannot run here")
+    ] = False,
     remote: RemoteOpt = None,
     push: Annotated[bool, typer.Option("--push", help="publish the artifact to --remote after the build")] = False,
     endpoint_url: EndpointOpt = None,
@@ -58,6 +62,7 @@ def compile_command(
         out_root=root,
         force=force,
         dry_run=dry_run,
+        check_accuracy=check_accuracy,
         reporter=reporter,
         remote=transport,
         push=push,
@@ -82,6 +87,7 @@ def compile_command(
         "files": len(manifest.files),
         "size": manifest.total_size,
         "timings": result.timings if result.cache_hit else manifest.timings,
+        **({"accuracy": result.accuracy} if result.accuracy else {}),
     }
     if output_format is OutputFormat.text:
         if result.pushed is not None:
@@ -92,4 +98,13 @@ def compile_command(
             reporter.info(f"cache hit: {result.key[:16]} (built {manifest.created_at or '?'})")
         else:
             reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
+        if result.accuracy:
+            from neuronpack.cli.eval_cmd import print_report
+
+            print_report(result.accuracy, str(result.path), console=stderr)  # stdout stays the path alone
     print_result(output_format, summary, str(result.path))
+    if result.accuracy:
+        from neuronpack.cli.eval_cmd import exit_code
+
+        if exit_code(result.accuracy):
+            raise typer.Exit(exit_code(result.accuracy))

@@ -9,7 +9,6 @@ Example::
 
 from __future__ import annotations
 
-import shutil
 import time
 import traceback
 from collections.abc import Sequence
@@ -23,8 +22,9 @@ from neuronpack.artifacts.remote.pull import fetch_manifest, pull_artifact
 from neuronpack.artifacts.remote.push import push_artifact
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
+from neuronpack.backends.select import NEURON_FRAMEWORKS
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
-from neuronpack.fsutil import disk_full
+from neuronpack.fsutil import disk_full, remove_tree
 from neuronpack.pipeline.inputs import resolve_inputs
 from neuronpack.pipeline.plan import BuildPlan, plan_build
 from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
@@ -42,6 +42,7 @@ class CompileResult:
     compile_config: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     dry_run: bool = False
+    accuracy: dict[str, Any] | None = None  # with check_accuracy: the AccuracyReport as a dict (also in the manifest)
     remote_hit: bool = False  # pulled from the remote store instead of building
     in_remote: bool | None = None  # --dry-run with a remote store: is the key there?
     pushed: dict[str, Any] | None = None  # --push: what push_artifact did
@@ -57,6 +58,7 @@ def compile_model(
     dest: Path | None = None,
     force: bool = False,
     dry_run: bool = False,
+    check_accuracy: bool = False,
     reporter: Reporter | None = None,
     remote: Transport | None = None,
     push: bool = False,
@@ -64,21 +66,29 @@ def compile_model(
     """Compile MODEL with a recipe into ``<root>/neuron-compiled-artifacts/<key>/`` (or exactly ``dest``), or return
     the existing artifact for the same key. With ``remote``, a key missing locally is looked up there first (one
     request) and pulled on a hit; ``push`` publishes the artifact there afterwards. Raises NeuronpackError subclasses
-    on bad input or a failed build."""
+    on bad input or a failed build.
+
+    ``check_accuracy``: a new build is compared with the checkpoint (``neuronpack.accuracy``) in staging, before
+    the manifest is written, and the figures are recorded in it under ``accuracy`` (results, not key inputs; a
+    failing check still publishes: the caller decides, by ``result.accuracy["status"]``). A hit (local or pulled)
+    returns the recorded figures, or runs the check on the artifact without modifying it."""
     reporter = reporter or NullReporter()
     if push and remote is None:
         raise NeuronpackError("--push needs a remote store", where="--push",
                               fix=f"pass --remote s3://bucket/prefix (or set {REMOTE_ENV})")
     result = _compile(model, recipe=recipe, overrides=overrides, framework=framework, out_root=out_root, dest=dest,
-                      force=force, dry_run=dry_run, reporter=reporter, remote=remote)
+                      force=force, dry_run=dry_run, reporter=reporter, remote=remote, check_accuracy=check_accuracy)
     if push and not dry_run and not result.remote_hit:
-        result.pushed = push_artifact(result.path, remote, reporter=reporter).to_dict()
+        if result.accuracy and result.accuracy["status"] == "failed":  # a gate: a failing artifact is not shared
+            reporter.warn("not pushed: the accuracy check failed")
+        else:
+            result.pushed = push_artifact(result.path, remote, reporter=reporter).to_dict()
     return result
 
 
 def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str], framework: str | None,
              out_root: Path | None, dest: Path | None, force: bool, dry_run: bool, reporter: Reporter,
-             remote: Transport | None) -> CompileResult:
+             remote: Transport | None, check_accuracy: bool) -> CompileResult:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     inputs = resolve_inputs(model, recipe_path=recipe, overrides=overrides, framework=framework, reporter=reporter)
@@ -96,9 +106,9 @@ def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str]
                              plan.compile_config(reporter), timings, dry_run=True, in_remote=in_remote)
 
     if not force and (manifest := quick_check(final, plan.key)) is not None:
-        return _hit(plan, timings, manifest)
+        return _hit(plan, timings, manifest, check_accuracy, reporter)
     if not force and remote is not None and (pulled := _pull_hit(remote, plan, timings, reporter)):
-        return _hit(plan, timings, pulled, remote_hit=True)
+        return _hit(plan, timings, pulled, check_accuracy, reporter, remote_hit=True)
 
     availability = inputs.backend.availability()
     if not availability.ok:
@@ -109,13 +119,19 @@ def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str]
     with key_lock(final.parent / ".locks", final.name,
                   on_wait=lambda: reporter.info("another build of this key is running; waiting for it")):
         if not force and (manifest := quick_check(final, plan.key)) is not None:
-            return _hit(plan, timings, manifest)
-        return _build(plan, timings, reporter, replace=final.exists())
+            return _hit(plan, timings, manifest, check_accuracy, reporter)
+        return _build(plan, timings, reporter, replace=final.exists(), check_accuracy=check_accuracy)
 
 
-def _hit(plan: BuildPlan, timings: dict[str, float], manifest: Manifest, *, remote_hit: bool = False) -> CompileResult:
+def _hit(plan: BuildPlan, timings: dict[str, float], manifest: Manifest, check_accuracy: bool, reporter: Reporter,
+         *, remote_hit: bool = False) -> CompileResult:
+    accuracy = None
+    if check_accuracy:
+        accuracy = manifest.accuracy
+        if accuracy is None:  # built without the check: run it now, leave the published artifact untouched
+            accuracy = {**_accuracy(manifest, plan.dest, reporter), "recorded": False}
     return CompileResult(plan.dest, plan.key, True, plan.inputs.framework, plan.inputs.framework_reason, manifest,
-                         manifest.compile_config, timings, remote_hit=remote_hit)
+                         manifest.compile_config, timings, remote_hit=remote_hit, accuracy=accuracy)
 
 
 def _pull_hit(remote: Transport, plan: BuildPlan, timings: dict[str, float], reporter: Reporter) -> Manifest | None:
@@ -131,7 +147,16 @@ def _pull_hit(remote: Transport, plan: BuildPlan, timings: dict[str, float], rep
     return manifest
 
 
-def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool) -> CompileResult:
+def _accuracy(manifest: Manifest, artifact_dir: Path, reporter: Reporter) -> dict[str, Any]:
+    from neuronpack.accuracy import check_accuracy, subject_from_manifest
+
+    record = check_accuracy(subject_from_manifest(manifest, artifact_dir), reporter=reporter).to_dict()
+    record.pop("artifact")  # a staging path during a build; the manifest's own directory is the artifact
+    return record
+
+
+def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool,
+           check_accuracy: bool) -> CompileResult:
     inputs, key, final = plan.inputs, plan.key, plan.dest
     staging = new_staging(final.parent, key)
     try:
@@ -160,15 +185,20 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             root=staging,
         )
         timings["manifest"] = time.perf_counter() - t0
+        if check_accuracy:  # after the file list, before the manifest exists: the check writes nothing here
+            t0 = time.perf_counter()
+            accuracy = {**_accuracy(manifest, staging, reporter), "recorded": True}
+            timings["accuracy"] = time.perf_counter() - t0
+            manifest = manifest.model_copy(update={"accuracy": accuracy})
         manifest = manifest.model_copy(update={"timings": {k: round(v, 3) for k, v in timings.items()}})
         write_manifest(staging, manifest)  # last: only now can the directory load as valid
-        publish(staging, final, replace=replace)
+        publish(staging, final, replace=replace, read_only=inputs.backend.name in NEURON_FRAMEWORKS)
     except NeuronpackError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         record_failure(final.parent, key, exc.one_line(), traceback.format_exc())
         raise
     except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         log = record_failure(final.parent, key, repr(exc), traceback.format_exc())
@@ -179,4 +209,5 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
         raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}",
                          where=str(log) if log else str(final.parent),
                          fix="read the log; rerun with NEURONPACK_DEBUG=1 for a traceback") from exc
-    return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest, config, timings)
+    return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest, config, timings,
+                         accuracy=manifest.accuracy)

@@ -1,0 +1,220 @@
+"""Run an artifact and its reference checkpoint on the same prompts, teacher-forced, and judge the agreement.
+
+For each prompt the reference (transformers, float32, the artifact's own tokenizer files) first generates a greedy
+continuation; then both sides score prompt + continuation teacher-forced: the reference in one forward pass, the
+artifact through its serving path (``prompt_logits``: one context-graph pass, then one token-generation step per
+continuation token). ``metrics.py`` turns the two logits tensors into figures; the thresholds of the artifact's
+precision decide pass or fail.
+
+Only portable (torch) artifacts run here. NxDI / transformers-neuronx artifacts need a Neuron device: for them the
+report's status is ``not_run`` and ``plan`` says what would run and on what hardware.
+
+Example::
+
+    subject = subject_from_manifest(read_manifest(artifact_dir), artifact_dir)
+    report = check_accuracy(subject)          # AccuracyReport
+    report.status, report.summary["top1_agreement"], report.failures
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neuronpack.accuracy.metrics import THRESHOLDS, PromptStats, Thresholds, compare_logits, precision_class, summarize
+from neuronpack.accuracy.prompts import DEFAULT_PROMPTS, EvalPrompt, encode_prompt
+from neuronpack.errors import AccuracyError
+from neuronpack.progress import NullReporter, Reporter
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
+
+DEFAULT_NEW_TOKENS = 32
+PASSED, FAILED, NOT_RUN = "passed", "failed", "not_run"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What to check: the artifact, how it was built, and the checkpoint it must agree with."""
+
+    artifact_dir: Path
+    framework: str
+    precision: str  # a THRESHOLDS key: float32 / bfloat16 / float16 / int8 / fp8
+    reference_dir: Path | None
+    instance: str | None = None
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    status: str  # passed / failed / not_run
+    subject: Subject
+    thresholds: Thresholds
+    new_tokens: int
+    summary: dict[str, Any] | None = None
+    prompts: tuple[PromptStats, ...] = ()
+    failures: tuple[str, ...] = ()
+    plan: tuple[str, ...] = ()
+    reason: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; what ``eval --format json`` prints and ``compile --check-accuracy`` records in the manifest."""
+        return {
+            "status": self.status,
+            "artifact": str(self.subject.artifact_dir),
+            "framework": self.subject.framework,
+            "precision": self.subject.precision,
+            "reference": str(self.subject.reference_dir) if self.subject.reference_dir else None,
+            "thresholds": self.thresholds.to_dict(),
+            "new_tokens": self.new_tokens,
+            "summary": self.summary,
+            "prompts": [p.to_dict() for p in self.prompts],
+            "failures": list(self.failures),
+            "plan": list(self.plan),
+            "reason": self.reason,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def subject_from_manifest(manifest: Manifest, artifact_dir: Path, reference: Path | None = None) -> Subject:
+    """The Subject of an artifact: precision from its compile config (the resolved dtype) and recipe (quantization),
+    reference = the checkpoint it was compiled from (before quantization) unless ``reference`` is given."""
+    recipe = manifest.recipe
+    quant = recipe.quantization.dtype if recipe.quantization else None
+    config = manifest.compile_config
+    dtype = config.get("torch_dtype") or (config.get("neuron_config") or {}).get("torch_dtype") or recipe.model.dtype
+    if dtype == "auto":  # the checkpoint's own dtype
+        dtype = manifest.model.config.get("torch_dtype") or manifest.model.config.get("dtype") or "float32"
+    source = reference or manifest.model.original_path or manifest.model.path
+    return Subject(Path(artifact_dir), manifest.framework, precision_class(str(dtype), quant),
+                   Path(source) if source else None, manifest.target.get("instance"))
+
+
+def check_accuracy(
+    subject: Subject,
+    *,
+    prompts: Sequence[EvalPrompt] | None = None,
+    new_tokens: int = DEFAULT_NEW_TOKENS,
+    thresholds: Thresholds | None = None,
+    reporter: Reporter | None = None,
+) -> AccuracyReport:
+    """Score ``prompts`` (default: DEFAULT_PROMPTS) on the artifact and the reference; AccuracyError when the check
+    cannot run (missing reference, mismatched vocabulary, empty prompt)."""
+    import time
+
+    reporter = reporter or NullReporter()
+    limits = thresholds or THRESHOLDS.get(subject.precision)
+    if limits is None:
+        raise AccuracyError(f"no accuracy thresholds for precision {subject.precision!r}",
+                            where=str(subject.artifact_dir), fix=f"use one of {', '.join(THRESHOLDS)}")
+    if subject.framework != "torch":
+        return AccuracyReport(NOT_RUN, subject, limits, new_tokens, plan=neuron_plan(subject, prompts, new_tokens,
+                              limits), reason=f"{subject.framework} artifacts run only on a Neuron device")
+    started = time.perf_counter()
+    stats = _score_torch(subject, prompts, new_tokens, reporter)
+    summary = summarize(stats)
+    failures = tuple(limits.failures(summary))
+    return AccuracyReport(FAILED if failures else PASSED, subject, limits, new_tokens, summary, tuple(stats),
+                          failures, seconds=time.perf_counter() - started)
+
+
+def neuron_plan(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tokens: int,
+                limits: Thresholds) -> tuple[str, ...]:
+    """What a check of an NxDI / TNx artifact would run, step by step (nothing here runs it)."""
+    count = len(prompts if prompts is not None else DEFAULT_PROMPTS)
+    return (
+        f"hardware: a Neuron instance ({subject.instance or 'the recipe target'}) with the Neuron SDK "
+        f"({'neuronx-distributed-inference' if subject.framework == 'nxd' else 'transformers-neuronx'})",
+        f"load {subject.artifact_dir} with NEURON_COMPILED_ARTIFACTS set to it, logits returned for every position "
+        "(on-device sampling off)",
+        f"score {count} prompts teacher-forced (prompt + {new_tokens} greedy reference tokens each)",
+        f"reference: transformers float32 on CPU from {subject.reference_dir}",
+        f"gate ({subject.precision}): {limits.to_dict()}",
+    )
+
+
+def _score_torch(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tokens: int,
+                 reporter: Reporter) -> list[PromptStats]:
+    import torch
+    import transformers
+
+    from neuronpack.backends.torch_aot import load_artifact
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(subject.artifact_dir)
+    if prompts is None:  # the chat default needs a chat template
+        prompts = [p for p in DEFAULT_PROMPTS if p.messages is None or tokenizer.chat_template]
+    lm = load_artifact(subject.artifact_dir, reporter=reporter)
+    reference = _load_reference(subject, lm.vocab_size)
+    stats = []
+    with reporter.task(f"score {len(prompts)} prompts (artifact vs reference)", total=len(prompts)) as task, \
+            torch.inference_mode():
+        for prompt in prompts:
+            ids = encode_prompt(prompt, tokenizer)
+            if not ids:
+                raise AccuracyError(f"prompt {prompt.name!r} encodes to no tokens", where=prompt.name,
+                                    fix="give it some text")
+            truncated = len(ids) > lm.context_buckets[-1]
+            ids = ids[: lm.context_buckets[-1]]
+            count = min(new_tokens, lm.max_seq_len - len(ids) + 1)  # decode positions stay below max_seq_len
+            continuation = _greedy(reference, ids, count)
+            expected = reference(torch.tensor([ids + continuation[:-1]])).logits[0]
+            actual = _artifact_logits(lm, ids, continuation)
+            stats.append(compare_logits(expected, actual, continuation, prompt_len=len(ids), name=prompt.name,
+                                        truncated=truncated))
+            task.advance()
+    return stats
+
+
+def _load_reference(subject: Subject, vocab_size: int):
+    import torch
+    import transformers
+
+    ref = subject.reference_dir
+    if ref is None or not (ref / "config.json").is_file():
+        raise AccuracyError("the reference checkpoint is not there", where=str(ref),
+                            fix="pass --reference DIR (the Hugging Face checkpoint the artifact was compiled from)")
+    model = transformers.AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).eval()
+    if model.config.vocab_size != vocab_size:
+        raise AccuracyError(f"reference vocabulary {model.config.vocab_size} differs from the artifact's "
+                            f"{vocab_size}", where=str(ref), fix="pass the checkpoint the artifact was compiled from")
+    return model
+
+
+def _greedy(model, ids: list[int], count: int) -> list[int]:
+    """The reference's greedy continuation of exactly ``count`` tokens (EOS does not stop it)."""
+    import torch
+    import transformers
+
+    if count <= 0:
+        return []
+    config = transformers.GenerationConfig(do_sample=False, max_new_tokens=count, min_new_tokens=count,
+                                           eos_token_id=None, pad_token_id=0)
+    model.generation_config.eos_token_id = None  # else generate() fills the config's None from the model's
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         generation_config=config)
+    return out[0, len(ids):].tolist()
+
+
+def _artifact_logits(lm, ids: list[int], continuation: list[int]):
+    """The artifact's teacher-forced logits [len(ids) + len(continuation) - 1, vocab] through its serving path:
+    one context pass for the prompt, then one token-generation step per continuation token (slot 0)."""
+    import torch
+
+    rows = [lm.prompt_logits(ids, slot=0)]
+    tokens = torch.zeros(lm.batch_size, dtype=torch.long)  # idle slots write only their own row, at position 0
+    positions = torch.zeros(lm.batch_size, dtype=torch.long)
+    for offset, token in enumerate(continuation[:-1]):
+        tokens[0], positions[0] = token, len(ids) + offset
+        rows.append(lm.decode(tokens, positions)[:1])
+    return torch.cat(rows, dim=0)
+
+
+def with_thresholds(base: Thresholds, **overrides: Any) -> Thresholds:
+    """``base`` with the given limits replaced (None values are ignored): the CLI's --min-top1 / --max-kl."""
+    return replace(base, **{k: v for k, v in overrides.items() if v is not None})

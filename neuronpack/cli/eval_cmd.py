@@ -1,0 +1,104 @@
+"""`neuronpack eval`: compare an artifact with the checkpoint it was compiled from (exit 0 pass, 1 fail, 3 not run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr, stdout
+from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
+from neuronpack.cli._progress import ProgressMode
+
+# Exit code when the check could not run here (NxDI / TNx artifacts need a Neuron device): not a pass, not a fail.
+EXIT_NOT_RUN = 3
+
+
+def eval_command(
+    artifact: Annotated[Path, typer.Argument(help="an artifact directory (neuron-compiled-artifacts/<key>)")],
+    *,
+    reference: Annotated[
+        Path | None,
+        typer.Option("--reference", help="HF checkpoint to compare with (default: the one the manifest records)"),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option("--prompts", help='JSONL file, one {"prompt": ...} or {"messages": [...]} per line '
+                     "(default: 6 built-in prompts)"),
+    ] = None,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, help="greedy reference tokens scored after each prompt")
+    ] = 32,
+    min_top1: Annotated[
+        float | None, typer.Option("--min-top1", min=0.0, max=1.0, help="override the minimum top-1 agreement")
+    ] = None,
+    max_kl: Annotated[
+        float | None, typer.Option("--max-kl", min=0.0, help="override the maximum mean KL(reference || artifact)")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="torch intra-op threads (default: all cores)")
+    ] = None,
+    output_format: FormatOpt = OutputFormat.text,
+    progress: ProgressOpt = ProgressMode.auto,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run ARTIFACT and its reference checkpoint on the same prompts, teacher-forced, and judge per-position agreement
+    by the thresholds of the artifact's precision (exit 0 pass, 1 fail, 3 not run: Neuron artifacts need a device)."""
+    from neuronpack.accuracy import THRESHOLDS, check_accuracy, load_prompts, subject_from_manifest, with_thresholds
+    from neuronpack.artifacts.manifest import read_manifest
+
+    subject = subject_from_manifest(read_manifest(artifact), artifact, reference)
+    limits = THRESHOLDS.get(subject.precision)
+    if limits is not None:
+        limits = with_thresholds(limits, min_top1_agreement=min_top1, max_kl_mean=max_kl)
+    if subject.framework == "torch":
+        from neuronpack.runtime.loader import configure_threads
+
+        configure_threads(threads)
+    report = check_accuracy(subject, prompts=load_prompts(prompts) if prompts else None,
+                            new_tokens=max_new_tokens, thresholds=limits,
+                            reporter=RichReporter(quiet=quiet, progress=progress))
+    data = report.to_dict()
+    if output_format is OutputFormat.json:
+        print_result(output_format, data)
+    else:
+        print_report(data, str(artifact))
+    raise typer.Exit(exit_code(data))
+
+
+def exit_code(accuracy: dict[str, Any]) -> int:
+    """0 passed, 1 failed, 3 not run (the documented rule CI gates on); ``accuracy`` is ``AccuracyReport.to_dict()``."""
+    from neuronpack.accuracy import NOT_RUN, PASSED
+
+    status = accuracy["status"]
+    return 0 if status == PASSED else EXIT_NOT_RUN if status == NOT_RUN else 1
+
+
+def print_report(data: dict[str, Any], artifact: str, console: Console = stdout) -> None:
+    """The human-readable report of ``AccuracyReport.to_dict()``: one row per prompt, the summary, the verdict
+    (failures on stderr). Shared with ``compile --check-accuracy``, which prints it on stderr."""
+    if data["plan"]:
+        console.print(f"not run: {data['reason']}. A check of this artifact would:", markup=False)
+        for step in data["plan"]:
+            console.print(f"  - {step}", markup=False)
+        return
+    table = Table(title=cell(f"{artifact} ({data['precision']}) vs {data['reference']}"))
+    for col in ("prompt", "tokens", "top-1", "max |diff|", "mean |diff|", "mean KL", "max KL", "greedy match"):
+        table.add_column(col, justify="left" if col == "prompt" else "right")
+    rows = [*data["prompts"], {"name": "all", **(data["summary"] or {})}]
+    for p in rows:
+        greedy = (f"{p['greedy_match']}/{p['continuation_tokens']}" if "greedy_match" in p
+                  else f"min {p['greedy_match_min']}/{p['continuation_tokens']}")
+        tokens = f"{p['prompt_tokens']}+{p['continuation_tokens']}" if "prompt_tokens" in p else str(p["positions"])
+        table.add_row(cell(p["name"] + (" (cut)" if p.get("truncated") else "")), tokens, f"{p['top1_agreement']:.4f}",
+                      f"{p['max_abs_diff']:.3g}", f"{p['mean_abs_diff']:.3g}", f"{p['kl_mean']:.3g}",
+                      f"{p['kl_max']:.3g}", greedy)
+    console.print(table)
+    limits = ", ".join(f"{k}={v}" for k, v in data["thresholds"].items() if v not in (None, False))
+    verdict = "PASS" if not data["failures"] else "FAIL"
+    console.print(f"{verdict} ({data['precision']} thresholds: {limits})", markup=False)
+    for failure in data["failures"]:
+        stderr.print(f"  {failure}", markup=False)
