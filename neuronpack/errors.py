@@ -51,6 +51,10 @@ class ArtifactError(NeuronpackError):
     """A compiled artifact directory is missing, incomplete, corrupted or built by another toolchain."""
 
 
+class RemoteError(NeuronpackError):
+    """A remote artifact store (s3://, file://) is unreachable, refuses access, or lacks what was asked for."""
+
+
 class BuildError(NeuronpackError):
     """A backend failed while compiling."""
 

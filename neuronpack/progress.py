@@ -24,7 +24,10 @@ class TaskHandle(Protocol):
 
 
 class Reporter(Protocol):
-    def task(self, description: str, total: float | None = None) -> AbstractContextManager[TaskHandle]: ...
+    def task(self, description: str, total: float | None = None, *,
+             unit: str | None = None) -> AbstractContextManager[TaskHandle]:
+        """A stage of work; ``total`` in steps, or in bytes when ``unit="bytes"`` (advance() may be called from
+        several threads at once)."""
 
     def info(self, message: str) -> None: ...
 
@@ -52,7 +55,7 @@ class NullReporter:
         self.warnings: list[str] = []
         self.messages: list[str] = []
 
-    def task(self, description: str, total: float | None = None) -> _NullTask:
+    def task(self, description: str, total: float | None = None, *, unit: str | None = None) -> _NullTask:
         return _NullTask()
 
     def info(self, message: str) -> None:

@@ -117,7 +117,7 @@ def _read_raw_header(path: Path) -> tuple[dict, int, int]:
             f"cannot read safetensors file: {exc.strerror or exc}", where=str(path), fix="check the path exists"
         ) from None
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"), parse_constant=_not_json)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _bad(path, f"header is not valid JSON ({exc})") from None
     except RecursionError:
@@ -180,6 +180,11 @@ def _check_metadata(path: Path, metadata: object) -> None:
     ok = isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
     if not ok:
         raise _bad(path, "__metadata__ must map strings to strings")
+
+
+def _not_json(name: str) -> object:
+    """NaN / Infinity / -Infinity parse in Python but are not JSON: the safetensors library refuses them."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _is_uint(value: object) -> bool:

@@ -18,8 +18,17 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console, RenderableType
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 
+from neuronpack.cli._progress import PlainTask, ProgressMode, resolve_mode
 from neuronpack.errors import NeuronpackError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,19 +102,26 @@ class _RichTask:
 
 
 class RichReporter:
-    """Renders domain progress as rich bars on stderr; silent bars when quiet or stderr is not a terminal."""
+    """Renders domain progress on stderr as rich bars, plain log lines or nothing (``--progress``, see
+    _progress.py); info lines unless quiet, warnings always."""
 
-    def __init__(self, *, quiet: bool = False) -> None:
+    def __init__(self, *, quiet: bool = False, progress: ProgressMode = ProgressMode.auto) -> None:
         self.quiet = quiet
-        self.show_bars = not quiet and stderr.is_terminal
+        self.mode = resolve_mode(progress, stderr, quiet=quiet)
+        self.show_bars = self.mode is ProgressMode.rich
         self.warnings: list[str] = []
 
     @contextmanager
-    def task(self, description: str, total: float | None = None) -> Iterator[_RichTask]:
+    def task(self, description: str, total: float | None = None, *, unit: str | None = None) -> Iterator[Any]:
+        if self.mode is ProgressMode.plain:
+            with PlainTask(stderr, description, total, unit) as task:
+                yield task
+            return
         if not self.show_bars:
             yield _RichTask(None, None)
             return
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        counts = [DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else [MofNCompleteColumn()]
+        columns = [TextColumn("{task.description}"), BarColumn(), *counts, TimeElapsedColumn()]
         with Progress(*columns, console=stderr, transient=False) as progress:
             task_id = progress.add_task(description, total=total)
             yield _RichTask(progress, task_id)

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from neuronpack.cli._console import OutputFormat
+from neuronpack.cli._progress import ProgressMode
 from neuronpack.errors import NeuronpackError
 
 FormatOpt = Annotated[
@@ -40,4 +41,21 @@ def _check_sets(values: list[str] | None) -> list[str] | None:
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", callback=_check_sets, help="override a recipe field: --set target.batch_size=4"),
+]
+ProgressOpt = Annotated[
+    ProgressMode,
+    typer.Option("--progress", help="auto: bars on a terminal, plain log lines otherwise (CI); rich, plain or none"),
+]
+RemoteOpt = Annotated[
+    str | None,
+    typer.Option("--remote", envvar="NEURONPACK_REMOTE",
+                 help="remote artifact store: s3://bucket/prefix or file:///path (default $NEURONPACK_REMOTE)"),
+]
+StoreOpt = Annotated[
+    str | None, typer.Option("--remote", help="act on a remote store (s3://bucket/prefix or file:///path) instead")
+]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option("--endpoint-url",
+                 help="S3-compatible endpoint (MinIO, Ceph...); default: AWS_ENDPOINT_URL or AWS's own"),
 ]

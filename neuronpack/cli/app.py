@@ -19,6 +19,7 @@ from neuronpack.cli import (
     eagle_cmd,
     gguf_cmd,
     quantize_cmd,
+    remote_cmd,
     serve_cmd,
 )
 from neuronpack.cli._console import handle_errors
@@ -43,6 +44,8 @@ _COMMANDS = [
     ("verify", artifacts_cmd.verify_command),
     ("ls", artifacts_cmd.ls_command),
     ("gc", artifacts_cmd.gc_command),
+    ("push", remote_cmd.push_command),
+    ("pull", remote_cmd.pull_command),
     ("doctor", doctor_cmd.doctor_command),
     ("import-gguf", gguf_cmd.import_gguf_command),
 ]

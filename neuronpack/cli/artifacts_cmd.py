@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from neuronpack.cli._console import OutputFormat, cell, print_result, stderr
-from neuronpack.cli._options import FormatOpt, RootOpt
+from neuronpack.cli._options import EndpointOpt, FormatOpt, RootOpt, StoreOpt
 
 ArtifactArg = Annotated[Path, typer.Argument(help="an artifact directory (neuron-compiled-artifacts/<key>)")]
 
@@ -94,13 +94,26 @@ def verify_command(
                  f"ok: {artifact} ({len(m.files)} files, key {m.key[:16]})")
 
 
-def ls_command(*, root: RootOpt = None, output_format: FormatOpt = OutputFormat.text) -> None:
-    """List the artifacts under a root, newest first."""
+def ls_command(
+    *,
+    root: RootOpt = None,
+    remote: StoreOpt = None,
+    endpoint_url: EndpointOpt = None,
+    output_format: FormatOpt = OutputFormat.text,
+) -> None:
+    """List the artifacts under a root (or in a remote store with --remote), newest first."""
     from neuronpack.artifacts.listing import list_artifacts
     from neuronpack.artifacts.store import artifacts_root
 
-    rows = list_artifacts(artifacts_root(root))
-    table = Table(title=cell(artifacts_root(root)))
+    if remote:
+        from neuronpack.artifacts.remote import open_transport
+        from neuronpack.artifacts.remote.listing import list_remote
+
+        transport = open_transport(remote, endpoint_url=endpoint_url)
+        where, rows, field = transport.url, list_remote(transport), "remote"
+    else:
+        where, rows, field = str(artifacts_root(root)), list_artifacts(artifacts_root(root)), "root"
+    table = Table(title=cell(where))
     for col in ("key", "model", "framework", "buckets (ctx | tkg)", "size", "age"):
         table.add_column(col)
     for r in rows:
@@ -108,7 +121,7 @@ def ls_command(*, root: RootOpt = None, output_format: FormatOpt = OutputFormat.
         buckets = f"{ctx} | {tkg}"
         table.add_row(r["key"][:16], cell(r["model"]), r["framework"], buckets, _size(r["size"]),
                       _age(r["age_seconds"]))
-    print_result(output_format, {"root": str(artifacts_root(root)), "artifacts": rows}, table)
+    print_result(output_format, {field: where, "artifacts": rows}, table)
 
 
 def gc_command(
@@ -120,22 +133,38 @@ def gc_command(
         typer.Option("--older-than", callback=_check_duration, help="remove artifacts older than this (30m, 12h, 7d)"),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed; remove nothing")] = False,
+    remote: StoreOpt = None,
+    endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
     """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs; prune
-    digest-cache entries of files that are gone."""
+    digest-cache entries of files that are gone (with --remote: old keys of a remote store, and keys whose push never
+    committed)."""
     from neuronpack.artifacts.listing import parse_duration, plan_gc, run_gc
     from neuronpack.artifacts.store import artifacts_root
 
-    items = plan_gc(artifacts_root(root), keep=keep, older_than=parse_duration(older_than) if older_than else None)
-    pruned = 0 if dry_run else run_gc(items)
-    freed = sum(i.size for i in items)
+    age = parse_duration(older_than) if older_than else None
+    pruned = 0
+    if remote:
+        from neuronpack.artifacts.remote import open_transport
+        from neuronpack.artifacts.remote.listing import plan_remote_gc, run_remote_gc
+
+        transport = open_transport(remote, endpoint_url=endpoint_url)
+        remote_items = plan_remote_gc(transport, keep=keep, older_than=age)
+        if not dry_run:
+            run_remote_gc(transport, remote_items)
+        rows = [(f"{transport.url}/{i.key}", i.kind, i.size, i.reason) for i in remote_items]
+    else:
+        items = plan_gc(artifacts_root(root), keep=keep, older_than=age)
+        pruned = 0 if dry_run else run_gc(items)
+        rows = [(str(i.path), i.kind, i.size, i.reason) for i in items]
+    freed = sum(size for _, _, size, _ in rows)
     verb = "would remove" if dry_run else "removed"
-    lines = "\n".join(f"{verb} {i.kind}: {i.path} ({_size(i.size)}; {i.reason})" for i in items)
+    lines = "\n".join(f"{verb} {kind}: {path} ({_size(size)}; {reason})" for path, kind, size, reason in rows)
     print_result(output_format, {"dry_run": dry_run, "freed_bytes": freed, "digest_cache_pruned": pruned,
-                                 "removed": [{"path": str(i.path), "kind": i.kind, "size": i.size, "reason": i.reason}
-                                             for i in items]},
+                                 "removed": [{"path": path, "kind": kind, "size": size, "reason": reason}
+                                             for path, kind, size, reason in rows]},
                  lines or None)
     if output_format is OutputFormat.text:
         pruned_text = f"; pruned {pruned} digest-cache entr{'y' if pruned == 1 else 'ies'}" if pruned else ""
-        stderr.print(f"{verb} {len(items)} item(s), {_size(freed)}{pruned_text}", markup=False)
+        stderr.print(f"{verb} {len(rows)} item(s), {_size(freed)}{pruned_text}", markup=False)

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_result
-from neuronpack.cli._options import FormatOpt, QuietOpt, RootOpt, SetOpt
+from neuronpack.cli._options import EndpointOpt, FormatOpt, ProgressOpt, QuietOpt, RemoteOpt, RootOpt, SetOpt
+from neuronpack.cli._progress import ProgressMode
 
 
 class FrameworkChoice(str, Enum):
@@ -35,13 +36,20 @@ def compile_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the resolved configuration and key; build nothing")
     ] = False,
+    remote: RemoteOpt = None,
+    push: Annotated[bool, typer.Option("--push", help="publish the artifact to --remote after the build")] = False,
+    endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
+    progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
-    """Compile MODEL with a recipe into <root>/neuron-compiled-artifacts/<key>/ (a cache hit returns it at once)."""
+    """Compile MODEL with a recipe into <root>/neuron-compiled-artifacts/<key>/ (a cache hit returns it at once;
+    with --remote, a key stored there is pulled instead of built)."""
+    from neuronpack.artifacts.remote import open_transport
     from neuronpack.pipeline import compile_model
 
-    reporter = RichReporter(quiet=quiet)
+    reporter = RichReporter(quiet=quiet, progress=progress)
+    transport = open_transport(remote, endpoint_url=endpoint_url) if remote else None
     result = compile_model(
         model,
         recipe=recipe,
@@ -51,10 +59,14 @@ def compile_command(
         force=force,
         dry_run=dry_run,
         reporter=reporter,
+        remote=transport,
+        push=push,
     )
     if dry_run:
         payload = {"dry_run": True, "framework": result.framework, "framework_reason": result.framework_reason,
                    "key": result.key, "path": str(result.path), **result.compile_config}
+        if result.in_remote is not None:
+            payload["in_remote"] = result.in_remote
         print_result(output_format, payload, json.dumps(payload, indent=2, sort_keys=True, default=str))
         return
     manifest = result.manifest
@@ -62,6 +74,8 @@ def compile_command(
         "path": str(result.path),
         "key": result.key,
         "cache_hit": result.cache_hit,
+        "remote_hit": result.remote_hit,
+        "pushed": result.pushed,
         "framework": result.framework,
         "framework_reason": result.framework_reason,
         "buckets": manifest.buckets.to_dict(),
@@ -70,7 +84,11 @@ def compile_command(
         "timings": result.timings if result.cache_hit else manifest.timings,
     }
     if output_format is OutputFormat.text:
-        if result.cache_hit:
+        if result.pushed is not None:
+            reporter.info(f"push: {result.pushed['reason']} ({result.pushed['url']})")
+        if result.remote_hit:
+            reporter.info(f"remote hit: pulled {result.key[:16]} in {result.timings.get('pull', 0.0):.1f} s")
+        elif result.cache_hit:
             reporter.info(f"cache hit: {result.key[:16]} (built {manifest.created_at or '?'})")
         else:
             reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
+from neuronpack.cli._progress import ProgressMode
 
 if TYPE_CHECKING:
     from neuronpack.convert.eagle import EagleResult
@@ -36,6 +37,7 @@ def convert_eagle_command(
         bool, typer.Option("--overwrite-head", help="replace an EAGLE-1/2 draft's own lm_head with the target's")
     ] = False,
     output_format: FormatOpt = OutputFormat.text,
+    progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
     """Convert an EAGLE draft for NxDI: add the target's lm_head (EAGLE-1/2) or embed_tokens (EAGLE-3), rename
@@ -45,7 +47,7 @@ def convert_eagle_command(
     """
     from neuronpack.convert.eagle import convert_eagle
 
-    reporter = RichReporter(quiet=quiet)
+    reporter = RichReporter(quiet=quiet, progress=progress)
     result = convert_eagle(draft, target, out, dtype=dtype.value, overwrite_head=overwrite_head, reporter=reporter)
     if not quiet and output_format is OutputFormat.text:
         _print_summary(result)

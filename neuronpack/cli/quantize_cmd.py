@@ -9,7 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr
-from neuronpack.cli._options import FormatOpt, QuietOpt
+from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
+from neuronpack.cli._progress import ProgressMode
 
 # Above this many quantized tensors the table shows only the worst ones (the JSON report has them all).
 FULL_TABLE_MAX = 24
@@ -42,6 +43,7 @@ def quantize_command(
         bool, typer.Option("--include-lm-head", help="quantize lm_head too (untied models only)")
     ] = False,
     output_format: FormatOpt = OutputFormat.text,
+    progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
     """Quantize every decoder Linear weight to int8 or fp8 (symmetric, float32 scales); write a report.
@@ -54,7 +56,7 @@ def quantize_command(
 
     options = QuantizeOptions(dtype=dtype.value, granularity=granularity.value, skip=tuple(skip or ()),
                               include_lm_head=include_lm_head)
-    reporter = RichReporter(quiet=quiet)
+    reporter = RichReporter(quiet=quiet, progress=progress)
     model_dir = resolve_model(model, reporter=reporter)
     result = quantize_checkpoint(model_dir, out, options, reporter=reporter)
     if result.cache_hit:

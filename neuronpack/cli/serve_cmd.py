@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, NamedTuple
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
-from neuronpack.cli._options import FormatOpt, QuietOpt, SetOpt
+from neuronpack.cli._options import EndpointOpt, FormatOpt, QuietOpt, RootOpt, SetOpt
 from neuronpack.runtime.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_WAITING,
@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 def serve_command(
     artifact_dir: Annotated[
-        Path | None, typer.Argument(help="compiled artifact directory (default: $NEURON_COMPILED_ARTIFACTS)")
+        str | None,
+        typer.Argument(help="compiled artifact directory, or a remote one (s3://bucket/prefix/<key>, "
+                       "file:///path/<key>) to pull into the local root first (default: $NEURON_COMPILED_ARTIFACTS)"),
     ] = None,
     *,
     host: Annotated[str, typer.Option("--host", help="address to bind (loopback unless told otherwise)")] = "127.0.0.1",
@@ -51,6 +53,8 @@ def serve_command(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="torch CPU threads (default: every core available)")
     ] = None,
+    root: RootOpt = None,
+    endpoint_url: EndpointOpt = None,
     max_body_bytes: Annotated[
         int, typer.Option("--max-body-bytes", min=1, help="largest request body; a larger one gets 413")
     ] = DEFAULT_MAX_BODY_BYTES,
@@ -74,7 +78,8 @@ def serve_command(
     from neuronpack.pipeline import resolve_serving_artifact
 
     reporter = RichReporter(quiet=quiet)
-    path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter)
+    path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter,
+                                    root=root, endpoint_url=endpoint_url)
     manifest = read_manifest(path)
     if served_model_name:
         manifest = manifest.with_serve(served_model_name=served_model_name)

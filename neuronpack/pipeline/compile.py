@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.artifacts.manifest import Manifest, build_manifest, write_manifest
+from neuronpack.artifacts.remote import REMOTE_ENV, Transport
+from neuronpack.artifacts.remote.pull import fetch_manifest, pull_artifact
+from neuronpack.artifacts.remote.push import push_artifact
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
@@ -39,6 +42,9 @@ class CompileResult:
     compile_config: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     dry_run: bool = False
+    remote_hit: bool = False  # pulled from the remote store instead of building
+    in_remote: bool | None = None  # --dry-run with a remote store: is the key there?
+    pushed: dict[str, Any] | None = None  # --push: what push_artifact did
 
 
 def compile_model(
@@ -52,10 +58,27 @@ def compile_model(
     force: bool = False,
     dry_run: bool = False,
     reporter: Reporter | None = None,
+    remote: Transport | None = None,
+    push: bool = False,
 ) -> CompileResult:
     """Compile MODEL with a recipe into ``<root>/neuron-compiled-artifacts/<key>/`` (or exactly ``dest``), or return
-    the existing artifact for the same key. Raises NeuronpackError subclasses on bad input or a failed build."""
+    the existing artifact for the same key. With ``remote``, a key missing locally is looked up there first (one
+    request) and pulled on a hit; ``push`` publishes the artifact there afterwards. Raises NeuronpackError subclasses
+    on bad input or a failed build."""
     reporter = reporter or NullReporter()
+    if push and remote is None:
+        raise NeuronpackError("--push needs a remote store", where="--push",
+                              fix=f"pass --remote s3://bucket/prefix (or set {REMOTE_ENV})")
+    result = _compile(model, recipe=recipe, overrides=overrides, framework=framework, out_root=out_root, dest=dest,
+                      force=force, dry_run=dry_run, reporter=reporter, remote=remote)
+    if push and not dry_run and not result.remote_hit:
+        result.pushed = push_artifact(result.path, remote, reporter=reporter).to_dict()
+    return result
+
+
+def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str], framework: str | None,
+             out_root: Path | None, dest: Path | None, force: bool, dry_run: bool, reporter: Reporter,
+             remote: Transport | None) -> CompileResult:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     inputs = resolve_inputs(model, recipe_path=recipe, overrides=overrides, framework=framework, reporter=reporter)
@@ -68,11 +91,14 @@ def compile_model(
     final = plan.dest
 
     if dry_run:
+        in_remote = None if remote is None else fetch_manifest(remote, plan.key) is not None
         return CompileResult(final, plan.key, False, inputs.framework, inputs.framework_reason, None,
-                             plan.compile_config(reporter), timings, dry_run=True)
+                             plan.compile_config(reporter), timings, dry_run=True, in_remote=in_remote)
 
     if not force and (manifest := quick_check(final, plan.key)) is not None:
         return _hit(plan, timings, manifest)
+    if not force and remote is not None and (pulled := _pull_hit(remote, plan, timings, reporter)):
+        return _hit(plan, timings, pulled, remote_hit=True)
 
     availability = inputs.backend.availability()
     if not availability.ok:
@@ -87,9 +113,22 @@ def compile_model(
         return _build(plan, timings, reporter, replace=final.exists())
 
 
-def _hit(plan: BuildPlan, timings: dict[str, float], manifest: Manifest) -> CompileResult:
+def _hit(plan: BuildPlan, timings: dict[str, float], manifest: Manifest, *, remote_hit: bool = False) -> CompileResult:
     return CompileResult(plan.dest, plan.key, True, plan.inputs.framework, plan.inputs.framework_reason, manifest,
-                         manifest.compile_config, timings)
+                         manifest.compile_config, timings, remote_hit=remote_hit)
+
+
+def _pull_hit(remote: Transport, plan: BuildPlan, timings: dict[str, float], reporter: Reporter) -> Manifest | None:
+    """The manifest of the artifact pulled from the remote store, or None when the key is not there (one request)."""
+    t0 = time.perf_counter()
+    manifest = fetch_manifest(remote, plan.key)
+    timings["remote_lookup"] = time.perf_counter() - t0
+    if manifest is None:
+        reporter.info(f"remote miss: {plan.key[:16]} is not in {remote.url}; building")
+        return None
+    reporter.info(f"remote hit: pulling {plan.key[:16]} from {remote.url}")
+    timings["pull"] = pull_artifact(remote, plan.key, plan.dest, manifest=manifest, reporter=reporter).seconds
+    return manifest
 
 
 def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool) -> CompileResult:

@@ -92,3 +92,15 @@ def test_existing_output_and_quantized_input_are_refused(run, tiny_llama, tmp_pa
     missing = run(tmp_path / "nope", "--out", tmp_path / "q3", "--dtype", "int8")
     assert missing.exit_code == 1 and missing.stderr.startswith("error: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+
+
+def test_progress_plain_logs_each_stage_and_none_logs_nothing(run, tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURONPACK_PROGRESS_INTERVAL", "0")  # a progress line at every step
+    plain = run(tiny_llama, "--out", tmp_path / "a", "--dtype", "int8", "--progress", "plain", "--format", "json")
+    assert plain.exit_code == 0, plain.output
+    lines = [line for line in plain.stderr.splitlines() if "quantize int8 per-channel" in line]
+    assert "started (" in lines[0] and "steps)" in lines[0] and "done in" in lines[-1]
+    assert any("%)" in line and "elapsed" in line for line in lines[1:-1])
+    assert json.loads(plain.stdout)["out"] == str(tmp_path / "a")
+    none = run(tiny_llama, "--out", tmp_path / "b", "--dtype", "int8", "--progress", "none", "--format", "json")
+    assert none.exit_code == 0 and "quantize int8 per-channel" not in none.stderr

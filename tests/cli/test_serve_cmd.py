@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
 from tests.backends.neuron_standin import fixtures as standin
-from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, build_artifact, hf_greedy
+from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, build_artifact, hf_greedy, wait_for_health
 
 runner = CliRunner(env={"COLUMNS": "120"})
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures: the stand-in Neuron SDK (it cannot run here)
@@ -135,16 +135,8 @@ def _start_serve(artifact: Path, port: int, *args: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port),
                              "--threads", "1", "--served-model-name", "tiny", "--quiet", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "server did not come up"
-        time.sleep(0.2)
+    wait_for_health(proc, port)
+    return proc
 
 
 def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama, monkeypatch):

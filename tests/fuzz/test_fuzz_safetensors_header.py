@@ -149,8 +149,10 @@ def test_every_dtype_name_is_known(tmp_path, dtype):
          "1 bytes after the last tensor"),  # was accepted; the safetensors library then refused the file
         (frame(b'{"a\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', bytes(4)),
          "not valid UTF-8"),  # was accepted; the safetensors library refused it ("unexpected end of hex escape")
+        (frame(b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": Infinity}}', bytes(4)),
+         "Infinity is not a JSON value"),  # was accepted; the library refused it ("expected value")
     ],
-    ids=["deep-nesting", "unhashable-dtype", "trailing-bytes", "lone-surrogate"],
+    ids=["deep-nesting", "unhashable-dtype", "trailing-bytes", "lone-surrogate", "infinity-constant"],
 )
 def test_regressions_found_by_fuzzing(tmp_path, blob, message):
     path = tmp_path / "f.safetensors"

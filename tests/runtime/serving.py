@@ -50,6 +50,22 @@ def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> li
     return out[0, len(prompt_ids):].tolist()
 
 
+def wait_for_health(proc, port: int, timeout: float = 120.0) -> None:
+    """Wait until a `neuronpack serve` child process answers /health on 127.0.0.1:port (fail if it exits)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.2)
+
+
 def hf_logits(model_dir: Path, token_ids: list[int]):
     """transformers' float32 logits at every position of ``token_ids``: [len, vocab]."""
     import torch
