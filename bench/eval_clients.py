@@ -9,7 +9,7 @@
 
 The artifact is bench/serve.py's (same recipe and work directory, compiled on first use).
 
-    .venv/bin/python bench/eval_clients.py [--threads 1] [--requests 16] [--prompt-tokens 128] [--output-tokens 64]
+    .venv/bin/python bench/eval_clients.py [--threads 1] [--requests 8] [--prompt-tokens 64] [--output-tokens 32]
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "neuronpack-bench-serve")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None, help="lm-eval documents (default: all 24)")
-    parser.add_argument("--requests", type=int, default=16, help="guidellm requests per concurrency level")
-    parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=8, help="guidellm requests per concurrency level")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--output-tokens", type=int, default=32)
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     model = ensure_model(args.work)

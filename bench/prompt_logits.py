@@ -48,13 +48,15 @@ class LogitsOnly(nn.Module):
 def compile_both(model, bucket: int, package: Path) -> dict[str, float]:
     from torch._inductor.package import package_aoti
 
+    limits = G.GraphLimits(batch_size=1, max_context=bucket, max_seq=bucket)
     caches = G.new_kv_cache(model, 1, bucket, next(model.parameters()).dtype)
-    args = G.example_inputs(L.CONTEXT, bucket, 1, caches)
+    args = G.example_inputs(L.CONTEXT, limits, caches)
+    shapes = G.dynamic_shapes(L.CONTEXT, limits, caches)
     seconds, compiled = {}, {}
-    for name, module in (("logits_only", LogitsOnly(model)), ("with_hidden", G.ContextGraph(model, bucket))):
+    for name, module in (("logits_only", LogitsOnly(model)), ("with_hidden", G.ContextGraph(model))):
         start = time.perf_counter()
         with torch.no_grad():
-            program = torch.export.export(module, args, strict=False)
+            program = torch.export.export(module, args, strict=False, dynamic_shapes=shapes)
         compiled[name] = torch._inductor.aot_compile(program.module(check_guards=False), program.example_inputs[0],
                                                      options=dict(INDUCTOR_SETTINGS))
         seconds[name] = round(time.perf_counter() - start, 1)
@@ -86,10 +88,10 @@ def main() -> None:
     config = {"batch_size": 1, "context_encoding_buckets": [args.bucket], "token_generation_buckets": [args.bucket],
               "seq_len": args.bucket, "vocab_size": cfg.vocab_size, "compiler": "aoti", "torch_dtype": args.dtype,
               "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "num_layers": cfg.num_layers,
-              "context_outputs": list(L.CONTEXT_OUTPUTS)}
-    old = CompiledLM({**config, "context_outputs": []}, {L.graph_name(L.CONTEXT, args.bucket):
-                                                        runners["logits_only"]}, weights, ())
-    new = CompiledLM(config, {L.graph_name(L.CONTEXT, args.bucket): runners["with_hidden"]}, weights, (),
+              "kv_cache_positions": L.cache_positions(args.bucket), "context_outputs": list(L.CONTEXT_OUTPUTS)}
+    old = CompiledLM({**config, "context_outputs": []}, {L.CONTEXT: runners["logits_only"], L.TOKEN_GEN: None},
+                     weights, ())
+    new = CompiledLM(config, {L.CONTEXT: runners["with_hidden"], L.TOKEN_GEN: None}, weights, (),
                      lm_head=model.lm_head)
     prompt = torch.randint(3, cfg.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     same = torch.equal(old.prefill([0], [prompt]), new.prefill([0], [prompt]))

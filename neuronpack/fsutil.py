@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -92,11 +93,33 @@ def move_into_place(staging: Path, out: Path, *, replace: bool = False) -> Path:
         trash = make_staging_dir(staging.parent, "trash-")
         os.replace(out, trash / "old")
         os.replace(staging, out)
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_tree(trash)
     else:
         os.replace(staging, out)
     fsync_dir(out.parent)
     return out
+
+
+def make_read_only(root: Path) -> None:
+    """Clear every write bit below ``root`` (files and directories, root included): a server started on a published
+    artifact (vLLM's compile-in-place fallback) cannot rewrite or add files there. Root ignores permissions."""
+    root = Path(root)
+    for path in sorted(root.rglob("*"), reverse=True) + [root]:
+        if path.is_symlink():
+            continue
+        os.chmod(path, path.stat().st_mode & ~0o222)
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that also removes read-only trees (make_read_only): write bits are restored on directories first."""
+    path = Path(path)
+    if not path.exists():
+        return
+    for sub in [path, *path.rglob("*")]:
+        if sub.is_dir() and not sub.is_symlink():
+            with contextlib.suppress(OSError):
+                os.chmod(sub, sub.stat().st_mode | 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager

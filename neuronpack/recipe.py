@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from neuronpack.buckets import BucketPlan, plan_buckets
 from neuronpack.errors import RecipeError
@@ -86,11 +86,23 @@ class LoraAdapter(_Section):
     path: str = Field(min_length=1)
 
 
+# vLLM accepts --max-lora-rank only from this set (LoRAConfig); another rank could be compiled but never served
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
 class LoraSection(_Section):
     adapters: list[LoraAdapter] = Field(min_length=1)
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    max_rank: int = Field(16, ge=1, le=512)
+    max_rank: int = 16
     max_loras: int = Field(1, ge=1, le=64)
+
+    @field_validator("max_rank")
+    @classmethod
+    def _vllm_rank(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"max_rank {value} is not one vLLM serves: use one of "
+                             f"{', '.join(map(str, VLLM_LORA_RANKS))}")
+        return value
 
 
 class Recipe(_Section):

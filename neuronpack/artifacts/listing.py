@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from neuronpack.artifacts.manifest import MANIFEST_NAME
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.digest import prune_digest_cache
 from neuronpack.errors import NeuronpackError
-from neuronpack.fsutil import dir_size, make_staging_dir, pid_alive
+from neuronpack.fsutil import dir_size, make_staging_dir, pid_alive, remove_tree
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 # Staging names carry the builder's pid: "<key[:16]>-<pid>-..." for builds, "gc-<pid>-..." for gc's trash.
@@ -120,9 +119,9 @@ def run_gc(items: list[GcItem]) -> int:
             except OSError:
                 pass  # already gone, or not renameable: delete in place
         if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
         else:
             path.unlink(missing_ok=True)
     if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_tree(trash)
     return prune_digest_cache()

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from neuronpack.backends.base import Availability
-from neuronpack.backends.torch_aot.target import cxx_compiler
 
 NEURON_REPO = "https://pip.repos.neuron.amazonaws.com"
 PLACEHOLDER_MARK = "WRONG PACKAGE"
@@ -41,6 +40,7 @@ NEURON_MODULES: dict[str, str] = {
     "neuronxcc": "neuronx-cc",
     "libneuronxla": "libneuronxla",
     "vllm": "vllm",
+    "vllm_neuron": "vllm-neuron",
 }
 
 # environment variables that change what neuronpack, NxDI, TNx or vLLM do
@@ -197,52 +197,3 @@ def _placeholder_reason(dist: str, version: str | None) -> str:
     ).replace("  ", " ")
 
 
-VALIDATED = (
-    "recipe -> NxDI NeuronConfig / TNx from_pretrained mapping, for every shipped recipe (contract tests)",
-    "the compile call sequence and artifact layout, against a stand-in SDK with the real module and class names",
-    "toolchain versions recorded in the manifest and checked before serving",
-    "the vLLM 0.9 launch line and environment (argv, NEURON_COMPILED_ARTIFACTS, override-neuron-config)",
-)
-NOT_VALIDATED = (
-    "no Neuron compile or load has run on hardware from this code: the nxd and tnx backends are written against "
-    "the documented APIs (NxDI 0.9, transformers-neuronx 0.13, vLLM 0.9) and proven only by contract tests",
-    "vLLM itself serving a neuronpack artifact on Trainium/Inferentia",
-)
-
-
-def environment_report(environ: Mapping[str, str] | None = None) -> dict:
-    """Everything `neuronpack doctor` shows, as one JSON-able dict (it reports; it never raises for a missing SDK).
-
-    Example::
-
-        environment_report()["framework"]   # {"auto": "torch", "reason": "auto: no Neuron framework here (...)"}
-    """
-    from neuronpack import __version__
-    from neuronpack.backends.select import ENV_FRAMEWORK, ENV_VLLM_FRAMEWORK, auto_framework, choose_framework
-
-    environ = os.environ if environ is None else environ
-    auto = auto_framework()
-    try:
-        effective = choose_framework("auto", environ)
-        effective_dict = {"name": effective.name, "reason": effective.reason}
-    except Exception as exc:  # noqa: BLE001 - a bad env value is reported here, raised by compile
-        effective_dict = {"name": None, "reason": str(exc)}
-    return {
-        "neuronpack": __version__,
-        "python": python_info(),
-        "torch": dist_version("torch"),
-        "transformers": dist_version("transformers"),
-        "cxx": cxx_compiler() or {"path": None, "version": None},
-        "packages": [status.to_dict() for status in probe_all()],
-        "neuronx_cc": dist_version("neuronx-cc"),
-        "platform": {
-            "instance_type": instance_type(),
-            "neuron_devices": neuron_devices(),
-            "platform_target_override": environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"),
-        },
-        "framework": {"auto": auto.name, "auto_reason": auto.reason, "effective": effective_dict,
-                      "env_names": [ENV_FRAMEWORK, ENV_VLLM_FRAMEWORK]},
-        "env": relevant_env(environ),
-        "validated": list(VALIDATED),
-        "not_validated": list(NOT_VALIDATED),
-    }

@@ -18,17 +18,27 @@ Example::
 
 from __future__ import annotations
 
-import json
+import copy
+import dataclasses
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.base import Availability, BuildRequest
+from neuronpack.backends.neuron_common import (
+    import_class,
+    model_dtype,
+    neuron_instance,
+    read_model_config,
+    version_tuple,
+    working_directory,
+)
 from neuronpack.backends.neuron_packages import sdk_availability, versions_of
-from neuronpack.errors import ArtifactError, BuildError, CheckpointError, RecipeError, UnsupportedModelError
-from neuronpack.recipe import NEURON_INSTANCES, Recipe
+from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
+from neuronpack.recipe import Recipe
 
 NXD_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")
 _MODELS = "neuronx_distributed_inference.models"
@@ -39,7 +49,13 @@ MODEL_CLASSES: dict[str, str] = {
     "Qwen2ForCausalLM": f"{_MODELS}.qwen2.modeling_qwen2.NeuronQwen2ForCausalLM",
     "MixtralForCausalLM": f"{_MODELS}.mixtral.modeling_mixtral.NeuronMixtralForCausalLM",
     "DbrxForCausalLM": f"{_MODELS}.dbrx.modeling_dbrx.NeuronDbrxForCausalLM",
+    # Llama-3.2 multimodal: NxDI's own class (MllamaInferenceConfig + MultimodalVisionNeuronConfig); the vision
+    # encoder is traced with the text buckets, its tile count comes from the checkpoint's vision_config
+    "MllamaForConditionalGeneration": f"{_MODELS}.mllama.modeling_mllama.NeuronMllamaForCausalLM",
 }
+MULTIMODAL = ("MllamaForConditionalGeneration",)
+EAGLE3_MIN_NXDI = (0, 7)  # NeuronConfig.is_eagle3 exists from NxDI 0.7 on; older releases drop it silently
+LORA_DIR = "lora"  # adapters copied into the artifact; neuron_config.json names them relative to the artifact
 SAMPLING_FIELDS = ("do_sample", "top_k", "top_p", "temperature", "dynamic", "deterministic", "global_topk")
 # The NeuronConfig fields an EAGLE draft conversion decides (eagle_nxd_hints also returns config-only keys)
 EAGLE_FIELDS = ("enable_eagle_speculation", "enable_fused_speculation", "enable_eagle_draft_input_norm", "is_eagle3")
@@ -78,6 +94,7 @@ class NxdBackend:
             config_dir = request.source_model_dir
         hf_config = read_model_config(config_dir, allow_missing=recipe.quantization is not None)
         neuron_config = nxd_neuron_config(recipe, plan, hf_config, request.model_dir, request.draft_dir)
+        check_eagle3_supported(neuron_config, self.versions().get("neuronx-distributed-inference"))
         out: dict[str, Any] = {
             "architecture": architecture_of(hf_config),
             "model_class": model_class_path(hf_config, where=str(request.model_dir)),
@@ -89,6 +106,8 @@ class NxdBackend:
                 "path": None if request.draft_dir is None else str(request.draft_dir),
                 "neuron_config": draft_neuron_config(neuron_config),
             }
+        if architecture_of(hf_config) in MULTIMODAL:
+            out["vision"] = vision_plan(hf_config)
         if recipe.target.nodes > 1:
             out["multi_node"] = {"nodes": recipe.target.nodes,
                                  "local_ranks_size": recipe.target.tp_degree // recipe.target.nodes}
@@ -100,10 +119,18 @@ class NxdBackend:
         if not availability.ok:
             raise BuildError(f"NxD Inference cannot build here: {availability.reason}", where="framework nxd",
                              fix="compile on a machine with the Neuron SDK, or use --dry-run / --framework torch")
+        # absolute paths: the compile runs inside the staging directory (see below)
+        request = dataclasses.replace(
+            request, model_dir=Path(request.model_dir).absolute(), staging=Path(request.staging).absolute(),
+            draft_dir=None if request.draft_dir is None else Path(request.draft_dir).absolute())
         config = self.compile_config(request)
         os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = config["platform_target"]
-        model_cls = _import_class(config["model_class"])
-        with request.reporter.task(f"NxDI compile ({config['architecture']}, tp {request.recipe.target.tp_degree})"):
+        model_cls = import_class(config["model_class"])
+        copy_lora_adapters(request)
+        # lora_ckpt_paths are relative to the artifact: NxDI checks them at compile and at every load, so both run
+        # with the artifact as working directory (serve starts vLLM there too)
+        with request.reporter.task(f"NxDI compile ({config['architecture']}, tp {request.recipe.target.tp_degree})"), \
+                working_directory(request.staging):
             model = model_cls(str(request.model_dir), _inference_config(model_cls, config, request))
             model.compile(str(request.staging))
         check_compiled(request.staging, config["neuron_config"])
@@ -115,6 +142,7 @@ class NxdBackend:
         the artifact was built with (NxDI itself records no compiler version)."""
         neuron_config = manifest.compile_config.get("neuron_config") or {}
         check_compiled(Path(artifact_dir), neuron_config)
+        check_lora_adapters(Path(artifact_dir), neuron_config)
         if not neuron_config.get("save_sharded_checkpoint", False):
             model_path = Path(manifest.model.path or "")
             if not (model_path / "config.json").is_file():
@@ -147,7 +175,7 @@ def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, dr
         "tkg_batch_size": t.batch_size,
         "max_context_length": plan.max_context_length,
         "seq_len": plan.seq_len,
-        "torch_dtype": nxd_dtype(recipe, hf_config),
+        "torch_dtype": model_dtype(recipe, hf_config),
         "enable_bucketing": recipe.buckets.enabled,
         "is_continuous_batching": True,
         "padding_side": "right",
@@ -159,15 +187,17 @@ def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, dr
     if recipe.buckets.enabled:
         cfg["context_encoding_buckets"] = list(plan.context)
         cfg["token_generation_buckets"] = list(plan.token_generation)
+    if architecture_of(hf_config) in MULTIMODAL:
+        cfg["skip_vision"] = False  # MultimodalVisionNeuronConfig: trace the vision encoder too
     if recipe.quantization is not None:
-        cfg.update(_quantization_fields(recipe, model_dir))
+        cfg.update(_quantization_fields(recipe, model_dir, fused_qkv=bool(recipe.neuron_overrides.get("fused_qkv"))))
     if recipe.speculation is not None:
         cfg.update(_speculation_fields(recipe, draft_dir))
     if recipe.lora is not None:
         lora = recipe.lora
         cfg["lora_config"] = {"max_loras": lora.max_loras, "max_lora_rank": lora.max_rank,
                               "target_modules": list(lora.target_modules),
-                              "lora_ckpt_paths": {a.name: a.path for a in lora.adapters}}
+                              "lora_ckpt_paths": {a.name: lora_path(a.name) for a in lora.adapters}}
     if t.nodes > 1:
         # Shard weights for every rank so one artifact serves all nodes; each node loads its own ranks
         # (vllm_launch passes start_rank_id / local_ranks_size per node).
@@ -186,7 +216,10 @@ def sampling_config(recipe: Recipe) -> dict | None:
 
 
 def draft_neuron_config(target: dict) -> dict:
-    """The draft's NeuronConfig, derived from the target's exactly as vLLM 0.9 does it."""
+    """The draft's NeuronConfig fields, derived from the target's as vLLM (V0 loader and vllm-neuron) and NxDI's
+    inference_demo do it. Shown by --dry-run; the build applies the same changes to a deep copy of the target's
+    NeuronConfig object (``_draft_config_object``), never ``NeuronConfig(**this)``: its __init__ turns
+    enable_fused_speculation back on whenever enable_eagle_speculation is set."""
     draft = dict(target)
     eagle = bool(target.get("enable_eagle_speculation"))
     if not eagle:
@@ -200,21 +233,79 @@ def draft_neuron_config(target: dict) -> dict:
     return draft
 
 
-def nxd_dtype(recipe: Recipe, hf_config: dict) -> str:
-    """The recipe's dtype; "auto" takes the checkpoint's, else NxDI's default bfloat16."""
-    if recipe.model.dtype != "auto":
-        return recipe.model.dtype
-    value = hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16"
-    return str(value).removeprefix("torch.")
+def check_eagle3_supported(neuron_config: dict, nxdi_version: str | None) -> None:
+    """EAGLE-3 needs NeuronConfig.is_eagle3, which exists from NxDI 0.7 on (older releases log it as unexpected and
+    drop it, then run the draft as EAGLE-1). Unknown version (dry-run on a build box): nothing to check."""
+    have = version_tuple(nxdi_version)
+    if neuron_config.get("is_eagle3") and have and have < EAGLE3_MIN_NXDI:
+        raise UnsupportedModelError(
+            f"EAGLE-3 drafts need neuronx-distributed-inference >= 0.7; this machine has {nxdi_version}, which drops "
+            "is_eagle3", where="speculation.draft",
+            fix="install NxDI 0.7 or newer (Neuron SDK 2.27+), or use an EAGLE-1/2 draft")
 
 
-def neuron_instance(recipe: Recipe, framework: str) -> str:
-    instance = recipe.instance_for(framework)
-    if instance not in NEURON_INSTANCES:
-        raise RecipeError(
-            f"target.instance {instance!r} is not a Neuron instance, so {framework} cannot target it",
-            where="target.instance", fix=f"use one of {', '.join(NEURON_INSTANCES)}, or --framework torch")
-    return instance
+def vision_plan(hf_config: dict) -> dict:
+    """What the Mllama vision encoder is traced for (NxDI reads these from vision_config; shown by --dry-run)."""
+    vision = hf_config.get("vision_config") or {}
+    return {"max_num_tiles": vision.get("max_num_tiles"), "image_size": vision.get("image_size"),
+            "patch_size": vision.get("patch_size"), "buckets": "the text context-encoding buckets"}
+
+
+def nxd_module_names(modules: list[str], *, fused_qkv: bool) -> list[str]:
+    """Skip-list entries in NxDI's module names (matched by substring against them): attention projections live
+    under ``self_attn.qkv_proj`` (``.q_proj``/``.k_proj``/``.v_proj``, or one ``.Wqkv`` with fused_qkv). A single
+    q/k/v skip is rewritten to that form; with fused_qkv it is widened to the whole ``self_attn`` block (q, k and v
+    are one weight there), and so is any projection skip naming a layer's o_proj's siblings.
+
+    Example::
+
+        nxd_module_names(["lm_head", "layers.3.self_attn.q_proj"], fused_qkv=False)
+        # ["lm_head", "layers.3.self_attn.qkv_proj.q_proj"]
+        nxd_module_names(["layers.3.self_attn.k_proj"], fused_qkv=True)   # ["layers.3.self_attn"]
+    """
+    out = []
+    for name in modules:
+        match = _QKV.fullmatch(name)
+        if match:
+            block, proj = match.group(1), match.group(2)
+            name = block if fused_qkv else f"{block}.qkv_proj.{proj}"
+        out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def lora_path(name: str) -> str:
+    """Where an adapter lives inside the artifact, relative to it (what neuron_config.json records)."""
+    return f"{LORA_DIR}/{name}"
+
+
+def copy_lora_adapters(request: BuildRequest) -> None:
+    """Copy every recipe adapter into ``staging/lora/<name>/`` so the artifact carries them (NxDI re-checks each
+    lora_ckpt_paths entry whenever neuron_config.json is loaded; build-time paths would be gone on the server)."""
+    lora = request.recipe.lora
+    if lora is None:
+        return
+    for adapter in lora.adapters:
+        source = Path(adapter.path).expanduser()
+        if not source.exists():
+            raise BuildError(f"LoRA adapter {adapter.name!r} not found", where=str(source),
+                             fix="point lora.adapters[].path at a local PEFT adapter directory")
+        dest = request.staging / lora_path(adapter.name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, dest)
+        else:
+            shutil.copy2(source, dest)
+
+
+def check_lora_adapters(artifact_dir: Path, neuron_config: dict) -> None:
+    """Every adapter in lora_config.lora_ckpt_paths is inside the artifact and present (else vLLM's load raises
+    FileNotFoundError and it recompiles)."""
+    paths = ((neuron_config.get("lora_config") or {}).get("lora_ckpt_paths") or {})
+    for name, rel in sorted(paths.items()):
+        path = Path(artifact_dir) / str(rel)
+        if Path(str(rel)).is_absolute() or ".." in Path(str(rel)).parts or not path.exists():
+            raise ArtifactError(f"LoRA adapter {name!r} is not inside the artifact ({rel})", where=str(artifact_dir),
+                                fix="rebuild it with `neuronpack compile --force` (adapters are copied in)")
 
 
 def architecture_of(hf_config: dict) -> str | None:
@@ -234,19 +325,6 @@ def model_class_path(hf_config: dict, *, where: str) -> str | None:
     return MODEL_CLASSES[arch]
 
 
-def read_model_config(model_dir: Path, *, allow_missing: bool = False) -> dict:
-    """config.json as a dict (torch-free). ``allow_missing``: {} when the directory does not exist yet."""
-    path = Path(model_dir) / "config.json"
-    if allow_missing and not Path(model_dir).exists():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError("config.json not found", where=str(path), fix="pass a Hugging Face checkpoint") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"config.json is unreadable: {exc}", where=str(path), fix="fix the file") from None
-
-
 def check_compiled(artifact_dir: Path, neuron_config: dict) -> None:
     """The files NxDI's compile writes and its load reads: neuron_config.json, model.pt, weights/tp{rank}_*."""
     for name in COMPILED_FILES:
@@ -263,13 +341,16 @@ def check_compiled(artifact_dir: Path, neuron_config: dict) -> None:
 
 
 # --- private ---------------------------------------------------------------------------------------------------------
-def _quantization_fields(recipe: Recipe, model_dir: Path) -> dict:
+_QKV = re.compile(r"(.*\bself_attn)\.([qkv]_proj)")
+
+
+def _quantization_fields(recipe: Recipe, model_dir: Path, *, fused_qkv: bool) -> dict:
     from neuronpack.convert.quantize import QuantizeOptions, nxd_quantization_fields
 
     options = QuantizeOptions.from_recipe(recipe.quantization)
     fields = nxd_quantization_fields(options, Path(model_dir))
-    if fields.get("modules_to_not_convert") is not None:  # keep order, drop repeats (skip = ["lm_head"] + default)
-        fields["modules_to_not_convert"] = list(dict.fromkeys(fields["modules_to_not_convert"]))
+    if fields.get("modules_to_not_convert") is not None:  # NxDI's names; keep order, drop repeats
+        fields["modules_to_not_convert"] = nxd_module_names(fields["modules_to_not_convert"], fused_qkv=fused_qkv)
     fields["kv_cache_quant"] = bool(recipe.quantization.kv_cache)
     return fields
 
@@ -287,13 +368,6 @@ def _speculation_fields(recipe: Recipe, draft_dir: Path | None) -> dict:
     return fields
 
 
-def _import_class(path: str):
-    import importlib
-
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
 def _inference_config(model_cls, config: dict, request: BuildRequest):
     """NeuronConfig + InferenceConfig (and the FusedSpecNeuronConfig for speculation), as vLLM 0.9 builds them."""
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
@@ -308,11 +382,24 @@ def _inference_config(model_cls, config: dict, request: BuildRequest):
             raise BuildError("the recipe speculates but no draft was resolved", where="speculation.draft",
                              fix="set [speculation] draft to a local directory or cached hub id")
         draft_config = model_cls.get_config_cls()(
-            model_cls.get_neuron_config_cls()(**config["draft"]["neuron_config"]),
-            load_config=load_pretrained_config(str(request.draft_dir)))
+            _draft_config_object(neuron_config), load_config=load_pretrained_config(str(request.draft_dir)))
         inference_config.fused_spec_config = FusedSpecNeuronConfig(
             model_cls._model_cls, draft_config=draft_config, draft_model_path=str(request.draft_dir))
     return inference_config
+
+
+def _draft_config_object(target):
+    """The draft NeuronConfig as upstream builds it: deep copy of the target's object, then attributes set (see
+    draft_neuron_config; NeuronConfig(**dict) would flip enable_fused_speculation back on for EAGLE)."""
+    draft = copy.deepcopy(target)
+    for name, value in draft_neuron_config(vars(target)).items():
+        if getattr(draft, name, object()) != value and name in _DRAFT_FIELDS:
+            setattr(draft, name, value)
+    return draft
+
+
+_DRAFT_FIELDS = ("speculation_length", "enable_fused_speculation", "modules_to_not_convert", "is_eagle_draft",
+                 "sequence_parallel_enabled")
 
 
 def _copy_model_files(request: BuildRequest) -> None:

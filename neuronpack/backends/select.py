@@ -31,6 +31,7 @@ from neuronpack.backends.neuron_packages import probe_package
 from neuronpack.errors import NeuronpackError
 
 FRAMEWORKS = ("nxd", "tnx", "torch")
+NEURON_FRAMEWORKS = ("nxd", "tnx")  # served by vLLM; published read-only
 ENV_FRAMEWORK = "NEURONPACK_FRAMEWORK"
 ENV_VLLM_FRAMEWORK = "VLLM_NEURON_FRAMEWORK"
 # vLLM's names (vllm/platforms/neuron.py NeuronFramework) <-> ours

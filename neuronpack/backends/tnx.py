@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -29,8 +28,8 @@ from typing import Any
 
 from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.base import Availability, BuildRequest
+from neuronpack.backends.neuron_common import import_class, model_dtype, neuron_instance, read_model_config
 from neuronpack.backends.neuron_packages import neuron_devices, sdk_availability, versions_of
-from neuronpack.backends.nxd import neuron_instance, nxd_dtype, read_model_config
 from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
 from neuronpack.recipe import Recipe
 
@@ -74,7 +73,7 @@ class TnxBackend:
                 "transformers-neuronx quantizes at load time and cannot read a pre-quantized checkpoint",
                 where=str(request.model_dir), fix="give it the unquantized checkpoint (recipe [quantization] only "
                                                   "sets QuantizationConfig for TNx)")
-        amp = AMP[nxd_dtype(recipe, hf_config)]
+        amp = AMP[model_dtype(recipe, hf_config)]
         return {
             "architecture": _architecture(hf_config),
             "model_class": _model_class(hf_config, where=str(request.model_dir)),
@@ -96,7 +95,7 @@ class TnxBackend:
                              fix="compile on a machine with the Neuron SDK, or use --dry-run / --framework torch")
         config = self.compile_config(request)
         os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = config["platform_target"]
-        model_cls = _import_class(config["model_class"])
+        model_cls = import_class(config["model_class"])
         with request.reporter.task(f"transformers-neuronx compile ({config['architecture']})"):
             model = model_cls.from_pretrained(str(request.model_dir), neuron_config=_neuron_config(config),
                                               **config["from_pretrained"])
@@ -168,11 +167,6 @@ def _model_class(hf_config: dict, *, where: str) -> str:
         raise UnsupportedModelError(f"transformers-neuronx backend has no class for architecture {arch!r}",
                                     where=where, fix=f"supported: {', '.join(MODEL_CLASSES)}; or use --framework nxd")
     return MODEL_CLASSES[arch]
-
-
-def _import_class(path: str):
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def _neuron_config(config: dict):

@@ -20,7 +20,7 @@ def doctor_command(*, output_format: FormatOpt = OutputFormat.text) -> None:
     """Show the toolchain neuronpack sees: Python, torch, C++ compiler, each Neuron package (importable,
     PyPI placeholder or missing), neuronx-cc, platform target, the framework `auto` picks and why, and the
     environment variables in force."""
-    from neuronpack.backends.neuron_packages import environment_report
+    from neuronpack.backends.environment import environment_report
 
     report = environment_report()
     print_result(output_format, report, _text(report) if output_format is OutputFormat.text else None)
@@ -55,6 +55,14 @@ def _text(report: dict[str, Any]) -> RenderableType:
     table.add_row("auto framework", f"[bold]{cell(fw['auto'])}[/]", cell(fw["auto_reason"]))
     eff = fw["effective"]
     table.add_row("with this env", cell(eff["name"]), cell(eff["reason"]))
+    serving = report["serving"]
+    stack = ", ".join(f"{d} {v}" for d, v in serving["installed"].items() if v) or "none installed"
+    if serving["pairing"]:
+        table.add_row("serving pairing", f"[green]{serving['pairing']}[/]", cell(stack))
+    else:
+        table.add_row("serving pairing", "[yellow]not a declared pairing[/]",
+                      cell(f"{stack}; supported: {', '.join(p['name'] for p in serving['supported'])} "
+                           "(docs/neuron.md)"))
     for name, value in report["env"].items():
         table.add_row(f"${name}", "set", cell(value))
     return Group(table, Text("validated here: " + "; ".join(report["validated"])),

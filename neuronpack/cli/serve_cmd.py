@@ -50,6 +50,11 @@ def serve_command(
     print_command: Annotated[
         bool, typer.Option("--print-command", help="print the server command line and environment, then exit")
     ] = False,
+    vllm_target: Annotated[
+        str, typer.Option("--vllm-target", help="nxd/tnx artifacts: auto (from installed vllm / vllm-neuron), "
+                                                "vllm-v0 (vLLM 0.9), vllm-v0-fork (AWS fork 2.24.0) or vllm-neuron "
+                                                "(V1 plugin 0.4/0.5)")
+    ] = "auto",
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="torch CPU threads (default: every core available)")
     ] = None,
@@ -85,7 +90,7 @@ def serve_command(
         manifest = manifest.with_serve(served_model_name=served_model_name)
     if manifest.framework != "torch":
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
-                     output_format=output_format)
+                     output_format=output_format, requested_target=vllm_target)
         return
     limits = _ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace)
     if print_command:
@@ -181,26 +186,32 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
 
 
 def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
-                 print_only: bool, output_format: OutputFormat) -> None:
-    from neuronpack.backends.vllm_launch import format_command, run_vllm, vllm_command
+                 print_only: bool, output_format: OutputFormat, requested_target: str) -> None:
+    from neuronpack.backends.support_matrix import installed_versions
+    from neuronpack.backends.vllm_launch import format_command, launch_spec, run_vllm
+    from neuronpack.backends.vllm_targets import check_serving_stack, choose_target, vllm_command
 
-    cmd = vllm_command(path, manifest, host=host, port=port, api_key=api_key)
+    installed = installed_versions()
+    choice = choose_target(requested_target, manifest.framework, installed)
+    cmd = vllm_command(path, manifest, target=choice.name, host=host, port=port, api_key=api_key)
+    notes = [f"target {choice.name}: {choice.reason}", *cmd.notes]
     if print_only:
-        print_result(output_format, {"argv": cmd.argv, "env": cmd.env, "notes": cmd.notes,
-                                     "per_node": [{"argv": n.argv, "env": n.env} for n in cmd.per_node]},
-                     format_command(cmd))
+        print_result(output_format, {"target": choice.name, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd,
+                                     "notes": notes}, format_command(cmd))
         if output_format is OutputFormat.text:
-            for note in cmd.notes:
+            for note in notes:
                 stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
         return
-    for note in cmd.notes:
+    pairing = check_serving_stack(launch_spec(path, manifest), choice.name, installed)  # refuses before vLLM starts
+    for note in notes:
         stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-    stderr.print(f"starting vLLM at http://{_url_host(host)}:{port}/v1", markup=False, highlight=False)
+    stderr.print(f"starting vLLM ({choice.name}, pairing {pairing}) at http://{_url_host(host)}:{port}/v1",
+                 markup=False, highlight=False)
     run_vllm(cmd)  # replaces this process; ServeError when vLLM is not installed
 
 
 def _print_command(argv: list[str], env: dict[str, str], notes: list[str], output_format: OutputFormat) -> None:
-    print_result(output_format, {"argv": argv, "env": env, "notes": notes, "per_node": []},
+    print_result(output_format, {"target": "neuronpack", "argv": argv, "env": env, "cwd": None, "notes": notes},
                  " ".join(shlex.quote(a) for a in argv))
 
 

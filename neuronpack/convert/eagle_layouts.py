@@ -35,6 +35,10 @@ HEAD = "lm_head.weight"
 EMBED = "embed_tokens.weight"
 INPUT_NORM = "layers.0.input_layernorm.weight"
 EAGLE3_PREFIX = "midlayer."
+# EAGLE-3 token maps: NxDI never reads them (it needs draft vocab == target vocab), so they are not written
+EAGLE3_TOKEN_MAPS = ("d2t", "t2d")
+# an EAGLE-3 layer's extra norm, also present after conversion (midlayer.* -> layers.0.*, d2t/t2d dropped)
+EAGLE3_HIDDEN_NORM = "layers.0.hidden_norm.weight"
 
 
 class CheckpointView(Protocol):
@@ -140,7 +144,8 @@ class _Codes:
 def detect_layout(names: list[str]) -> str:
     """``"eagle3"`` when the draft has midlayer.*, d2t or t2d; ``"eagle1"`` when it has fc.weight; else refuse."""
     name_set = set(names)
-    if {"d2t", "t2d"} & name_set or any(n.startswith(EAGLE3_PREFIX) for n in names):
+    if set(EAGLE3_TOKEN_MAPS) & name_set or EAGLE3_HIDDEN_NORM in name_set \
+            or any(n.startswith(EAGLE3_PREFIX) for n in names):
         return "eagle3"
     if "fc.weight" in name_set:
         return "eagle1"
@@ -209,7 +214,8 @@ def _plan_eagle3(draft, target, names, vocab, hidden, out_dtype, codes) -> Eagle
             where=_location(draft),
             fix="use a draft with one naming (the original midlayer.* or an already converted layers.0.*)",
         )
-    tensors = [_from_draft(draft.info(n), renamed.get(n, n), codes.draft) for n in names]
+    tensors = [_from_draft(draft.info(n), renamed.get(n, n), codes.draft) for n in names
+               if n not in EAGLE3_TOKEN_MAPS]
     if EMBED in names:
         embed = draft.info(EMBED)
         if tuple(embed.shape) != (vocab, hidden):

@@ -7,11 +7,12 @@ The KV cache is not owned by the model: each layer has one K and one V tensor ``
 passed in and written in place. Query heads are folded per KV head (``[B, kv, g*T, hd]``) instead of repeating K/V,
 which keeps AOTInductor decode as fast as eager. Three entry points:
 
-- ``forward_context``: one prompt padded to a context bucket T, written to cache slot ``slot`` at positions 0..T-1,
-  logits of position ``last_index`` returned (padding beyond the prompt is harmless: decode masks by position).
+- ``forward_context``: N prompts right padded to T tokens, written to cache rows ``slots`` at positions 0..T-1,
+  logits of position ``last_index`` returned (padding beyond a prompt is harmless: decode masks by position).
   With ``return_hidden`` it also returns the final-normed hidden states of all T positions, so a runtime can apply
   the LM head to every prompt position when asked (prompt logprobs) without a second pass.
-- ``forward_decode``: one token per slot at ``positions``; attends to a static slice ``[:attend_len]`` of the cache.
+- ``forward_decode``: one token per cache row at ``positions``; attends to the slice ``[:attend_len]`` of the cache.
+  Every size (N, T, the number of rows, attend_len) may be a symbolic size when exported with dynamic shapes.
 - ``forward_full``: no cache, logits at every position (reference checks).
 
 Example::
@@ -93,7 +94,7 @@ class Attention(nn.Module):
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_cache: Tensor, v_cache: Tensor, write: CacheWrite
     ) -> Tensor:
-        # x: [B, T, H]; cos/sin: [B, T, hd]; mask: [B, 1, 1, T, L] bool (True = may attend)
+        # x: [B, T, H]; cos/sin: [B, T, hd]; mask: [B, 1, g*T, L] bool in the folded row order (True = may attend)
         b, t, _ = x.shape
         kv, g, hd = self.num_kv, self.group, self.head_dim
         q = self.q_proj(x).view(b, t, kv, g, hd)  # query head j*g+i reads KV head j (HF repeat_kv order)
@@ -104,8 +105,8 @@ class Attention(nn.Module):
         keys, values = write(k, v, k_cache, v_cache)  # [B, kv, L, hd]
         q = q.permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)  # fold: [B, kv, g*T, hd]
         scores = (q @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(hd))  # [B, kv, g*T, L]
-        scores = scores.view(b, kv, g, t, -1).float().masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(values.dtype).view(b, kv, g * t, -1)
+        scores = scores.float().masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
         out = (probs @ values).view(b, kv, g, t, hd)  # [B, kv, g, T, hd]
         return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, t, kv * g * hd))
 
@@ -161,27 +162,27 @@ class LlamaForCausalLM(nn.Module):
 
     # -- entry points -------------------------------------------------------------------------------------------
     def forward_context(
-        self, tokens: Tensor, last_index: Tensor, slot: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor],
+        self, tokens: Tensor, last_index: Tensor, slots: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor],
         return_hidden: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """tokens [1, T] int64, last_index [1] int64, slot [1] int64 -> float32 logits [1, vocab]; with
-        ``return_hidden`` also the final-normed hidden states [1, T, hidden] (compute dtype) of every position."""
-        t = tokens.shape[1]
-        positions = torch.arange(t, device=tokens.device).unsqueeze(0)  # [1, T]
-        causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
-        mask = causal[None, None, None]  # [1, 1, 1, T, T]
+        """tokens [N, T] int64 (N prompts, right padded to T), last_index [N] int64, slots [N] int64 (cache rows)
+        -> float32 logits [N, vocab] of each prompt's token at ``last_index``; with ``return_hidden`` also the
+        final-normed hidden states [N, T, hidden] (compute dtype) of every position."""
+        n, t = tokens.shape
+        positions = torch.arange(t, device=tokens.device).unsqueeze(0).expand(n, t)  # [N, T]
+        mask = self._fold_mask(positions, t)  # causal
 
         def write(k: Tensor, v: Tensor, kc: Tensor, vc: Tensor) -> tuple[Tensor, Tensor]:
-            kc[:, :, :t].index_copy_(0, slot, k)  # prompt KV into its slot, positions 0..T-1
-            vc[:, :, :t].index_copy_(0, slot, v)
+            kc[:, :, :t].index_copy_(0, slots, k)  # each prompt's KV into its row, positions 0..T-1
+            vc[:, :, :t].index_copy_(0, slots, v)
             return k, v
 
-        hidden = self._decode_layers(tokens, positions, mask, k_caches, v_caches, write)  # [1, T, H]
+        hidden = self._decode_layers(tokens, positions, mask, k_caches, v_caches, write)  # [N, T, H]
         if return_hidden:  # norm every row (cheap), LM head on the last only: the caller heads the rest on demand
             normed = self.model.norm(hidden)
-            last = normed.gather(1, last_index.view(1, 1, 1).expand(1, 1, normed.shape[-1]))
+            last = normed.gather(1, last_index.view(n, 1, 1).expand(n, 1, normed.shape[-1]))
             return self.lm_head(last).float()[:, 0], normed
-        last = hidden.gather(1, last_index.view(1, 1, 1).expand(1, 1, hidden.shape[-1]))  # [1, 1, H]
+        last = hidden.gather(1, last_index.view(n, 1, 1).expand(n, 1, hidden.shape[-1]))  # [N, 1, H]
         return self._logits(last)[:, 0]
 
     def forward_decode(
@@ -190,8 +191,7 @@ class LlamaForCausalLM(nn.Module):
         """tokens [B] int64 at positions [B] int64 -> float32 logits [B, vocab]; attends to cache[:, :, :attend_len]."""
         b = tokens.shape[0]
         pos = positions.view(b, 1)
-        mask = torch.arange(attend_len, device=tokens.device)[None, :] <= pos  # [B, L]
-        mask = mask[:, None, None, None, :]  # [B, 1, 1, 1, L]
+        mask = self._fold_mask(pos, attend_len)
 
         def write(k: Tensor, v: Tensor, kc: Tensor, vc: Tensor) -> tuple[Tensor, Tensor]:
             # k, v: [B, kv, 1, hd] scattered at each row's own position along the sequence axis.
@@ -207,12 +207,20 @@ class LlamaForCausalLM(nn.Module):
         """tokens [B, T] -> float32 logits [B, T, vocab] with causal attention and no cache."""
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device).expand(b, t)
-        mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()[None, None, None]
+        mask = self._fold_mask(positions, t)
         empty = [torch.empty(0)] * self.config.num_layers
         hidden = self._decode_layers(tokens, positions, mask, empty, empty, lambda k, v, kc, vc: (k, v))
         return self._logits(hidden)
 
     # -- shared body --------------------------------------------------------------------------------------------
+    def _fold_mask(self, positions: Tensor, n_keys) -> Tensor:
+        """positions [B, T] of the queries -> bool [B, 1, g*T, n_keys], True where key position <= query position,
+        rows in the folded order (query head group, then token). Built from positions alone (no views of
+        symbolic shapes), so one formula serves context, decode and full forwards under dynamic shapes."""
+        query = positions.repeat(1, self.config.queries_per_kv)  # [B, g*T]: row i*T + j is token j
+        keys = torch.arange(n_keys, device=positions.device)
+        return (keys[None, None, :] <= query[:, :, None])[:, None]
+
     def _decode_layers(self, tokens, positions, mask, k_caches, v_caches, write: CacheWrite) -> Tensor:
         x = self.model.embed_tokens(tokens)  # [B, T, H]
         cos, sin = rope_cos_sin(self.rope_inv_freq, positions, x.dtype)  # [B, T, hd]

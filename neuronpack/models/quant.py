@@ -44,8 +44,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
-        rows = x.reshape(-1, self.in_features)  # [M, in]; M is static in every exported graph
-        if rows.shape[0] <= GEMV_MAX_ROWS.get(x.dtype, GEMV_MAX_ROWS_DEFAULT):
+        rows = x.reshape(-1, self.in_features)  # [M, in]; M may be symbolic (dynamic shapes): decided statically
+        if _few_rows(rows.shape[0], GEMV_MAX_ROWS.get(x.dtype, GEMV_MAX_ROWS_DEFAULT)):
             y = int8_gemv(rows, self.weight)  # [M, out] float32
         else:
             # int8 values are exact in bfloat16/float16/float32: only the matmul's accumulation rounds.
@@ -53,6 +53,16 @@ class Int8Linear(nn.Module):
         # Scale in float32 (load_model expands a per-tensor [1] scale to [out, 1]), then back to the compute dtype.
         y = (y * self.scale.reshape(1, -1).float()).to(x.dtype).view(*lead, self.out_features)
         return y + self.bias if self.bias is not None else y
+
+
+def _few_rows(m, limit: int) -> bool:
+    """``m <= limit`` for a plain or a symbolic size (a dynamic batch): True only when provable for every value,
+    so a graph whose row count may exceed ``limit`` takes the matmul form."""
+    if isinstance(m, int):
+        return m <= limit
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(m <= limit)
 
 
 def int8_gemv(rows: Tensor, weight: Tensor) -> Tensor:

@@ -9,7 +9,6 @@ Example::
 
 from __future__ import annotations
 
-import shutil
 import time
 import traceback
 from collections.abc import Sequence
@@ -23,8 +22,9 @@ from neuronpack.artifacts.remote.pull import fetch_manifest, pull_artifact
 from neuronpack.artifacts.remote.push import push_artifact
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
+from neuronpack.backends.select import NEURON_FRAMEWORKS
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
-from neuronpack.fsutil import disk_full
+from neuronpack.fsutil import disk_full, remove_tree
 from neuronpack.pipeline.inputs import resolve_inputs
 from neuronpack.pipeline.plan import BuildPlan, plan_build
 from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
@@ -192,13 +192,13 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             manifest = manifest.model_copy(update={"accuracy": accuracy})
         manifest = manifest.model_copy(update={"timings": {k: round(v, 3) for k, v in timings.items()}})
         write_manifest(staging, manifest)  # last: only now can the directory load as valid
-        publish(staging, final, replace=replace)
+        publish(staging, final, replace=replace, read_only=inputs.backend.name in NEURON_FRAMEWORKS)
     except NeuronpackError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         record_failure(final.parent, key, exc.one_line(), traceback.format_exc())
         raise
     except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         log = record_failure(final.parent, key, repr(exc), traceback.format_exc())

@@ -1,10 +1,11 @@
 """The engine: continuous batching over a compiled model's batch slots.
 
 One loop (a background thread when serving, the caller's thread for ``generate``) repeats a step:
-take submitted / aborted requests from a thread-safe inbox, prefill waiting prompts into free slots, then run one
-decode step over the whole batch and sample one token per running sequence. While streams are decoding, at most
-``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt never stalls them for
-more than one prefill.
+take submitted / aborted requests from a thread-safe inbox, prefill waiting prompts into free slots (all of them in
+one model call), then run one decode step over the running sequences only (the compiled graph runs at the batch of
+running sequences, so one request alone costs a batch-1 step) and sample one token per sequence. While streams are
+decoding, at most ``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt never
+stalls them for more than one prefill.
 
 Limits are checked when a request is submitted (HTTP 400 before anything streams): the prompt must fit the largest
 context bucket and leave room for one token below ``max_model_len``; ``max_tokens`` is clamped to what fits
@@ -73,7 +74,7 @@ class CompiledModel(Protocol):
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> Tensor: ...
 
-    def decode(self, tokens: Tensor, positions: Tensor) -> Tensor: ...
+    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
@@ -412,9 +413,12 @@ class Engine:
                                            error=f"the request took longer than the server's {timeout:g} s limit")
 
     def _prefill(self, seqs: list[RequestState]) -> None:
-        # One call per prompt: each routes to its own context bucket, so a request's logits never depend on what
-        # it was admitted with (the compiled model runs prompts one by one anyway).
+        # Prompts that need no prompt logprobs go through one model call together (right padded to the longest: the
+        # weights are read once for all of them); a prompt asking for prompt logprobs takes its own call.
+        batched = self._prefill_together([s for s in seqs if s.prompt_logprobs is None])
         for seq in seqs:
+            if seq.slot is None:  # failed in the shared call: already finished
+                continue
             members = [seq, *seq.forks]
             seq.forks = []  # admitted: from now on the members are independent sequences
             started = time.monotonic()
@@ -425,7 +429,7 @@ class Engine:
                     prompt_lp = prompt_logprobs(all_logits, seq.prompt_ids, seq.prompt_logprobs)
                     logits = all_logits[-1:]
                 else:
-                    logits = self.model.prefill([seq.slot], [seq.prompt_ids])  # [1, vocab]
+                    logits = batched[id(seq)]  # [1, vocab]
                 scoring_only = seq.output.rules.max_tokens == 0
                 if not scoring_only:
                     for fork in members[1:]:
@@ -444,16 +448,32 @@ class Engine:
                 else:
                     self._emit(member, int(tokens[i]), entries[i], prompt_lp)
 
+    def _prefill_together(self, seqs: list[RequestState]) -> dict[int, Tensor]:
+        """One ``prefill`` call for ``seqs``; returns each one's [1, vocab] logits by id. On failure every one of
+        them (and its forks) finishes with an error and gets no entry."""
+        if not seqs:
+            return {}
+        try:
+            logits = self.model.prefill([s.slot for s in seqs], [s.prompt_ids for s in seqs])  # [n, vocab]
+        except Exception as exc:
+            for seq in seqs:
+                members, seq.forks = [seq, *seq.forks], []
+                for member in members:
+                    self._finish_without_token(member, FinishReason.ERROR,
+                                               error=f"prefill failed: {type(exc).__name__}: {exc}")
+            return {}
+        return {id(seq): logits[i : i + 1] for i, seq in enumerate(seqs)}
+
     def _decode(self) -> None:
         import torch
 
         running = self.scheduler.running
-        tokens, positions = self.scheduler.decode_inputs()
+        slots, tokens, positions = self.scheduler.decode_inputs()
         started = time.monotonic()
         try:
-            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions))  # [batch, vocab]
-            rows = logits[[s.slot for s in running]]  # [n_running, vocab]
-            next_tokens, entries = sample(rows, [s.sampler for s in running])
+            # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
+            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots)
+            next_tokens, entries = sample(logits, [s.sampler for s in running])
         except Exception as exc:
             for seq in running:
                 self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")

@@ -133,7 +133,7 @@ class _SamplingFields(BaseModel):
             neutral = UNSUPPORTED_FIELDS.get(name)
             if neutral is not None and not neutral(value):
                 raise InvalidRequestError(f"{name} is not supported by this runtime", param=name,
-                                          fix="remove the field (see docs/serve.md for the supported ones)")
+                                          fix="Remove the field (docs/serve.md lists the supported ones)")
 
 
 class CompletionRequest(_SamplingFields):

@@ -75,8 +75,10 @@ def _declare(schema: dict[str, Any], names: list[str], with_api_key: bool) -> No
             if not body_ref:
                 continue
             # With "stream": true the same route answers with server-sent events.
+            # Each event is {"event", "data"}: data is a JSON chunk (or "[DONE]"), as schemathesis reads SSE.
+            event = {"type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
             responses["200"]["content"] = {"application/json": {"schema": {"type": "object"}},
-                                           "text/event-stream": {"schema": {"type": "string"}}}
+                                           "text/event-stream": {"schema": event}}
             for status, description in _ERRORS.items():
                 responses[status] = {"description": description, **error_ref}
             model = components.get(body_ref.rsplit("/", 1)[-1], {}).get("properties", {}).get("model")

@@ -2,7 +2,7 @@
 
 Pure bookkeeping (no model calls, no threads), so the policy is testable on its own: a sequence takes a free slot
 (the lowest one) when it is prefilled, keeps it while it decodes, and gives it back the moment it finishes or is
-aborted. Decode always runs the whole compiled batch; idle slots get token 0 at position 0 and their rows are ignored.
+aborted. Decode runs the running sequences only (the model packs their slots into the first cache rows).
 
 Parallel sampling (``n`` > 1) shares one prefill: the first sequence of a fork group waits in the queue carrying the
 others (``forks``), and the group is admitted only when every member gets a slot at once, so the prompt's KV can be
@@ -14,7 +14,7 @@ Example::
     sched.add(seq)
     for seq in sched.admit(limit=1):     # takes a slot
         ...                              # prefill seq.prompt_ids into seq.slot
-    tokens, positions = sched.decode_inputs()
+    slots, tokens, positions = sched.decode_inputs()
 """
 
 from __future__ import annotations
@@ -118,12 +118,7 @@ class SlotScheduler(Generic[S]):
                     return fork
         return None
 
-    def decode_inputs(self) -> tuple[list[int], list[int]]:
-        """Per-slot (token, position) for one decode step over the whole batch; idle slots get (0, 0)."""
-        tokens = [0] * self.batch_size
-        positions = [0] * self.batch_size
-        for slot, seq in enumerate(self.slots):
-            if seq is not None:
-                tokens[slot] = seq.last_token
-                positions[slot] = seq.next_position
-        return tokens, positions
+    def decode_inputs(self) -> tuple[list[int], list[int], list[int]]:
+        """(slots, tokens, positions) of the running sequences, in slot order: one decode step's inputs."""
+        running = self.running
+        return [s.slot for s in running], [s.last_token for s in running], [s.next_position for s in running]

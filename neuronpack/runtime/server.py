@@ -127,9 +127,10 @@ def create_app(
         gen_requests = [_generation_request(body, ids, body.max_tokens, index=i, prompt_logprobs=body.prompt_logprobs)
                         for ids in prompt_ids for i in range(body.n)]
         request_id = f"cmpl-{uuid.uuid4().hex}"
+        group = RequestGroup(engine, gen_requests, n=body.n)  # validates every prompt first: 400 before any stream
+        # Decoded only once validated (schemathesis: echo with a token id outside the vocabulary was a 500).
         echo = [(p if isinstance(p, str) else engine.tokenizer.decode(p), ids)
                 for p, ids in zip(prompts, prompt_ids, strict=True) for _ in range(body.n)] if body.echo else None
-        group = RequestGroup(engine, gen_requests, n=body.n)  # validates every prompt first: 400 before any stream
         if body.stream:
             return _sse(group, _stream_completion(group, body, request_id, echo))
         completed, outputs = await run_unless_disconnected(request, _collect(group, len(gen_requests)))

@@ -149,7 +149,7 @@ def test_validate_artifact_checks_files_and_versions(tiny_llama, tmp_path, nxd_s
     old = manifest.model_copy(update={"versions": {**manifest.versions, "neuronx-cc": "2.18.0.0"}})
     with pytest.raises(ArtifactError) as info:
         backend.validate_artifact(staging, old)
-    assert "built with neuronx-cc 2.18.0.0, this machine has 2.19.8089.0" in info.value.what
+    assert "built with neuronx-cc 2.18.0.0, this machine has 2.24.5133.0" in info.value.what
     (staging / "weights" / "tp1_sharded_checkpoint.safetensors").unlink()
     with pytest.raises(ArtifactError) as info:
         backend.validate_artifact(staging, manifest)
@@ -171,18 +171,20 @@ def test_multi_node_shards_every_rank_once(tiny_llama, tmp_path, nxd_sdk):
         f"tp{r}_sharded_checkpoint.safetensors" for r in range(4)]
 
 
-def test_lora_and_overrides_map_to_neuron_config(tiny_llama, tmp_path, nxd_sdk):
+def test_lora_and_overrides_map_to_neuron_config(tiny_llama, tmp_path, nxd_sdk, monkeypatch):
     extra = ('[lora]\nmax_rank = 32\nmax_loras = 2\nadapters = [{name = "sql", path = "/a/sql"}]\n'
              '[neuron_overrides]\nfused_qkv = true\nsequence_parallel_enabled = false\n')
     recipe = _tiny_recipe(tmp_path, extra)
     config = NxdBackend().compile_config(_request(recipe, tiny_llama, tmp_path))["neuron_config"]
     assert config["lora_config"] == {"max_loras": 2, "max_lora_rank": 32,
                                      "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
-                                     "lora_ckpt_paths": {"sql": "/a/sql"}}
+                                     "lora_ckpt_paths": {"sql": "lora/sql"}}  # copied into the artifact
     assert config["fused_qkv"] is True and config["sequence_parallel_enabled"] is False
     from neuronx_distributed_inference.models.config import NeuronConfig
     from neuronx_distributed_inference.modules.lora_serving import LoraServingConfig
 
+    (tmp_path / "lora" / "sql").mkdir(parents=True)  # the adapter, where a built artifact carries it
+    monkeypatch.chdir(tmp_path)  # NxDI resolves the relative path from the working directory (the artifact)
     built = NeuronConfig(**config)
     assert isinstance(built.lora_config, LoraServingConfig) and built.unexpected == {}
 

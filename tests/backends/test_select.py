@@ -26,7 +26,7 @@ def test_auto_prefers_nxd_when_it_imports(nxd_sdk, sdk_path):
     sdk_path("tnx")  # both installed: NxDI wins, as in vLLM
     choice = choose_framework("auto", environ={})
     assert choice.name == "nxd"
-    assert choice.reason == "auto: neuronx-distributed-inference 0.9.0 imports"
+    assert choice.reason == "auto: neuronx-distributed-inference 0.9.17334 imports"
 
 
 def test_auto_falls_back_to_tnx(tnx_sdk):
@@ -122,9 +122,9 @@ def test_registry_and_versions_from_metadata(nxd_sdk):
     backend = get_backend("nxd")
     assert backend.name == "nxd" and backend.availability().ok
     versions = backend.versions()
-    assert versions["neuronx-distributed-inference"] == "0.9.0"
-    assert versions["neuronx-cc"] == "2.19.8089.0"
-    assert versions["torch-neuronx"] == "2.6.0.2.8.0"
+    assert versions["neuronx-distributed-inference"] == "0.9.17334"
+    assert versions["neuronx-cc"] == "2.24.5133.0"
+    assert versions["torch-neuronx"] == "2.9.0.2.13.0"
     assert set(versions) == {"neuronx-distributed-inference", "neuronx-cc", "torch-neuronx"}
     assert set(toolchain_versions(backend)) == {"neuronpack", *versions}
     assert get_backend("tnx").versions()["transformers-neuronx"] == "absent"

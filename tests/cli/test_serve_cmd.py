@@ -101,12 +101,17 @@ def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
     path = compile_model(str(tiny_llama), overrides=TINY_NXD, out_root=tmp_path / "root").path
     result = runner.invoke(app, ["serve", str(path), "--port", "8080", "--print-command"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith(f"NEURON_COMPILED_ARTIFACTS={path} VLLM_NEURON_FRAMEWORK=")
+    assert result.stdout.startswith(f"cd {path} && NEURON_COMPILED_ARTIFACTS={path} VLLM_NEURON_FRAMEWORK=")
+    assert "note: target vllm-neuron: no vLLM here" in result.stderr
     assert "-m vllm.entrypoints.openai.api_server" in result.stdout and "--port 8080" in result.stdout
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--served-model-name", "mine",
                                  "--format", "json"])
-    argv = json.loads(result.stdout)["argv"]
+    data = json.loads(result.stdout)
+    assert data["target"] == "vllm-neuron" and data["cwd"] == str(path)
+    argv = data["argv"]
     assert argv[argv.index("--served-model-name") + 1] == "mine"
+    result = runner.invoke(app, ["serve", str(path), "--print-command", "--vllm-target", "vllm-v3"])
+    assert result.exit_code == 1 and "unknown vLLM target" in result.stderr
     result = runner.invoke(app, ["serve", str(path)])  # no vLLM in this environment: a clear error, no exec
     assert result.exit_code == 1 and "vllm is not installed" in result.stderr
 

@@ -101,7 +101,7 @@ def test_safetensors_draft_with_tied_target_uses_the_embedding_as_head(tmp_path,
     assert eagle_nxd_hints(tmp_path / "out") == result.nxd_hints
 
 
-def test_eagle3_draft_renamed_keeps_mapping_and_head_and_gets_target_embedding(tmp_path, target):
+def test_eagle3_draft_renamed_drops_token_maps_keeps_head_and_gets_target_embedding(tmp_path, target):
     tgt = target("bf16-sharded")
     draft = make_eagle3_draft(tmp_path / "draft", vocab=vocab_of(tgt), layout="safetensors-sharded")
     result = convert_eagle(draft, tgt, tmp_path / "out")
@@ -110,11 +110,14 @@ def test_eagle3_draft_renamed_keeps_mapping_and_head_and_gets_target_embedding(t
     original = load_draft_tensors(draft)
     renamed = {n: n.replace("midlayer.", "layers.0.", 1) for n in original}
     assert result.renamed == {k: v for k, v in renamed.items() if k != v}
-    assert set(out) == set(renamed.values()) | {"embed_tokens.weight"}
-    for name, tensor in original.items():  # d2t / t2d / own lm_head kept bit for bit
+    # NxDI never reads d2t / t2d (its draft vocabulary equals the target's): they are left out
+    assert {"d2t", "t2d"} <= set(original)
+    assert set(out) == (set(renamed.values()) - {"d2t", "t2d"}) | {"embed_tokens.weight"}
+    for name, tensor in original.items():  # everything else, own lm_head included, kept bit for bit
+        if name in ("d2t", "t2d"):
+            continue
         assert out[renamed[name]].dtype == tensor.dtype
         assert torch.equal(out[renamed[name]].view(torch.uint8), tensor.view(torch.uint8))
-    assert out["d2t"].dtype == torch.int64 and out["t2d"].dtype == torch.bool
     assert torch.equal(out["embed_tokens.weight"], target_tensor(tgt, "model.embed_tokens.weight"))
     assert result.layout == "eagle3" and result.added[0]["name"] == "embed_tokens.weight"
     assert result.nxd_hints["is_eagle3"] is True and result.nxd_hints["enable_eagle_draft_input_norm"] is True
@@ -130,6 +133,9 @@ def test_explicit_dtype_casts_every_float_tensor_and_updates_config(tmp_path, ta
     out = load_output(tmp_path / "out")
     original = load_draft_tensors(draft)
     for name, tensor in original.items():
+        if name in ("d2t", "t2d"):
+            assert name not in out
+            continue
         new = out[name.replace("midlayer.", "layers.0.", 1)]
         expected = tensor.to(torch.float32) if tensor.is_floating_point() else tensor
         assert new.dtype == expected.dtype and torch.equal(new, expected)

@@ -42,7 +42,7 @@ def test_context_then_decode_matches_full_forward(make_checkpoint, arch):
     """Prompt into slot 1 of a 2-slot cache (padded to 16), then two decode steps: same logits as no cache."""
     model = load_model(make_checkpoint(arch), torch.float32)
     cfg = model.config
-    k = [torch.zeros(2, cfg.num_kv_heads, 32, cfg.head_dim) for _ in range(cfg.num_layers)]
+    k = [torch.zeros(2, cfg.num_kv_heads, 33, cfg.head_dim) for _ in range(cfg.num_layers)]
     v = [torch.zeros_like(t) for t in k]
     seq = torch.randint(0, 384, (1, 12), generator=torch.Generator().manual_seed(2))
     full = model.forward_full(seq)[0]  # [12, vocab]

@@ -120,6 +120,9 @@ def test_a_lone_surrogate_in_chat_messages_is_a_400(server):
          {"Content-Type": "application/json"}, 400, "seed must be in"),
         ("POST", "/v1/completions", b'{"model": "tiny", "prompt": "hi", "seed": false}',
          {"Content-Type": "application/json"}, 400, "seed"),
+        # Regression (schemathesis): echo decoded the prompt before its token ids were checked, a 500.
+        ("POST", "/v1/completions", b'{"model": "tiny", "echo": true, "prompt": [97, -12439, 4496]}',
+         {"Content-Type": "application/json"}, 400, "outside the vocabulary"),
     ],
 )
 def test_malformed_requests_get_openai_errors(server, method, path, content, headers, status, says):

@@ -10,22 +10,21 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
 Example::
 
     info = build_artifact(BuildRequest(model_dir, recipe, plan, staging))
-    info["bucket_seconds"]   # {"context:128": 11.2, "token_generation:128": 9.8, ...}
+    info["bucket_seconds"]   # {"context": 41.2, "token_generation": 39.8}: seconds per graph
 """
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.torch_aot import layout as L
-from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
-from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS, current_target, effective_compiler
-from neuronpack.errors import BuildError, CheckpointError, RecipeError
+from neuronpack.backends.torch_aot.compile import compile_graphs
+from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.target import current_target, effective_compiler
+from neuronpack.errors import CheckpointError, RecipeError
 from neuronpack.models.config import ModelConfig
 from neuronpack.models.loading import resolve_dtype
 
@@ -69,10 +68,10 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "num_layers": cfg.num_layers,
         "num_kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
+        "kv_cache_positions": L.cache_positions(plan.seq_len),
         "vocab_size": cfg.vocab_size,
         "context_outputs": list(L.CONTEXT_OUTPUTS),
-        "graphs": {L.graph_name(kind, n): L.package_model_name(L.graph_name(kind, n)) for kind, n in
-                   L.iter_graphs(plan)},
+        "graphs": {kind: kind for kind in L.GRAPH_KINDS},  # graph -> model name in graphs.pt2
         "target": current_target(compiler, recipe.instance_for("torch")),
     }
 
@@ -118,7 +117,7 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     write_weights(model, request.model_dir, staging / WEIGHTS_DIR, reporter)
     shutil.copy2(Path(request.model_dir) / "config.json", staging / "config.json")
     copy_aux_files(request.model_dir, staging)
-    seconds = compile_graphs(model, request.plan, config, staging / GRAPHS_FILE, reporter)
+    seconds = compile_graphs(model, request.plan, config, staging, reporter)
     (staging / NEURON_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {"bucket_seconds": seconds, "compiler": config["compiler"]}
 
@@ -137,51 +136,3 @@ def write_weights(model, model_dir: Path, out: Path, reporter) -> None:
     hf = read_hf_config(model_dir)
     hf["tie_word_embeddings"] = model.config.tie_word_embeddings
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-
-
-def compile_graphs(model, plan, config: dict, package: Path, reporter) -> dict[str, float]:
-    """Export (and with AOTInductor, compile) every bucket; package them all into ``package``."""
-    from neuronpack.backends.torch_aot import graphs as G
-
-    caches = G.new_kv_cache(model, config["batch_size"], plan.seq_len, next(model.parameters()).dtype)
-    seconds, compiled = {}, {}
-    for kind, length in L.iter_graphs(plan):
-        name = L.graph_name(kind, length)
-        with reporter.task(f"compile {name} ({config['compiler']})", total=1) as task:
-            start = time.perf_counter()
-            try:
-                compiled[L.package_model_name(name)] = _compile_one(model, kind, length, config, caches)
-            except Exception as exc:  # inductor / export failures surface as one BuildError line
-                raise BuildError(f"compiling bucket {name} failed: {type(exc).__name__}: {exc}"[:500],
-                                 where=name, fix="rerun with NEURONPACK_DEBUG=1, or set compiler=export") from exc
-            seconds[name] = round(time.perf_counter() - start, 3)
-            task.advance()
-    with reporter.task("package graphs.pt2", total=1) as task:
-        # Packaged in memory (the weights are outside: it is small), then written by Python: torch's archive writer,
-        # writing to a full disk, reports only "unexpected pos" and aborts the process from its destructor later;
-        # Python's write raises a plain ENOSPC OSError that the pipeline reports as such.
-        buffer = io.BytesIO()
-        if config["compiler"] == "aoti":
-            from torch._inductor.package import package_aoti
-
-            package_aoti(buffer, compiled)
-        else:
-            from torch.export.pt2_archive._package import package_pt2
-
-            package_pt2(buffer, exported_programs=compiled)
-        with open(package, "wb") as fh:
-            fh.write(buffer.getbuffer())
-        task.advance()
-    return seconds
-
-
-def _compile_one(model, kind: str, length: int, config: dict, caches):
-    import torch
-
-    from neuronpack.backends.torch_aot import graphs as G
-
-    if config["compiler"] == "export":
-        return G.export_weightless_graph(model, kind, length, config["batch_size"], caches)
-    program = G.export_graph(model, kind, length, config["batch_size"], caches)
-    module = program.module(check_guards=False)
-    return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))

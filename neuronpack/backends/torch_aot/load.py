@@ -8,7 +8,7 @@ Example::
 
     lm = load_artifact(Path("neuron-compiled-artifacts/3f2a..."))
     logits = lm.prefill([0], [[1, 42, 7]])                                   # [1, vocab]
-    logits = lm.decode(torch.tensor([logits.argmax()]), torch.tensor([3]))   # next step, [batch_size, vocab]
+    logits = lm.decode(torch.tensor([logits.argmax()]), torch.tensor([3]), slots=[0])   # next step, [1, vocab]
     every = lm.prompt_logits([1, 42, 7], slot=0)   # [3, vocab]: row i predicts token i+1 (teacher-forced)
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.torch_aot import layout as L
-from neuronpack.backends.torch_aot.layout import FORMAT, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.rows import RowMap
 from neuronpack.backends.torch_aot.target import current_target, target_mismatch
-from neuronpack.buckets import route, route_tnx
 from neuronpack.errors import ArtifactError, BucketError
 from neuronpack.progress import NullReporter, Reporter
 
@@ -43,6 +43,10 @@ def read_neuron_config(artifact_dir: Path) -> dict[str, Any]:
     if config.get("format") != FORMAT:
         raise ArtifactError(f"not a torch-backend artifact (format {config.get('format')!r})", where=str(path),
                             fix="serve it with the framework it was compiled for, or recompile with --framework torch")
+    if config.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"artifact format {config.get('format_version')} is not the format this neuronpack "
+                            f"runs ({FORMAT_VERSION})", where=str(path),
+                            fix="recompile it (neuronpack compile --force)")
     return config
 
 
@@ -94,7 +98,8 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
 
 
 class CompiledLM:
-    """Compiled buckets plus the KV cache they share. Slots are rows of the cache (``0..batch_size-1``)."""
+    """The compiled graphs plus the KV cache they share. Slots ``0..batch_size-1`` are logical: ``RowMap`` keeps
+    the active ones packed into the first cache rows, so a step over n slots runs the graph at batch n."""
 
     def __init__(self, config: dict[str, Any], runners: dict[str, Callable], weights: dict, eos: tuple[int, ...],
                  lm_head: Callable | None = None):
@@ -109,30 +114,32 @@ class CompiledLM:
         self.eos_token_ids: tuple[int, ...] = eos
         self.compiler: str = config["compiler"]
         self.dtype = getattr(torch, config["torch_dtype"])
-        self._runners = runners
+        self._context = runners[L.CONTEXT]
+        self._decode = runners[L.TOKEN_GEN]
         self._weights = weights  # kept alive: AOTInductor holds raw pointers to these (user_managed)
         # Context graphs of artifacts with "context_outputs" also return the normed hidden states of every position;
         # the LM head (the model's own module, sharing the weights above) turns them into logits only when asked.
         self._context_hidden = "hidden" in config.get("context_outputs", ())
         self._lm_head = lm_head
-        shape = (self.batch_size, config["num_kv_heads"], self.max_seq_len, config["head_dim"])
+        shape = (self.batch_size, config["num_kv_heads"], config["kv_cache_positions"], config["head_dim"])
         self.k_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
         self.v_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
+        # Views of the first n rows for every n (contiguous), and key positions 0..max_seq-1, built once.
+        self._row_views = [([k[:n] for k in self.k_caches], [v[:n] for v in self.v_caches])
+                           for n in range(self.batch_size + 1)]
+        self._key_positions = torch.arange(self.max_seq_len)
+        self._rows = RowMap(self.batch_size)
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Write each prompt's KV into its slot (positions 0..len-1); return float32 logits [len(slots), vocab]
-        of each prompt's last token. Routes by the longest prompt; too long -> BucketError."""
+        """Write each prompt's KV into its slot (positions 0..len-1) in one graph call; return float32 logits
+        [len(slots), vocab] of each prompt's last token. A prompt longer than the largest context bucket ->
+        BucketError."""
         import torch
 
         self._check_prefill(slots, prompts)
-        bucket = route(self.context_buckets, max(len(p) for p in prompts))
-        run = self._runners[L.graph_name(L.CONTEXT, bucket)]
-        rows = []
         with torch.inference_mode():
-            for slot, prompt in zip(slots, prompts, strict=True):
-                out = self._run_context(run, bucket, slot, prompt)
-                rows.append(out[0] if self._context_hidden else out)
-        return torch.cat(rows, dim=0)
+            out = self._run_context(slots, prompts)
+        return out[0] if self._context_hidden else out
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> torch.Tensor:
         """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last
@@ -146,39 +153,68 @@ class CompiledLM:
                                 "neuronpack)", where="neuron_config.json context_outputs",
                                 fix="recompile it with neuronpack compile --force")
         self._check_prefill([slot], [token_ids])
-        bucket = route(self.context_buckets, len(token_ids))
         with torch.inference_mode():
-            _, hidden = self._run_context(self._runners[L.graph_name(L.CONTEXT, bucket)], bucket, slot, token_ids)
+            _, hidden = self._run_context([slot], [token_ids])
             return self._lm_head(hidden[0, : len(token_ids)]).float()
 
-    def _run_context(self, run: Callable, bucket: int, slot: int, prompt: Sequence[int]):
+    def _run_context(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]):
+        """One context-graph call for every prompt, right padded to the longest (decode masks the padding)."""
         import torch
 
-        tokens = torch.zeros(1, bucket, dtype=torch.long)  # right padding; padded KV is masked by position
-        tokens[0, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
-        last = torch.tensor([len(prompt) - 1])
-        return run(tokens, last, torch.tensor([slot]), self.k_caches, self.v_caches)
+        width = max(len(p) for p in prompts)
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
+        last = torch.tensor([len(p) - 1 for p in prompts])
+        rows = self._rows.rows(slots)
+        out = self._context(tokens, last, torch.tensor(rows), self.k_caches, self.v_caches)
+        for row in rows:
+            self._rows.wrote(row, width)
+        return out
 
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One step for all slots: tokens [B] int64 at positions [B] int64; returns float32 logits [B, vocab].
-        Uses the first token-generation bucket that fits max(positions)+1. Idle rows write only into their own
-        slot at their given position."""
+    def decode(self, tokens, positions, slots: Sequence[int] | None = None) -> torch.Tensor:
+        """One step for ``slots`` (default: every slot): tokens and positions int64, one per slot, in slot order;
+        returns float32 logits [len(slots), vocab] in the same order. Only the given slots run (the graph's
+        batch is len(slots)), each attending to positions 0..its position over max(positions)+1 keys."""
         import torch
 
-        tokens, positions = self._check_decode(tokens, positions)
-        bucket = route_tnx(self.token_generation_buckets, int(positions.max()) + 1)
+        slots = list(range(self.batch_size)) if slots is None else list(slots)
+        tokens, positions, where = self._check_decode(tokens, positions, slots)
+        n = len(slots)
+        self._pack(slots)
+        rows = self._rows.rows(slots)
+        if rows != list(range(n)):  # packed but permuted: feed the graph in row order
+            order = torch.tensor(rows)
+            tokens = torch.empty_like(tokens).index_copy_(0, order, tokens)
+            positions = torch.empty_like(positions).index_copy_(0, order, positions)
+        attend = max(where) + 1
+        k, v = self._row_views[n]
         with torch.inference_mode():
-            return self._runners[L.graph_name(L.TOKEN_GEN, bucket)](tokens, positions, self.k_caches,
-                                                                     self.v_caches)
+            logits = self._decode(tokens, positions, self._key_positions[:attend], k, v)
+        for row, pos in zip(rows, where, strict=True):
+            self._rows.wrote(row, pos + 1)
+        return logits if rows == list(range(n)) else logits[rows]
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst`` (parallel sampling shares
         one prefilled prompt)."""
         import torch
 
+        a, b = self._rows.row(src), self._rows.row(dst)
         with torch.inference_mode():
             for cache in (*self.k_caches, *self.v_caches):
-                cache[dst, :, :length].copy_(cache[src, :, :length])
+                cache[b, :, :length].copy_(cache[a, :, :length])
+        self._rows.wrote(b, length)
+
+    def _pack(self, slots: list[int]) -> None:
+        import torch
+
+        for a, b, length in self._rows.pack(slots):
+            with torch.inference_mode():
+                for cache in (*self.k_caches, *self.v_caches):
+                    rows = cache[[a, b], :, :length]
+                    cache[a, :, :length] = rows[1]
+                    cache[b, :, :length] = rows[0]
 
     def _check_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         if len(slots) != len(prompts) or not slots:
@@ -193,20 +229,23 @@ class CompiledLM:
                               f"{self.context_buckets[-1]}", where=f"context buckets {list(self.context_buckets)}",
                               fix="shorten the prompt or compile with a larger max_context_length")
 
-    def _check_decode(self, tokens, positions):
+    def _check_decode(self, tokens, positions, slots: list[int]):
         import torch
 
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         positions = torch.as_tensor(positions, dtype=torch.long).reshape(-1)
-        if tokens.numel() != self.batch_size or positions.numel() != self.batch_size:
-            raise ValueError(f"decode needs {self.batch_size} tokens and positions (one per slot), got "
+        if not slots or len(set(slots)) != len(slots) or not all(0 <= s < self.batch_size for s in slots):
+            raise ValueError(f"decode slots {slots} must be distinct and in 0..{self.batch_size - 1}")
+        if tokens.numel() != len(slots) or positions.numel() != len(slots):
+            raise ValueError(f"decode needs {len(slots)} tokens and positions (one per slot), got "
                              f"{tokens.numel()} and {positions.numel()}")
-        if int(positions.min()) < 0 or int(positions.max()) >= self.max_seq_len:
-            raise BucketError(f"position {int(positions.max())} is outside the compiled sequence length "
+        where = positions.tolist()
+        if min(where) < 0 or max(where) >= self.max_seq_len:
+            raise BucketError(f"position {max(where)} is outside the compiled sequence length "
                               f"{self.max_seq_len}", where=f"token generation buckets "
                               f"{list(self.token_generation_buckets)}",
                               fix="stop the sequence at max_seq_len or compile with a larger seq_len")
-        return tokens, positions
+        return tokens, positions, where
 
 
 def _load_runners(package: Path, config: dict, weights: dict, task) -> dict[str, Callable]:

@@ -4,4 +4,4 @@ Same module paths and class names as the real package; it records what neuronpac
 writes the files the real ``compile()`` writes. It compiles nothing.
 """
 
-__version__ = "0.9.0"
+__version__ = "0.9.17334"

@@ -1,7 +1,10 @@
 """Stand-in of neuronx_distributed_inference.models.config: the NeuronConfig fields neuronpack may set (names and
 defaults from NxDI 0.9's source); kwargs NxDI does not know are kept in ``unexpected`` (the real class logs a
-warning and ignores them)."""
+warning and ignores them). Upstream behaviours reproduced: enable_eagle_speculation forces enable_fused_speculation
+in __init__; ``is_eagle3`` exists only from NxDI 0.7 (older versions drop it as unexpected); InferenceConfig.load
+drops fused_spec_config; ``trace_tokengen_model`` is an attribute vLLM sets, not a kwarg."""
 
+import importlib.metadata
 import json
 import os
 
@@ -20,14 +23,23 @@ KNOWN_FIELDS = {
     "speculation_length": 0, "enable_fused_speculation": False, "enable_eagle_speculation": False, "is_eagle3": False,
     "is_eagle_draft": False, "enable_eagle_draft_input_norm": False, "lora_config": None, "tp_degree": 1,
     "save_sharded_checkpoint": False, "world_size": None, "start_rank_id": 0, "local_ranks_size": None,
-    "fused_qkv": False, "logical_nc_config": 1, "trace_tokengen_model": True, "cast_type": "config",
+    "fused_qkv": False, "logical_nc_config": 1, "cast_type": "config",
 }
+SINCE = {"is_eagle3": (0, 7)}  # field -> first NxDI release that knows it
+
+
+def _installed_version():
+    text = importlib.metadata.version("neuronx-distributed-inference")
+    return tuple(int(p) for p in text.split(".")[:2])
 
 
 class NeuronConfig:
     def __init__(self, **kwargs) -> None:
         self.overrides_torch_dtype = "torch_dtype" in kwargs
+        version = _installed_version()
         for name, default in KNOWN_FIELDS.items():
+            if name in SINCE and version < SINCE[name]:
+                continue  # left in kwargs: reported as unexpected, as the older release does
             setattr(self, name, kwargs.pop(name, default))
         if self.max_context_length is None:
             self.max_context_length = self.seq_len
@@ -111,3 +123,9 @@ def to_dict(obj):
     if hasattr(obj, "__dict__"):
         return {k: to_dict(v) for k, v in obj.__dict__.items()}
     return obj
+
+
+class MultimodalVisionNeuronConfig(NeuronConfig):
+    def __init__(self, **kwargs) -> None:
+        self.skip_vision = kwargs.pop("skip_vision", False)
+        super().__init__(**kwargs)

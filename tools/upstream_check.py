@@ -1,0 +1,231 @@
+"""`make upstream-check UPSTREAM_SRC=DIR`: hold neuronpack's Neuron output against upstream's own code.
+
+For every recipe with an nxd or tnx framework it runs, in this project's environment,
+``neuronpack compile --dry-run --format json`` (on a tiny stand-in checkpoint of the recipe's architecture), builds
+the artifact with the test stand-in SDK, and prints ``neuronpack serve --print-command --format json`` for every
+serving target. Then, in throwaway virtual environments (created under DIR/.venvs, never the project's), it imports
+upstream source from DIR with device-only imports stubbed (tools/upstream_stubs.py) and feeds that output to:
+
+- NxD Inference's NeuronConfig / InferenceConfig (+ the draft config as upstream builds it):
+  DIR/neuronx-distributed-inference (0.9.0) and DIR/neuronx-distributed (its pure quantization enums; the rest stubbed)
+- vLLM 0.9.2's argument parser + EngineArgs (V0): DIR/vllm-0.9.2
+- the AWS fork's parser, EngineArgs block-size logic and multi-node launch_script.py:
+  DIR/upstreaming-to-vllm (tag 2.24.0)
+- vLLM 0.13.0 / 0.16.0's parser + EngineArgs, then vllm-neuron 0.4.1 / 0.5.0's override validation and the runner's
+  max_prompt_length check: DIR/vllm-0.13.0 + DIR/vllm-neuron-0.4.1, DIR/vllm-0.16.0 + DIR/vllm-neuron-0.5.0
+
+DIR/vllm-X is a git checkout of vllm-project/vllm at tag vX, or the Python files of the vllm==X wheel (unzip). Prints a
+table recipe x target -> ok / failed (reason). Exit 1 when any cell failed. Without UPSTREAM_SRC it says so and exits 0.
+Upstream code is read at check time; none of it is copied into the project.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = ROOT / "tests" / "backends" / "neuron_standin"
+NP = [sys.executable, "-m", "neuronpack"]
+TARGETS = ("vllm-v0", "vllm-v0-fork", "vllm-neuron")
+# venv name -> packages: vLLM's light pure-Python dependencies the parsers import (torch etc. come from the project
+# environment through a .pth file; nothing is installed into the project)
+VENVS = {"vllm": ["transformers==4.57.1", "msgspec", "cbor2", "pyzmq", "pybase64", "cachetools", "py-cpuinfo",
+                  "openai-harmony", "einops", "mistral_common"],
+         "vllm-v0": ["transformers==4.53.2"]}
+# column -> (venv, source dirs, worker kind, serving target)
+NXD = ["neuronx-distributed-inference/src", "neuronx-distributed/src"]
+COLUMNS = {
+    "nxdi-0.9 config": ("vllm", NXD, "nxdi", None),
+    "vllm-v0 (0.9.2)": ("vllm-v0", ["vllm-0.9.2", *NXD], "vllm", "vllm-v0"),
+    "vllm-v0-fork (2.24.0)": ("vllm-v0", ["upstreaming-to-vllm", *NXD], "vllm", "vllm-v0-fork"),
+    "vllm-neuron 0.4.1 (vLLM 0.13)": ("vllm", ["vllm-0.13.0", "vllm-neuron-0.4.1", *NXD], "vllm", "vllm-neuron"),
+    "vllm-neuron 0.5.0 (vLLM 0.16)": ("vllm", ["vllm-0.16.0", "vllm-neuron-0.5.0", *NXD], "vllm", "vllm-neuron"),
+}
+
+
+def main() -> int:
+    src = os.environ.get("UPSTREAM_SRC")
+    if not src:
+        print("upstream-check skipped: UPSTREAM_SRC is not set (point it at a directory of upstream checkouts; "
+              "see tools/upstream_check.py)")
+        return 0
+    src = Path(src).absolute()
+    missing = [d for _, dirs, _, _ in COLUMNS.values() for d in dirs if not (src / d).is_dir()]
+    if missing:
+        print(f"upstream-check: missing in {src}: {', '.join(sorted(set(missing)))}", file=sys.stderr)
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="np-upstream-"))
+    try:
+        cases = _make_cases(work, src)
+        results = {col: _run_column(src, work, col, cases) for col in COLUMNS}
+    finally:
+        if not os.environ.get("UPSTREAM_CHECK_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
+    return _print_table(cases, results)
+
+
+# --- neuronpack's side (project environment) -------------------------------------------------------------------------
+def _make_cases(work: Path, src: Path) -> list[dict]:
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "convert")]
+    from eagle_fixtures import make_eagle1_draft
+    from tiny_models import make_tiny_checkpoint
+
+    llama = make_tiny_checkpoint(work / "llama")
+    vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
+    draft = make_eagle1_draft(work / "eagle", hidden=64, vocab=vocab, layout="safetensors")
+    mllama = _tiny_mllama(llama, work / "mllama")
+    adapter = work / "adapters" / "sql"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "target_modules": ["q_proj", "v_proj"]}))
+    cases = []
+    for recipe in sorted((ROOT / "recipes").glob("*.toml")):
+        text = recipe.read_text()
+        if 'framework = "nxd"' not in text and 'framework = "tnx"' not in text:
+            continue
+        model = mllama if "Vision" in text else llama
+        sets = ["--set", f"speculation.draft={draft}"] if "[speculation]" in text else []
+        cases.append(_case(work, recipe.stem, recipe, model, sets))
+    # LoRA and multi-node: no shipped recipe has them; check them on the inf2 recipe
+    base = ROOT / "recipes" / "llama-3.2-1b-inf2.toml"
+    lora = work / "lora.toml"
+    lora.write_text(base.read_text() + f'\n[lora]\nmax_rank = 16\ntarget_modules = ["q_proj", "v_proj"]\n'
+                                       f'adapters = [{{name = "sql", path = "{adapter}"}}]\n')
+    cases.append(_case(work, "llama-3.2-1b-inf2 + lora", lora, llama, []))
+    cases.append(_case(work, "llama-3.2-1b-inf2 x 2 nodes", base, llama,
+                       ["--set", "target.nodes=2", "--set", "target.tp_degree=4"]))
+    return cases
+
+
+def _case(work: Path, name: str, recipe: Path, model: Path, sets: list[str]) -> dict:
+    root = work / "root" / name.replace(" ", "_")
+    dry = json.loads(_np(["compile", str(model), "--recipe", str(recipe), "--dry-run", "--format", "json",
+                          "--out-root", str(root), *sets]))
+    framework = dry.get("framework")
+    sdk = "nxd" if framework == "nxd" else "tnx"
+    built = _np(["compile", str(model), "--recipe", str(recipe), "--out-root", str(root), *sets],
+                pythonpath=[STANDIN / sdk, STANDIN / "compiler"]).strip().splitlines()[-1]
+    serve = {}
+    for target in TARGETS:
+        try:
+            serve[target] = json.loads(_np(["serve", built, "--print-command", "--format", "json",
+                                            "--vllm-target", target], pythonpath=[STANDIN / sdk, STANDIN / "compiler"]))
+        except subprocess.CalledProcessError as exc:
+            serve[target] = {"refused": (exc.stderr or "").strip().splitlines()[-1][:200]}
+    return {"name": name, "framework": framework, "dry": dry, "artifact": built, "serve": serve, "model": str(model)}
+
+
+def _tiny_mllama(llama: Path, out: Path) -> Path:
+    """The tiny llama's weights with a Mllama config (dry-run and the config classes read config.json only)."""
+    from transformers import MllamaConfig
+
+    shutil.copytree(llama, out)
+    text = json.loads((llama / "config.json").read_text())
+    text.pop("architectures", None)
+    config = MllamaConfig(text_config={**text, "cross_attention_layers": [1]},
+                          vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                         "num_global_layers": 1, "attention_heads": 2, "image_size": 56,
+                                         "patch_size": 14, "max_num_tiles": 4, "intermediate_layers_indices": [0]})
+    config.architectures = ["MllamaForConditionalGeneration"]
+    config.save_pretrained(out)
+    return out
+
+
+def _np(args: list[str], pythonpath: list[Path] = ()) -> str:
+    env = {**os.environ, "NEURONPACK_CACHE_DIR": os.environ.get("NEURONPACK_CACHE_DIR", "")}
+    env.pop("NEURONPACK_CACHE_DIR") if not env["NEURONPACK_CACHE_DIR"] else None
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
+    out = subprocess.run([*NP, *args], capture_output=True, text=True, env=env, check=True)
+    return out.stdout
+
+
+# --- upstream's side (throwaway venvs) -------------------------------------------------------------------------------
+def _venv(src: Path, name: str) -> Path:
+    path = src / ".venvs" / name
+    python = path / "bin" / "python"
+    if python.exists():
+        return python
+    subprocess.run([str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "venv", str(path)], check=True)
+    site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    chain = [str(src / ".venvs" / "vllm" / "lib" / Path(site).parent.name / "site-packages")] if name != "vllm" else []
+    project = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "zz_upstream_check.pth").write_text("\n".join([*chain, project]) + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *VENVS[name]], check=True)
+    return python
+
+
+def _run_column(src: Path, work: Path, column: str, cases: list[dict]) -> dict[str, str]:
+    venv, dirs, kind, target = COLUMNS[column]
+    if venv == "vllm-v0":
+        _venv(src, "vllm")
+    python = _venv(src, venv)
+    inputs, results = [], {}
+    for i, case in enumerate(cases):
+        cid = str(i)
+        config = case["dry"]  # the compile_config, as --dry-run --format json prints it
+        served = json.loads((Path(case["artifact"]) / "neuronpack.json").read_text())["serve"]
+        if kind == "nxdi":
+            if case["framework"] != "nxd":
+                results[cid] = "n/a (tnx)"
+                continue
+            inputs.append({"id": cid, "model_class": config["model_class"], "neuron_config": config["neuron_config"],
+                           "platform_target": config.get("platform_target"),
+                           "model_dir": case["model"], "cwd": case["artifact"],
+                           "draft": config.get("draft") and {**config["draft"], "path": _bundled_draft(case)}})
+            continue
+        serve = case["serve"][target]
+        if "refused" in serve:
+            results[cid] = f"refused: {serve['refused']}"
+            continue
+        inputs.append({"id": cid, "target": target, "argv": serve["argv"], "env": serve["env"],
+                       "cwd": serve.get("cwd") or case["artifact"],
+                       "neuron_config": config.get("neuron_config"), "model_class": config.get("model_class"),
+                       "platform_target": config.get("platform_target"),
+                       "max_model_len": served["max_model_len"], "nodes": served.get("nodes", 1),
+                       "vllm_src": str(src / dirs[0])})
+    path = work / f"cases-{len(results)}-{abs(hash(column))}.json"
+    path.write_text(json.dumps(inputs))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
+           "PYTHONPATH": os.pathsep.join(str(src / d) for d in dirs), "VLLM_TARGET_DEVICE": "cpu"}
+    out = subprocess.run([str(python), str(Path(__file__).with_name("upstream_check_worker.py")), kind, str(path)],
+                         capture_output=True, text=True, env=env, cwd=work)
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            results[row["id"]] = row["result"]
+    for item in inputs:
+        results.setdefault(item["id"], f"failed: worker crashed: {(out.stderr.strip().splitlines() or [''])[-1]}")
+    return results
+
+
+def _bundled_draft(case: dict) -> str:
+    bundled = Path(case["artifact"]) / "draft"
+    return str(bundled) if (bundled / "config.json").is_file() else case["dry"]["draft"]["path"]
+
+
+def _print_table(cases: list[dict], results: dict[str, dict[str, str]]) -> int:
+    failed = 0
+    header = ["recipe", *COLUMNS]
+    rows = []
+    for i, case in enumerate(cases):
+        cells = [results[col].get(str(i), "?") for col in COLUMNS]
+        failed += sum(c.startswith("failed") for c in cells)
+        rows.append([case["name"], *cells])
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print(f"\n{failed} failed cell(s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Runs inside a throwaway venv with upstream source on PYTHONPATH: feeds neuronpack's output to upstream's own config
+classes and argument parsers. Reads cases (JSON) from argv[2], prints one JSON result per case. Never imported by
+neuronpack. Usage: python upstream_check_worker.py nxdi|vllm CASES.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import sys
+import traceback
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import upstream_stubs  # noqa: E402
+
+# NxD (neuronx_distributed) loads Neuron torch classes at import: stubbed, except its pure quantization enums
+REAL_SUBMODULES = ["neuronx_distributed.quantization.quantization_config"]
+DEVICE_ONLY = ["torch_neuronx", "torch_xla", "neuronxcc", "libneuronxla", "neuronx_distributed", "nki", "nkilib",
+               "torchvision", "blake3", "partial_json_parser", "llguidance", "diskcache", "xgrammar",
+               "lmformatenforcer"]
+
+
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _real_neuron_config(model_class: str, kwargs: dict):
+    module, _, name = model_class.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    catcher = _Warnings()
+    logging.getLogger().addHandler(catcher)
+    try:
+        config = cls.get_neuron_config_cls()(**copy.deepcopy(kwargs))
+    finally:
+        logging.getLogger().removeHandler(catcher)
+    unexpected = [m for m in catcher.messages if "Unexpected keyword" in m]
+    if unexpected:
+        raise ValueError(unexpected[0])
+    return cls, config
+
+
+def check_nxdi(case: dict) -> str:
+    from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
+
+    os.chdir(case["cwd"])  # LoRA paths are relative to the artifact, as when vLLM runs there
+    cls, neuron_config = _real_neuron_config(case["model_class"], case["neuron_config"])
+    cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(case["model_dir"]))
+    draft = case.get("draft")
+    if draft:
+        # upstream's way (vLLM loaders, inference_demo): deep copy of the target object, then attributes
+        copied = copy.deepcopy(neuron_config)
+        for key in ("speculation_length", "enable_fused_speculation", "is_eagle_draft", "sequence_parallel_enabled"):
+            if key in draft["neuron_config"]:
+                setattr(copied, key, draft["neuron_config"][key])
+        if copied.enable_fused_speculation:
+            raise ValueError("draft NeuronConfig has enable_fused_speculation on")
+        cls.get_config_cls()(copied, load_config=load_pretrained_config(draft["path"]))
+    return "ok"
+
+
+def _parser():
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def check_vllm(case: dict) -> str:
+    argv = case["argv"]
+    if argv[0] == "bash":
+        return _check_fork_launcher(case)
+    if case["target"] == "vllm-neuron":
+        # what the plugin's entry point does on a Neuron machine (its register() looks for /dev/neuron*)
+        import vllm.platforms
+        from vllm_neuron.platform import NeuronPlatform
+
+        vllm.platforms.current_platform = NeuronPlatform()
+        NeuronPlatform.pre_register_and_update()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai import cli_args
+
+    os.chdir(case["cwd"])  # where serve starts vLLM (the artifact)
+    args = _parser().parse_args(argv[3:])
+    if hasattr(cli_args, "validate_parsed_serve_args"):
+        cli_args.validate_parsed_serve_args(args)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    neuron_config = case["neuron_config"]
+    details = []
+    if case["target"] == "vllm-v0-fork":
+        block = engine_args._get_block_size()
+        if block != case["max_model_len"]:
+            raise ValueError(f"block size {block} != max_model_len {case['max_model_len']} (contiguous KV)")
+        details.append("block_size=max_model_len")
+    if case["target"] == "vllm-neuron":
+        details += _check_plugin(engine_args, case)
+    elif neuron_config is not None and engine_args.override_neuron_config:
+        # V0 loader: setattr every override key onto the loaded neuron_config.json, then it must still be valid
+        loaded = {**neuron_config, **engine_args.override_neuron_config}
+        loaded.pop("lora_modules", None)
+        loaded.pop("target_modules", None)
+        _real_neuron_config(case["model_class"], loaded)
+        details.append("override on loaded config")
+    return "ok" + (f" ({', '.join(details)})" if details else "")
+
+
+def _check_plugin(engine_args, case: dict) -> list[str]:
+    from neuronx_distributed_inference.models.config import NeuronConfig
+    from vllm_neuron.worker import neuronx_distributed_model_loader as loader
+    from vllm_neuron.worker.neuronx_distributed_model_runner import NeuronxDistributedModelRunner
+
+    additional = engine_args.additional_config or {}
+    if "override_neuron_config" not in additional:
+        raise ValueError("additional_config has no override_neuron_config (the runner pops from it)")
+    if engine_args.enable_prefix_caching is not False:
+        raise ValueError("prefix caching is on: the contiguous-KV artifact needs --no-enable-prefix-caching")
+    if engine_args.num_gpu_blocks_override != engine_args.max_num_seqs:
+        raise ValueError("num_gpu_blocks_override != max_num_seqs")
+    mpl = additional.get("max_prompt_length")
+    loader._validate_override_neuron_config(dict(additional["override_neuron_config"]),
+                                            SimpleNamespace(max_prompt_length=mpl))
+    loaded = {k: v for k, v in case["neuron_config"].items() if k not in ("lora_config",)}
+    fake = SimpleNamespace(model=SimpleNamespace(neuron_config=NeuronConfig(**loaded)),
+                           vllm_config=SimpleNamespace(model_config=SimpleNamespace(max_prompt_length=mpl)),
+                           max_model_len=engine_args.max_model_len)
+    NeuronxDistributedModelRunner._validate_max_prompt_length(fake)
+    return ["max_prompt_length", "override_neuron_config"]
+
+
+def _check_fork_launcher(case: dict) -> str:
+    script = os.path.join(case["vllm_src"], "examples/neuron/multi_node/launch_script.py")
+    spec = importlib.util.spec_from_file_location("launch_script", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = case["argv"]
+    start = next(i for i, a in enumerate(argv) if a.endswith("launch_script.py")) + 1
+    sys.argv = [script, *argv[start:]]
+    args = module.arg_parser()
+    for rank in range(case["nodes"]):
+        override = module.make_override_config(args, rank)
+        _real_neuron_config(case["model_class"], {**case["neuron_config"], **override})
+    return f"ok (launcher, {case['nodes']} ranks)"
+
+
+def main() -> None:
+    kind, path = sys.argv[1], sys.argv[2]
+    upstream_stubs.install(DEVICE_ONLY, auto=False, real=REAL_SUBMODULES)
+    logging.basicConfig(level=logging.ERROR)
+    check = check_nxdi if kind == "nxdi" else check_vllm
+    start = os.getcwd()
+    for case in json.loads(open(path).read()):
+        err = io.StringIO()
+        # what neuronpack's build sets (NxDI asks the device otherwise)
+        os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = case.get("platform_target") or "trn1"
+        try:
+            with contextlib.redirect_stderr(err):
+                result = check(case)
+        except BaseException as exc:  # noqa: BLE001 - every failure is a result line (argparse exits)
+            last = traceback.extract_tb(exc.__traceback__)[-1]
+            where = f"{os.path.basename(last.filename)}:{last.lineno}"
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            if isinstance(exc, SystemExit):
+                lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+                text = lines[-1] if lines else text
+            result = f"failed: {type(exc).__name__}: {text} [{where}]"
+        finally:
+            os.chdir(start)
+        print(json.dumps({"id": case["id"], "result": result[:300]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
