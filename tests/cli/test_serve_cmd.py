@@ -164,11 +164,12 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(artifact):
     an error event and [DONE] when the grace period is over, and the process exits 0."""
     import asyncio
 
-    port, grace = _free_port(), 3.0
+    port, grace = _free_port(), 1.0
     proc = _start_serve(artifact, port, "--shutdown-grace", str(grace))
     url = f"http://127.0.0.1:{port}/v1/completions"
-    # 4 short streams (done well within the grace), 20 long ones (120 tokens on 4 slots: about 6 rounds).
-    jobs = [8] * 4 + [120] * 20
+    # 4 short streams (done well within the grace) and 120 long ones (120 tokens each on 4 slots: 3600 decode
+    # steps, more than any machine runs in the grace, so some are always still in flight when it ends).
+    jobs = [8] * 4 + [120] * 120
 
     async def stream(client: httpx.AsyncClient, max_tokens: int, started: asyncio.Event) -> list[str]:
         body = {"model": "tiny", "prompt": "Hello", "max_tokens": max_tokens, "temperature": 0,
@@ -183,10 +184,10 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(artifact):
 
     async def run() -> tuple[list[list[str]], float, bool]:
         started = asyncio.Event()
-        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=256)) as client:
             tasks = [asyncio.create_task(stream(client, n, started)) for n in jobs]
             await asyncio.wait_for(started.wait(), 60)
-            await asyncio.sleep(0.3)  # every request is in (running or waiting)
+            await asyncio.sleep(0.5)  # every request is in (running or waiting)
             proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             refused = False
@@ -208,7 +209,7 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(artifact):
             proc.kill()
         proc.communicate()
     assert code == 0 and refused_while_draining
-    assert streams_ended_after < grace + 10  # the grace period bounds the drain (not a speed target: 3 s + slack)
+    assert streams_ended_after < grace + 10  # the grace period bounds the drain (not a speed target: 1 s + slack)
     completed = ended = 0
     for events in results:
         assert events[-1] == "[DONE]"  # every stream ends cleanly, none is cut
