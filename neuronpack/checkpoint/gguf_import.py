@@ -96,11 +96,45 @@ def gguf_auto_dtype(gguf_file: Path) -> str:
     except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt file for the user
         raise CheckpointError(f"cannot parse GGUF file ({type(exc).__name__}: {str(exc)[:120]})",
                               where=str(gguf_file), fix="re-download it") from None
+    _check_declared_sizes(reader, gguf_file)
     kinds = {t.tensor_type.name for t in reader.tensors}
     if not kinds or not kinds <= set(_PLAIN_TYPES):
         return "float32"
     half = kinds - {"F32"}
     return _PLAIN_TYPES[half.pop()] if len(half) == 1 else "float32"
+
+
+# Longest context a header may declare (llama.cpp models go to 2**20); larger is a corrupt field.
+_MAX_CONTEXT = 1 << 24
+
+
+def _check_declared_sizes(reader, gguf_file: Path) -> None:
+    """Refuse a header that declares a model far larger than the tensors the file holds: transformers would build
+    (allocate) the declared model in full before noticing, and a corrupt size field can ask for terabytes."""
+
+    def field_int(key: str) -> int:
+        field = reader.fields.get(key)
+        try:
+            return int(field.parts[field.data[0]][0]) if field is not None and field.data else 0
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return 0
+
+    arch_field = reader.fields.get("general.architecture")
+    if arch_field is None or not arch_field.data:
+        return
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode("utf-8", "replace")
+    hidden, layers = field_int(f"{arch}.embedding_length"), field_int(f"{arch}.block_count")
+    ffn, context = field_int(f"{arch}.feed_forward_length"), field_int(f"{arch}.context_length")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = len(tokens.data) if tokens is not None else 0
+    held = sum(int(t.n_elements) for t in reader.tensors)
+    # A lower bound on what the header declares: one embedding, and per layer q + o projections and the MLP.
+    declared = vocab * hidden + layers * (2 * hidden * hidden + 3 * hidden * ffn)
+    if declared > 2 * held + 1_000_000 or context > _MAX_CONTEXT:
+        raise CheckpointError(
+            f"the header declares a larger model than the file holds (hidden {hidden}, {layers} layers, "
+            f"intermediate {ffn}, vocabulary {vocab}, context {context}: >= {declared:,} parameters, the tensors "
+            f"hold {held:,})", where=str(gguf_file), fix="the file is corrupt: re-download it")
 
 
 def _check_gguf_file(path: Path) -> Path:

@@ -131,3 +131,21 @@ def test_bos_token_outside_the_vocabulary_is_refused(tmp_path, tiny_llama):
         import_gguf(gguf_path, tmp_path / "out")
     assert_one_line(info.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", 10**6), ("intermediate_size", 10**9),
+                                          ("num_hidden_layers", 10**6), ("max_position_embeddings", 2**30)])
+def test_a_header_declaring_a_far_larger_model_is_refused_before_loading(tmp_path, tiny_llama, field, value):
+    """Regression (two CI runs were OOM-killed at 24 GB inside the GGUF fuzz test): transformers allocates the model a
+    header declares before it notices the tensors do not fit, so a corrupt size field could ask for terabytes. The
+    header is now checked against the tensors the file holds first."""
+    copy = tmp_path / "src"
+    shutil.copytree(tiny_llama, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config[field] = value
+    (copy / "config.json").write_text(json.dumps(config))
+    gguf_path = write_tiny_gguf(copy, tmp_path / "m.gguf")
+    with pytest.raises(NeuronpackError, match="declares a larger model than the file holds") as info:
+        import_gguf(gguf_path, tmp_path / "out")
+    assert_one_line(info.value)
+    assert not (tmp_path / "out").exists()
