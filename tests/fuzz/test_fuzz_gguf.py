@@ -121,12 +121,7 @@ def test_metadata_disagreeing_with_tensors(tmp_path, tiny_llama, changes, data):
 def test_bos_token_outside_the_vocabulary_is_refused(tmp_path, tiny_llama):
     """Regression (found by the fuzzer): transformers raised IndexError from its GGUF tokenizer mapping and it escaped
     as a traceback; now a CheckpointError naming the exception."""
-    copy = tmp_path / "src"
-    shutil.copytree(tiny_llama, copy)
-    config = json.loads((copy / "config.json").read_text())
-    config["bos_token_id"] = 10**6
-    (copy / "config.json").write_text(json.dumps(config))
-    gguf_path = write_tiny_gguf(copy, tmp_path / "m.gguf")
+    gguf_path = _gguf_with_config(tmp_path, tiny_llama, bos_token_id=10**6)
     with pytest.raises(NeuronpackError, match="transformers cannot load this GGUF .IndexError") as info:
         import_gguf(gguf_path, tmp_path / "out")
     assert_one_line(info.value)
@@ -139,13 +134,17 @@ def test_a_header_declaring_a_far_larger_model_is_refused_before_loading(tmp_pat
     """Regression (two CI runs were OOM-killed at 24 GB inside the GGUF fuzz test): transformers allocates the model a
     header declares before it notices the tensors do not fit, so a corrupt size field could ask for terabytes. The
     header is now checked against the tensors the file holds first."""
-    copy = tmp_path / "src"
-    shutil.copytree(tiny_llama, copy)
-    config = json.loads((copy / "config.json").read_text())
-    config[field] = value
-    (copy / "config.json").write_text(json.dumps(config))
-    gguf_path = write_tiny_gguf(copy, tmp_path / "m.gguf")
+    gguf_path = _gguf_with_config(tmp_path, tiny_llama, **{field: value})
     with pytest.raises(NeuronpackError, match="declares a larger model than the file holds") as info:
         import_gguf(gguf_path, tmp_path / "out")
     assert_one_line(info.value)
     assert not (tmp_path / "out").exists()
+
+
+def _gguf_with_config(tmp_path: Path, tiny_llama: Path, **changes) -> Path:
+    """A tiny GGUF whose metadata is written from tiny_llama's config.json with ``changes`` applied."""
+    copy = tmp_path / "src"
+    shutil.copytree(tiny_llama, copy)
+    config = {**json.loads((copy / "config.json").read_text()), **changes}
+    (copy / "config.json").write_text(json.dumps(config))
+    return write_tiny_gguf(copy, tmp_path / "m.gguf")
