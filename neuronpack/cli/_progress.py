@@ -63,8 +63,10 @@ class PlainTask:
         self._start = self._last = time.monotonic()
 
     def __enter__(self) -> PlainTask:
-        size = self._amount(self._total) if self._bytes else f"{self._total:g} steps"
-        self._emit(f"{self._description}: started" + (f" ({size})" if self._total and self._total > 1 else ""))
+        started = f"{self._description}: started"
+        if self._total and self._total > 1:  # a task without a total (None) prints no size
+            started += f" ({self._amount(self._total) if self._bytes else f'{self._total:g} steps'})"
+        self._emit(started)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
