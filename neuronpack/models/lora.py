@@ -76,8 +76,12 @@ def attach_lora(model: nn.Module, layout: LoraLayout, device: str | torch.device
     device = device if device is not None else model.model.embed_tokens.weight.device
     for _index, module, linear in lora_linears(model, layout):
         fan_in, fan_out = linear_shape(model.config, module)
-        linear.register_buffer("lora_A", torch.zeros(layout.width, fan_in, dtype=dtype, device=device))
-        linear.register_buffer("lora_B", torch.zeros(fan_out, layout.width, dtype=dtype, device=device))
+        # not persistent: the artifact stores the PEFT adapters, not these stacks (like rope_inv_freq, they are
+        # constants every graph reads, supplied at load)
+        linear.register_buffer("lora_A", torch.zeros(layout.width, fan_in, dtype=dtype, device=device),
+                               persistent=False)
+        linear.register_buffer("lora_B", torch.zeros(fan_out, layout.width, dtype=dtype, device=device),
+                               persistent=False)
 
 
 def fill_lora(model: nn.Module, layout: LoraLayout, adapters: Sequence[AdapterInfo]) -> None:

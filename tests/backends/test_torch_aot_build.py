@@ -141,7 +141,8 @@ def test_torch_version_mismatch_is_refused(smollm_export, tmp_path):
 
 @pytest.mark.parametrize(("recipe", "what"), [
     ({"speculation": {"draft": "d"}}, "speculation"),
-    ({"lora": {"adapters": [{"name": "a", "path": "p"}]}}, "lora"),
+    ({"lora": {"adapters": [{"name": "a", "path": "p"}, {"name": "b", "path": "p"}]}}, "lora.max_loras = 2"),
+    ({"lora": {"adapters": [{"name": "a", "path": "p"}], "target_modules": ["lm_head"]}}, "lm_head"),
     ({"target": {"tp_degree": 2, "seq_len": 128}}, "tp_degree"),
     ({"target": {"instance": "trn1", "seq_len": 128}}, "instance"),
 ])

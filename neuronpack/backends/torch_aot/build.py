@@ -4,6 +4,7 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
 
     graphs.pt2           AOTInductor package (one model per bucket, weights outside) or export-only programs
     weights/             model.safetensors (+ shards/index) in the recipe dtype, and a copy of config.json
+    lora/<name>/         with [lora]: each PEFT adapter as given (stacked into the graphs' constants at load)
     neuron_config.json   batch, lengths, buckets, dtype, compiler, target: what the loader needs
     config.json, tokenizer files, generation_config.json
 
@@ -23,6 +24,12 @@ from typing import TYPE_CHECKING, Any
 from neuronpack.backends.torch_aot import layout as L
 from neuronpack.backends.torch_aot.compile import compile_graphs
 from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.lora import (
+    attach_artifact_lora,
+    check_lora_recipe,
+    copy_artifact_adapters,
+    lora_section,
+)
 from neuronpack.backends.torch_aot.target import current_target, effective_compiler
 from neuronpack.errors import CheckpointError, RecipeError
 from neuronpack.models.config import ModelConfig
@@ -73,6 +80,7 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "context_outputs": list(L.CONTEXT_OUTPUTS),
         "graphs": {kind: kind for kind in L.GRAPH_KINDS},  # graph -> model name in graphs.pt2
         "target": current_target(compiler, recipe.instance_for("torch")),
+        "lora": lora_section(recipe.lora, request.adapter_dirs()),
     }
 
 
@@ -80,7 +88,6 @@ def check_recipe(recipe) -> None:
     """Refuse recipe features the portable backend does not implement (one clear line each)."""
     unsupported = [
         (recipe.speculation is not None, "speculation", "remove [speculation] or use framework nxd"),
-        (recipe.lora is not None, "lora", "remove [lora] or use framework nxd"),
         (recipe.target.tp_degree != 1, "target.tp_degree > 1", "set target.tp_degree = 1 for the torch backend"),
         (bool(recipe.quantization and recipe.quantization.kv_cache), "quantization.kv_cache",
          "set quantization.kv_cache = false for the torch backend"),
@@ -90,6 +97,7 @@ def check_recipe(recipe) -> None:
     for bad, what, fix in unsupported:
         if bad:
             raise RecipeError(f"{what} is not supported by the torch backend", where="recipe", fix=fix)
+    check_lora_recipe(recipe.lora)
 
 
 def read_hf_config(model_dir: Path) -> dict[str, Any]:
@@ -117,6 +125,8 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     write_weights(model, request.model_dir, staging / WEIGHTS_DIR, reporter)
     shutil.copy2(Path(request.model_dir) / "config.json", staging / "config.json")
     copy_aux_files(request.model_dir, staging)
+    copy_artifact_adapters(config, request.adapter_dirs(), staging)
+    attach_artifact_lora(model, config, staging)  # after write_weights: the artifact keeps the PEFT copies only
     seconds = compile_graphs(model, request.plan, config, staging, reporter)
     (staging / NEURON_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {"bucket_seconds": seconds, "compiler": config["compiler"]}
