@@ -59,6 +59,10 @@ _REFUSED: tuple[tuple[str, Any, str], ...] = (
     ("trainable_token_indices", lambda v: not v, "trained token embeddings are not supported"),
     ("target_parameters", lambda v: not v, "parameter-targeted LoRA is not supported: target linear modules"),
     ("layer_replication", lambda v: not v, "layer replication is not supported"),
+    ("alora_invocation_tokens", lambda v: not v, "activated LoRA (aLoRA) is not supported: train plain LoRA"),
+    *((key, lambda v: not v, "this LoRA variant changes the forward pass; the compiled graphs apply plain LoRA "
+                             "only: merge it into the base checkpoint or train plain LoRA")
+      for key in ("use_qalora", "use_bdlora", "arrow_config", "kasa_config", "monteclora_config", "velora_config")),
 )
 
 

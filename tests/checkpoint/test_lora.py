@@ -46,6 +46,8 @@ def test_rslora_scales_by_the_square_root_of_the_rank(adapter, tmp_path):
     ({"rank_pattern": {"q_proj": 4}}, "rank_pattern"),
     ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
     ({"peft_type": "IA3"}, "not a LoRA adapter"),
+    ({"alora_invocation_tokens": [5, 6]}, "alora_invocation_tokens"),
+    ({"use_qalora": True}, "use_qalora"),
     ({"r": 0}, "r must be a positive integer"),
 ])
 def test_unsupported_options_are_refused_by_name(adapter, tmp_path, change, message):
