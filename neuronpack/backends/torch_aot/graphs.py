@@ -82,17 +82,17 @@ def example_inputs(limits: GraphLimits, caches) -> tuple:
 
 
 def _dim(name: str, limit: int):
-    return torch.export.Dim(name, min=1, max=limit) if limit > 1 else None
+    return torch.export.Dim(name, min=1, max=limit) if limit > 1 else torch.export.Dim.STATIC
 
 
 def dynamic_shapes(limits: GraphLimits, caches) -> tuple:
-    """The dynamic dimensions of ``example_inputs`` (a size limited to 1 stays static)."""
+    """The dynamic dimensions of ``example_inputs`` (a size limited to 1 is static)."""
     layers = len(caches[0])
     batch, tokens = _dim("batch", limits.batch_size), _dim("tokens", limits.max_tokens)
     logits = _dim("logits", limits.max_tokens)
-    row = {0: batch} if batch else None
+    row = {0: batch}
     rows = [row] * layers
-    key_positions = {0: _dim("attend_len", limits.max_seq)} if limits.max_seq > 1 else None
+    key_positions = {0: _dim("attend_len", limits.max_seq)}
     return {0: batch, 1: tokens}, row, key_positions, {0: batch, 1: logits}, rows, rows
 
 
