@@ -49,8 +49,9 @@ def merged_reference(model_dir: Path, adapter: Path | None):
     return PeftModel.from_pretrained(base, adapter).merge_and_unload().eval()
 
 
-def greedy_reference(model, prompt: list[int], max_new: int) -> list[int]:
-    """Greedy continuation by transformers (no cache tricks: one full forward per token)."""
+def greedy_reference(model, prompt: list[int], max_new: int, eos: int | None = None) -> list[int]:
+    """Greedy continuation by transformers (one full forward per token), ending after ``eos`` when given (as the
+    engine does)."""
     import torch
 
     ids = list(prompt)
@@ -58,6 +59,8 @@ def greedy_reference(model, prompt: list[int], max_new: int) -> list[int]:
         for _ in range(max_new):
             logits = model(torch.tensor([ids])).logits[0, -1]
             ids.append(int(logits.argmax()))
+            if ids[-1] == eos:
+                break
     return ids[len(prompt):]
 
 

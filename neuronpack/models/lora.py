@@ -74,6 +74,7 @@ def attach_lora(model: nn.Module, layout: LoraLayout, device: str | torch.device
     ``model.layers.N.<block>.<module>.lora_A``) in the model's dtype: all slots are the base model until filled."""
     dtype = model.model.embed_tokens.weight.dtype
     device = device if device is not None else model.model.embed_tokens.weight.device
+    model.lora_layout = layout
     for _index, module, linear in lora_linears(model, layout):
         fan_in, fan_out = linear_shape(model.config, module)
         # not persistent: the artifact stores the PEFT adapters, not these stacks (like rope_inv_freq, they are

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuronpack.errors import ServeError
+
 
 @dataclass(frozen=True)
 class ServedModels:
@@ -29,7 +31,9 @@ class ServedModels:
     def __post_init__(self) -> None:
         clash = set(self.base_names) & set(self.adapter_names)
         if clash:
-            raise ValueError(f"adapter name {sorted(clash)[0]!r} is also the served model name: rename one")
+            raise ServeError(f"LoRA adapter {sorted(clash)[0]!r} has the served model's name: a request could not "
+                             "say which it means", where="--served-model-name",
+                             fix="pass another --served-model-name (or rename the adapter in the recipe)")
 
     @property
     def names(self) -> list[str]:

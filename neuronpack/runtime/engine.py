@@ -72,15 +72,19 @@ class CompiledModel(Protocol):
     vocab_size: int
     eos_token_ids: tuple[int, ...]
 
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> Tensor: ...
+    adapter_names: tuple[str, ...]  # LoRA adapters (index k is adapter_names[k - 1]); models without: ()
 
-    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                adapters: Sequence[int] | None = None) -> Tensor: ...
+
+    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None,
+               adapters: Sequence[int] | None = None) -> Tensor: ...
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
         ...
 
-    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> Tensor:
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> Tensor:
         """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
         ...
 
@@ -99,6 +103,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     prompt_logprobs: int | None = None
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex}")
+    adapter: int = 0  # LoRA adapter: 0 the base model, k the artifact's k-th adapter (runtime/adapters.py: by name)
 
 
 @dataclass
@@ -145,6 +150,7 @@ class RequestState:
     last_token_at: float | None = None
     prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
     forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
+    adapter: int = 0  # LoRA adapter index (0: none)
 
     @property
     def last_token(self) -> int:
@@ -183,6 +189,7 @@ class Engine:
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
         self.metrics = metrics or EngineMetrics(model.batch_size)
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -224,6 +231,9 @@ class Engine:
                 f"token id {bad[0]} is outside the vocabulary (0..{self.model.vocab_size - 1})", param="prompt"
             )
         _check_sampling(request.sampling)
+        if not 0 <= request.adapter <= len(self.adapter_names):
+            raise InvalidRequestError(f"LoRA adapter {request.adapter} does not exist (this model has "
+                                      f"{len(self.adapter_names)})", param="model")
         for name, value in (("logprobs", request.sampling.logprobs), ("prompt_logprobs", request.prompt_logprobs)):
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", param=name)
@@ -249,8 +259,8 @@ class Engine:
         if len(requests) > self.model.batch_size:
             raise InvalidRequestError(f"{len(requests)} parallel samples of one prompt do not fit the batch of "
                                       f"{self.model.batch_size} this artifact was compiled for", param="n")
-        if len({r.prompt_ids for r in requests}) != 1 or len({r.prompt_logprobs for r in requests}) != 1:
-            raise ValueError("forked requests must share their prompt and prompt_logprobs")
+        if len({(r.prompt_ids, r.prompt_logprobs, r.adapter) for r in requests}) != 1:
+            raise ValueError("forked requests must share their prompt, prompt_logprobs and adapter")
         seqs = [self._sequence(r, sink) for r, sink in zip(requests, sinks, strict=True)]
         seqs[0].forks = seqs[1:]
         self._admit(len(seqs))
@@ -274,7 +284,7 @@ class Engine:
         output = SequenceOutput(rules, prompt, IncrementalDetokenizer(self.tokenizer, prompt))
         sampler = RowSampler(request.sampling.resolve(self.global_topk))
         return RequestState(request.request_id, prompt, sampler, output, sink,
-                              prompt_logprobs=request.prompt_logprobs)
+                              prompt_logprobs=request.prompt_logprobs, adapter=request.adapter)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its slot is freed before the next model call."""
@@ -425,7 +435,9 @@ class Engine:
             try:
                 prompt_lp = None
                 if seq.prompt_logprobs is not None:
-                    all_logits = self.model.prompt_logits(seq.prompt_ids, seq.slot)  # [T, vocab], KV written
+                    adapter = {"adapter": seq.adapter} if self.adapter_names else {}
+                    # [T, vocab], KV written
+                    all_logits = self.model.prompt_logits(seq.prompt_ids, seq.slot, **adapter)
                     prompt_lp = prompt_logprobs(all_logits, seq.prompt_ids, seq.prompt_logprobs)
                     logits = all_logits[-1:]
                 else:
@@ -454,7 +466,8 @@ class Engine:
         if not seqs:
             return {}
         try:
-            logits = self.model.prefill([s.slot for s in seqs], [s.prompt_ids for s in seqs])  # [n, vocab]
+            logits = self.model.prefill([s.slot for s in seqs], [s.prompt_ids for s in seqs],  # [n, vocab]
+                                        **self._adapter_kw(seqs))
         except Exception as exc:
             for seq in seqs:
                 members, seq.forks = [seq, *seq.forks], []
@@ -464,6 +477,10 @@ class Engine:
             return {}
         return {id(seq): logits[i : i + 1] for i, seq in enumerate(seqs)}
 
+    def _adapter_kw(self, seqs: Sequence[RequestState]) -> dict[str, Any]:
+        """The LoRA argument of a model call: every row's adapter (nothing for models without adapters)."""
+        return {"adapters": [s.adapter for s in seqs]} if self.adapter_names else {}
+
     def _decode(self) -> None:
         import torch
 
@@ -472,7 +489,8 @@ class Engine:
         started = time.monotonic()
         try:
             # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
-            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots)
+            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots,
+                                       **self._adapter_kw(running))
             next_tokens, entries = sample(logits, [s.sampler for s in running])
         except Exception as exc:
             for seq in running:

@@ -120,11 +120,13 @@ def compile_in_this_process(weights_dir: Path, config: dict, limits, kind: str):
     """The worker's job: reload the staged weights, compile ``kind``; return (kind, files, seconds)."""
     import torch
 
+    from neuronpack.backends.torch_aot.lora import attach_artifact_lora
     from neuronpack.checkpoint import open_checkpoint
     from neuronpack.models.loading import load_model
 
     model = load_model(open_checkpoint(Path(weights_dir)), getattr(torch, config["torch_dtype"]),
                        max_seq_len=limits.max_seq)
+    attach_artifact_lora(model, config, Path(weights_dir).parent)  # the staging dir: its lora/ copies
     return _compile_timed(model, kind, limits, config)
 
 

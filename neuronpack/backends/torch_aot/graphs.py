@@ -11,6 +11,8 @@ rows of the per-layer KV caches ``[B, kv_heads, max_seq + 1, head_dim]`` (one sp
   [layers, b, kv, T, hd]); b in 1..B rows, T in 1..max_tokens tokens per row (the longest prompt, or more when
   verification needs it), L in 1..max_seq attended cache positions (``arange(L)``), J in 1..max_tokens logits per
   row (1 for prefill and decode, T for verification).
+- with LoRA (``[lora]``): one more input before the caches, adapters [b] int64, each row's adapter slot (0: none)
+  (``LoraStepGraph``).
 
 Example::
 
@@ -57,6 +59,19 @@ class StepGraph(nn.Module):
         return self.lm.forward_step(tokens, starts, key_positions.shape[0], k_caches, v_caches, logit_index)
 
 
+class LoraStepGraph(StepGraph):
+    """StepGraph of a model with LoRA constants: ``adapters`` [b] int64 picks each row's adapter (0: none)."""
+
+    def forward(self, tokens: Tensor, starts: Tensor, key_positions: Tensor, logit_index: Tensor, adapters: Tensor,
+                k_caches: list[Tensor], v_caches: list[Tensor]):
+        return self.lm.forward_step(tokens, starts, key_positions.shape[0], k_caches, v_caches, logit_index,
+                                    adapters)
+
+
+def step_graph(lm: LlamaForCausalLM) -> StepGraph:
+    return LoraStepGraph(lm) if lm.lora_layout is not None else StepGraph(lm)
+
+
 def new_kv_cache(lm: LlamaForCausalLM, batch_size: int, max_seq: int, dtype: torch.dtype, device="cpu"):
     """Stacked K and V caches, each ``[layers, batch_size, kv_heads, cache_positions(max_seq), head_dim]`` zeros
     (layer l's cache is the contiguous ``cache[l]``)."""
@@ -70,22 +85,25 @@ def _example_size(limit: int) -> int:
     return min(2, limit)
 
 
-def example_inputs(limits: GraphLimits, caches) -> tuple:
-    """Example arguments of the step graph; with ``dynamic_shapes(limits, caches)`` they define what compiles."""
+def example_inputs(limits: GraphLimits, caches, lora: bool = False) -> tuple:
+    """Example arguments of the step graph; with ``dynamic_shapes(limits, caches)`` they define what compiles.
+    ``lora``: the adapters input of ``LoraStepGraph`` too."""
     k, v = caches
     n, t = _example_size(limits.batch_size), _example_size(limits.max_tokens)
     j = t
     tokens = torch.zeros(n, t, dtype=torch.long)
     logit_index = torch.arange(j).expand(n, j).contiguous()
     key_positions = torch.arange(_example_size(limits.max_seq))
-    return tokens, torch.zeros(n, dtype=torch.long), key_positions, logit_index, [c[:n] for c in k], [c[:n] for c in v]
+    adapters = (torch.zeros(n, dtype=torch.long),) if lora else ()
+    return (tokens, torch.zeros(n, dtype=torch.long), key_positions, logit_index, *adapters, [c[:n] for c in k],
+            [c[:n] for c in v])
 
 
 def _dim(name: str, limit: int):
     return torch.export.Dim(name, min=1, max=limit) if limit > 1 else torch.export.Dim.STATIC
 
 
-def dynamic_shapes(limits: GraphLimits, caches) -> tuple:
+def dynamic_shapes(limits: GraphLimits, caches, lora: bool = False) -> tuple:
     """The dynamic dimensions of ``example_inputs`` (a size limited to 1 is static)."""
     layers = len(caches[0])
     batch, tokens = _dim("batch", limits.batch_size), _dim("tokens", limits.max_tokens)
@@ -93,14 +111,16 @@ def dynamic_shapes(limits: GraphLimits, caches) -> tuple:
     row = {0: batch}
     rows = [row] * layers
     key_positions = {0: _dim("attend_len", limits.max_seq)}
-    return {0: batch, 1: tokens}, row, key_positions, {0: batch, 1: logits}, rows, rows
+    adapters = (row,) if lora else ()
+    return {0: batch, 1: tokens}, row, key_positions, {0: batch, 1: logits}, *adapters, rows, rows
 
 
 def export_graph(lm: LlamaForCausalLM, limits: GraphLimits, caches):
     """torch.export the step graph with its dynamic dimensions."""
+    lora = lm.lora_layout is not None
     with torch.no_grad():
-        return torch.export.export(StepGraph(lm), example_inputs(limits, caches), strict=False,
-                                   dynamic_shapes=dynamic_shapes(limits, caches))
+        return torch.export.export(step_graph(lm), example_inputs(limits, caches, lora), strict=False,
+                                   dynamic_shapes=dynamic_shapes(limits, caches, lora))
 
 
 class WeightsAsInputs(nn.Module):
@@ -122,13 +142,17 @@ def export_weightless_graph(lm: LlamaForCausalLM, limits: GraphLimits, caches):
     """torch.export the step graph with weights as inputs (keys ``lm.<checkpoint name>``); see ``WeightsAsInputs``."""
     from neuronpack.models.llama import build_model
     from neuronpack.models.loading import model_tensors
+    from neuronpack.models.lora import attach_lora
 
     meta = build_model(lm.config, lm.model.embed_tokens.weight.dtype, _int8_prefixes(lm))
+    lora = lm.lora_layout is not None
+    if lora:
+        attach_lora(meta, lm.lora_layout, device="meta")
     weights = {WEIGHT_PREFIX + name: t for name, t in model_tensors(lm).items()}
-    args = (weights, *example_inputs(limits, caches))
-    shapes = ({name: None for name in weights}, dynamic_shapes(limits, caches))  # (weights, *args)
+    args = (weights, *example_inputs(limits, caches, lora))
+    shapes = ({name: None for name in weights}, dynamic_shapes(limits, caches, lora))  # (weights, *args)
     with torch.no_grad():
-        return torch.export.export(WeightsAsInputs(StepGraph(meta)), args, strict=False,
+        return torch.export.export(WeightsAsInputs(step_graph(meta)), args, strict=False,
                                    dynamic_shapes=shapes)
 
 
