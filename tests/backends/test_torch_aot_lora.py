@@ -78,3 +78,14 @@ def test_same_prompt_three_ways_and_no_adapters_argument_means_base(lm, referenc
     assert greedy(lm, [1], [prompt], None) == [greedy_reference(references[0], prompt, NEW_TOKENS)]
     with pytest.raises(ValueError, match="adapter"):
         lm.decode(torch.tensor([1]), torch.tensor([3]), slots=[0], adapters=[3])  # only 2 adapters
+
+
+def test_verify_scores_several_tokens_with_each_rows_adapter(lm, references):
+    prompt = _prompts((12,), seed=5)[0]
+    head, tail = prompt[:8], prompt[8:]
+    lm.prefill([0, 1], [head, head], adapters=[1, 2])
+    logits = lm.verify([0, 1], [tail, tail], [8, 8], adapters=[1, 2])  # [2, 4, vocab]
+    for row, adapter in enumerate((1, 2)):
+        with torch.no_grad():
+            expected = references[adapter](torch.tensor([prompt])).logits[0, 8:].float()
+        torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-4)
