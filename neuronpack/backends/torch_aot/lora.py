@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuronpack.artifacts.paths import member_path
 from neuronpack.checkpoint.lora import LINEAR_BLOCKS, copy_adapters, lora_path, read_adapter
 from neuronpack.errors import ArtifactError, RecipeError
 
@@ -73,10 +74,11 @@ def attach_artifact_lora(model, config: dict[str, Any], artifact_dir: Path) -> N
     if not section:
         return
     layout = LoraLayout.from_dict(section)
-    attach_lora(model, layout)
+    paths = [member_path(Path(artifact_dir), a["path"]) for a in section["adapters"]]  # untrusted: stays inside
     try:
-        infos = [read_adapter(a["name"], Path(artifact_dir) / a["path"], target_modules=layout.target_modules,
-                              max_rank=layout.max_rank) for a in section["adapters"]]
+        infos = [read_adapter(a["name"], path, target_modules=layout.target_modules, max_rank=layout.max_rank)
+                 for a, path in zip(section["adapters"], paths, strict=True)]
+        attach_lora(model, layout)
         fill_lora(model, layout, infos)
     except CheckpointError as exc:
         raise ArtifactError(f"LoRA adapter inside the artifact: {exc.what}", where=exc.where,
