@@ -63,6 +63,7 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/compile.py --model $(DEMO_MODEL)
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
+	$(PY) bench/lora.py --model $(DEMO_MODEL)
 	$(PY) bench/remote.py
 
 # lm-eval (local-completions vs its hf model) and guidellm against the server; both come with the dev extra
