@@ -16,6 +16,35 @@ OUT_DIR = ROOT / "docs" / "bench"
 NEURONPACK = [sys.executable, "-m", "neuronpack"]
 
 
+def neuronpack_argv(code: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv prefix, environment additions) that run the ``neuronpack`` CLI from the source tree ``code`` (default:
+    this checkout). For before/after figures in one run, pass a ``git archive`` of the old code (``unpack``).
+
+    ``-P`` keeps the working directory off ``sys.path``: run from the repository root, ``python -m neuronpack``
+    would import this checkout whatever PYTHONPATH says. PYTHONPATH comes before the editable install's finder."""
+    return [sys.executable, "-P", "-m", "neuronpack"], {"PYTHONPATH": str(code or ROOT)}
+
+
+def unpack(commit: str, dest: Path) -> Path:
+    """The source tree of ``commit`` (``git archive``) in ``dest``, for ``neuronpack_argv(dest)``."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def bytecode_env(cached: bool, pycache: Path) -> dict[str, str]:
+    """Environment for timing Python start-up: ``cached`` writes and reuses bytecode under ``pycache`` (what an
+    installed package or an editable install does); otherwise every module is compiled from source on every run
+    (``PYTHONDONTWRITEBYTECODE=1``, as in some sandboxes). Start-up figures differ by ~2x between the two."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    if cached:
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
 def time_command(argv: list[str], *, repeats: int = 5, env: dict | None = None) -> list[float]:
     """Wall seconds of each of ``repeats`` runs of a command (it must succeed)."""
     times = []
@@ -24,6 +53,20 @@ def time_command(argv: list[str], *, repeats: int = 5, env: dict | None = None) 
         subprocess.run(argv, check=True, capture_output=True, env={**os.environ, **(env or {})})
         times.append(time.perf_counter() - t0)
     return times
+
+
+def run_timed(argv: list[str], env: dict[str, str], **kwargs) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run a command that must succeed with exactly ``env``; return (wall seconds, CPU seconds of the process and its
+    children, the completed process). CPU seconds are less sensitive than wall time to other jobs on the machine."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, **kwargs)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from neuronpack import __version__
 from neuronpack.checkpoint import Checkpoint, TensorSpec, copy_aux_files, open_checkpoint, write_safetensors_sharded
 from neuronpack.checkpoint.dtypes import torch_dtype
-from neuronpack.checkpoint.safetensors_header import expected_nbytes
+from neuronpack.checkpoint.safetensors_header import TensorInfo, expected_nbytes
 from neuronpack.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
 from neuronpack.convert.eagle_layouts import (
     EMBED,
@@ -112,7 +112,7 @@ def convert_eagle(
         digests = pool.submit(_source_digests, draft_ckpt, target_ckpt, plan)
         with atomic_output_dir(Path(out), inputs=[draft_dir, target_dir], label="eagle-") as staging:
             stream = _TensorStream(plan, draft_ckpt, target_ckpt)
-            specs = [TensorSpec(t.name, torch_dtype(t.dtype), t.shape) for t in plan.tensors]
+            specs = [TensorSpec(t.name, t.dtype, t.shape) for t in plan.tensors]
             shards = write_safetensors_sharded(
                 staging, specs, stream.chunks(), max_shard_bytes=max_shard_bytes, reporter=reporter
             )
@@ -165,11 +165,14 @@ class _TensorStream:
             new = next(t for t in plan.tensors if t.name == HEAD)
             self.head_identical = old.dtype == new.dtype and tuple(old.shape) == new.shape
 
-    def chunks(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def chunks(self) -> Iterator[tuple[str, torch.Tensor | TensorInfo]]:
         # Reading the next chunk in a worker thread, to overlap it with the write, measured no faster on the 2 busy
         # cores of the build machine (4.4-7.7 s either way), so the stream stays single-threaded.
         for spec in self.plan.tensors:
             ckpt = self.draft if spec.source == "draft" else self.target
+            if self._copied_as_stored(spec, ckpt):
+                yield spec.name, ckpt.info(spec.source_name)  # the writer copies its bytes kernel-side
+                continue
             for start, stop in _row_ranges(spec):
                 rows = ckpt.get_rows(spec.source_name, start, stop) if spec.shape else ckpt.get(spec.source_name)
                 rows = _cast(spec, rows)
@@ -178,6 +181,12 @@ class _TensorStream:
 
                     self.head_identical = torch.equal(rows, self.draft.get_rows(HEAD, start, stop))
                 yield spec.name, rows
+
+    def _copied_as_stored(self, spec: OutputTensor, ckpt: Checkpoint) -> bool:
+        """Unchanged safetensors bytes are copied file to file: no torch, no pages of them in this process. A head
+        being compared with the draft's old one goes through torch (torch.equal decides "identical")."""
+        comparing = spec.name == HEAD and self.head_identical
+        return not spec.cast and not comparing and ckpt.format == "safetensors"
 
 
 def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
