@@ -75,15 +75,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_serve_process(artifact: Path | None, port: int, args: list[str], *, env: dict | None = None) -> tuple:
-    """``neuronpack serve [ARTIFACT] --port PORT ARGS`` on loopback; returns (process, seconds until /health
-    answers). Its stderr goes to a temporary file (``proc.log_path``), never to a pipe nobody reads (a full pipe
-    would block the server). Raises when the process exits first."""
+def start_serve_process(artifact: Path | None, port: int, args: list[str], *, env: dict | None = None,
+                        code: Path | None = None) -> tuple:
+    """``neuronpack serve [ARTIFACT] --port PORT ARGS`` on loopback (with the source tree ``code``, default this
+    checkout); returns (process, seconds until /health answers). Its stderr goes to a temporary file
+    (``proc.log_path``), never to a pipe nobody reads (a full pipe would block the server). Raises when the process
+    exits first."""
     import tempfile
 
     import httpx
 
-    argv = [*NEURONPACK, "serve", *([str(artifact)] if artifact else []), "--port", str(port), *args]
+    prefix, code_env = neuronpack_argv(code) if code else (NEURONPACK, {})
+    env = {**code_env, **(env or {})}
+    argv = [*prefix, "serve", *([str(artifact)] if artifact else []), "--port", str(port), *args]
     log = tempfile.NamedTemporaryFile("w+", prefix="neuronpack-serve-", suffix=".log", delete=False)  # noqa: SIM115
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=log, text=True)
