@@ -14,10 +14,9 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuronpack.artifacts.manifest import Manifest, build_manifest, write_manifest
-from neuronpack.artifacts.remote import REMOTE_ENV, Transport
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.backends.select import NEURON_FRAMEWORKS
@@ -26,6 +25,9 @@ from neuronpack.fsutil import disk_full, remove_tree
 from neuronpack.pipeline.inputs import resolve_inputs
 from neuronpack.pipeline.plan import BuildPlan, plan_build
 from neuronpack.progress import NullReporter, Reporter
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.remote import Transport
 
 # A cache hit imports only what it runs: the remote store, derived checkpoints (quantize, EAGLE) and the backends'
 # build code are imported inside the functions that use them.
@@ -74,6 +76,8 @@ def compile_model(
     returns the recorded figures, or runs the check on the artifact without modifying it."""
     reporter = reporter or NullReporter()
     if push and remote is None:
+        from neuronpack.artifacts.remote import REMOTE_ENV
+
         raise NeuronpackError("--push needs a remote store", where="--push",
                               fix=f"pass --remote s3://bucket/prefix (or set {REMOTE_ENV})")
     result = _compile(model, recipe=recipe, overrides=overrides, framework=framework, out_root=out_root, dest=dest,

@@ -26,8 +26,8 @@ BUILD_ONLY_MODULES = (
     "neuronpack.models", "neuronpack.convert.eagle", "neuronpack.convert.quantize", "neuronpack.accuracy",
     "neuronpack.backends.torch_aot.build", "neuronpack.backends.torch_aot.load",
     "neuronpack.backends.torch_aot.compile",
-    "neuronpack.checkpoint.writer", "neuronpack.checkpoint.gguf_import", "neuronpack.artifacts.remote.pull",
-    "neuronpack.artifacts.remote.push", "neuronpack.pipeline.prepare", "neuronpack.pipeline.serving",
+    "neuronpack.checkpoint.writer", "neuronpack.checkpoint.gguf_import",
+    "neuronpack.artifacts.remote", "neuronpack.pipeline.prepare", "neuronpack.pipeline.serving",
     "neuronpack.runtime.engine", "neuronpack.runtime.server",
 )
 
