@@ -55,6 +55,15 @@ def time_command(argv: list[str], *, repeats: int = 5, env: dict | None = None) 
     return times
 
 
+def warm_page_cache(dirs: list[Path]) -> None:
+    """Read every file of ``dirs`` once, so the runs that follow all find them in the page cache."""
+    for d in dirs:
+        for f in d.iterdir():
+            with open(f, "rb") as fh:
+                while fh.read(64 * 2**20):
+                    pass
+
+
 def run_timed(argv: list[str], env: dict[str, str], **kwargs) -> tuple[float, float, subprocess.CompletedProcess]:
     """Run a command that must succeed with exactly ``env``; return (wall seconds, CPU seconds of the process and its
     children, the completed process). CPU seconds are less sensitive than wall time to other jobs on the machine."""

@@ -10,7 +10,8 @@ generates two EAGLE-1 drafts of that size (embed_tokens [49152, 576], fc [576, 1
 Each conversion runs the CLI in a fresh process, as a user would: ``neuronpack convert-eagle --draft D --target T
 --out O --quiet``, with the digest cache warm (the run before filled it; the first, cold run also hashes the draft
 and the target's weight file for the provenance manifest and is reported apart). ``copy`` is ``cp -r`` of the
-converted directory. Dirty pages are flushed (``sync``) before every run. With ``--before DIR`` (a ``git archive`` of
+converted directory; ``cp+sync`` also fsyncs the copied files, as convert-eagle does before it renames its output
+into place. Dirty pages are flushed (``sync``) before every run. With ``--before DIR`` (a ``git archive`` of
 the old code, see ``_common.unpack``) the same runs are made with that code and its outputs are compared byte for
 byte with this checkout's.
 
@@ -40,6 +41,7 @@ from _common import (  # noqa: E402
     run_timed,
     save_results,
     unpack,
+    warm_page_cache,
 )
 
 DRAFTS = {"same-dtype": "float32", "cast": "bfloat16"}
@@ -94,19 +96,13 @@ def convert(code: Path | None, draft: Path, target: Path, out: Path, env: dict) 
     return wall, cpu
 
 
-def copy(src: Path, dst: Path, env: dict) -> tuple[float, float]:
+def copy(src: Path, dst: Path, env: dict, *, durable: bool = False) -> tuple[float, float]:
+    """``cp -r``; ``durable``: then ``sync`` the copied files (fsync each), the guarantee convert-eagle gives its
+    output before it renames it into place."""
     os.sync()
-    wall, cpu, _ = run_timed(["cp", "-r", str(src), str(dst)], env)
+    script = f'cp -r "{src}" "{dst}"' + (f' && sync "{dst}" "{dst}"/*' if durable else "")
+    wall, cpu, _ = run_timed(["sh", "-c", script], env)
     return wall, cpu
-
-
-def warm(paths: list[Path]) -> None:
-    """Read the inputs once, so every run finds them in the page cache."""
-    for directory in paths:
-        for f in directory.iterdir():
-            with open(f, "rb") as fh:
-                while fh.read(64 * 2**20):
-                    pass
 
 
 def bench_side(label: str, code: Path | None, drafts: dict[str, Path], target: Path, work: Path, env: dict,
@@ -117,11 +113,11 @@ def bench_side(label: str, code: Path | None, drafts: dict[str, Path], target: P
         shutil.rmtree(cache, ignore_errors=True)
         run_env = {**env, "NEURONPACK_CACHE_DIR": str(cache)}
         out = work / f"out-{label}-{case}"
-        warm([draft, target])
+        warm_page_cache([draft, target])
         shutil.rmtree(out, ignore_errors=True)
         cold = convert(code, draft, target, out, run_env)
         digest = tree_digest(out)
-        convert_runs, copy_runs = [], []
+        convert_runs, copy_runs, synced_runs = [], [], []
         for _ in range(repeats):
             shutil.rmtree(out, ignore_errors=True)
             convert_runs.append(convert(code, draft, target, out, run_env))
@@ -129,13 +125,18 @@ def bench_side(label: str, code: Path | None, drafts: dict[str, Path], target: P
             shutil.rmtree(copied, ignore_errors=True)
             copy_runs.append(copy(out, copied, run_env))
             shutil.rmtree(copied, ignore_errors=True)
+            synced_runs.append(copy(out, copied, run_env, durable=True))
+            shutil.rmtree(copied, ignore_errors=True)
         size = sum(p.stat().st_size for p in out.iterdir())
         wall = statistics.median(r[0] for r in convert_runs)
         copy_wall = statistics.median(r[0] for r in copy_runs)
+        synced_wall = statistics.median(r[0] for r in synced_runs)
         rows[case] = {"output_bytes": size, "cold_wall_s": round(cold[0], 3), "cold_cpu_s": round(cold[1], 3),
                       "wall_s": round(wall, 3), "cpu_s": round(statistics.median(r[1] for r in convert_runs), 3),
                       "copy_wall_s": round(copy_wall, 3), "wall_vs_copy": round(wall / copy_wall, 2),
-                      "cold_vs_copy": round(cold[0] / copy_wall, 2), "runs": convert_runs, "copy_runs": copy_runs,
+                      "cold_vs_copy": round(cold[0] / copy_wall, 2), "synced_copy_wall_s": round(synced_wall, 3),
+                      "wall_vs_synced_copy": round(wall / synced_wall, 2), "runs": convert_runs,
+                      "copy_runs": copy_runs, "synced_copy_runs": synced_runs,
                       "digest": digest}
         shutil.rmtree(out, ignore_errors=True)
     return rows
@@ -168,11 +169,12 @@ def main() -> None:
     print(f"convert-eagle vs cp -r of its output (median of {args.repeats}, bytecode {args.bytecode}; "
           f"load {load['before'][0]:.2f} -> {load['after'][0]:.2f})")
     print(f"{'side':7} {'case':11} {'out MB':>7} {'convert s':>10} {'CPU s':>7} {'cp -r s':>8} {'x copy':>7} "
-          f"{'cold s':>7} {'cold x':>7}")
+          f"{'cp+sync s':>10} {'x synced':>9} {'cold s':>7} {'cold x':>7}")
     for side, rows in sides.items():
         for case, r in rows.items():
             print(f"{side:7} {case:11} {r['output_bytes'] / 1e6:7.0f} {r['wall_s']:10.3f} {r['cpu_s']:7.3f} "
-                  f"{r['copy_wall_s']:8.3f} {r['wall_vs_copy']:7.2f} {r['cold_wall_s']:7.3f} {r['cold_vs_copy']:7.2f}")
+                  f"{r['copy_wall_s']:8.3f} {r['wall_vs_copy']:7.2f} {r['synced_copy_wall_s']:10.3f} "
+                  f"{r['wall_vs_synced_copy']:9.2f} {r['cold_wall_s']:7.3f} {r['cold_vs_copy']:7.2f}")
     if identical is not None:
         print(f"outputs identical before/after (every file): {identical}")
     save_results("convert_eagle", {"target": str(target), "repeats": args.repeats, "bytecode": args.bytecode,
@@ -188,14 +190,20 @@ def plot(sides: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels, values = [], []
+    labels, values, synced = [], [], []
     for side, rows in sides.items():
         for case, r in rows.items():
             labels.append(f"{side}\n{case}")
             values.append(r["wall_vs_copy"])
+            synced.append(r["wall_vs_synced_copy"])
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    bars = ax.bar(labels, values, color="#4a7ab5")
+    x = range(len(labels))
+    bars = ax.bar([i - 0.2 for i in x], values, width=0.4, color="#4a7ab5", label="vs cp -r")
     ax.bar_label(bars, fmt="%.2g")
+    bars = ax.bar([i + 0.2 for i in x], synced, width=0.4, color="#9ab8de", label="vs cp -r + fsync")
+    ax.bar_label(bars, fmt="%.2g")
+    ax.set_xticks(list(x), labels)
+    ax.set_yscale("log")
     ax.axhline(2.0, color="red", linestyle="--", label="target 2x")
     ax.set_ylabel("convert-eagle wall / cp -r wall")
     ax.set_title("convert-eagle on SmolLM2-135M (warm digest cache)")
