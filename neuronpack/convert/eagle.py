@@ -2,8 +2,10 @@
 
 NxDI needs the target's ``lm_head.weight`` inside an EAGLE-1/2 draft, and for an EAGLE-3 draft ``layers.0.*`` names
 plus the target's ``embed_tokens.weight``. ``convert_eagle`` validates everything from headers first
-(``eagle_layouts.plan_eagle_conversion``), then streams: draft tensors one at a time (large ones in row chunks) and
-the target's head/embedding in row chunks, so the target's other weights are never read. OUT is written atomically:
+(``eagle_layouts.plan_eagle_conversion``), then streams: a tensor kept unchanged from a safetensors file is copied
+file to file by the kernel (no torch import when nothing is cast); the others go through torch, draft tensors one at
+a time (large ones in row chunks) and the target's head/embedding in row chunks. The target's other weights are never
+read. OUT is written atomically:
 safetensors (+ index when sharded), ``config.json`` with NxDI's keys, the draft's tokenizer files and
 ``neuronpack-eagle.json`` (what was added, renamed and cast, with source digests).
 
