@@ -115,7 +115,7 @@ def main() -> None:
         "targets": {"hit_vs_version": 2.0, "hit_1gb_vs_small": 1.2},
     })
     hits = [r for r in rows if r["command"] != "version"]
-    save_bar_plot("cache_hit", [f"{r['side']} {r['bytecode']}\n{r['command'][4:]}" for r in hits],
+    save_bar_plot("cache_hit", [f"{r['side']}\n{r['bytecode']}\n{r['command'][4:]}" for r in hits],
                   [r["wall_vs_version"] for r in hits], ylabel="hit wall / --version wall (median)",
                   title="cache-hit compile vs --version (target <= 2.0)")
 
