@@ -41,8 +41,9 @@ DEFAULT_MAX_SHARD_BYTES = 4 * 2**30
 _COPY_CHUNK = 16 * 2**20
 _NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM)
 
-# What a chunk may be: rows of a tensor, or a whole stored tensor copied unchanged (TensorInfo of a safetensors file).
-Chunk = Union["torch.Tensor", TensorInfo]
+# What a chunk may be: rows of a tensor, their raw little-endian bytes (already in the spec's dtype), or a whole stored
+# tensor copied unchanged (TensorInfo of a safetensors file).
+Chunk = Union["torch.Tensor", bytes, TensorInfo]
 
 
 class TensorSpec(NamedTuple):
@@ -72,7 +73,8 @@ def write_safetensors_sharded(
     """Stream tensors into safetensors shards in ``out_dir``; return the shard paths in order.
 
     ``chunks`` yields ``(name, tensor)`` in ``specs`` order; a tensor may arrive as several consecutive row chunks
-    (concatenated along dim 0), or whole as the ``TensorInfo`` of a safetensors tensor to copy unchanged. One shard
+    (concatenated along dim 0), as raw bytes of whole rows in the spec's dtype, or whole as the ``TensorInfo`` of a
+    safetensors tensor to copy unchanged. One shard
     is written as ``model.safetensors``; several as ``model-00001-of-0000N.safetensors`` plus
     ``model.safetensors.index.json``, the way transformers writes them.
     A chunk with the wrong name, dtype or trailing shape, or a tensor with too few/many bytes, raises ValueError
@@ -204,8 +206,12 @@ def _write_tensor(fh: BinaryIO, spec: TensorSpec, stream: _ChunkStream) -> None:
             _copy_stored(fh, chunk)
             written += chunk.nbytes
             continue
-        _check_chunk(spec, chunk)
-        data = _as_bytes(chunk)
+        if isinstance(chunk, bytes):
+            _check_raw(spec, chunk, want)
+            data = memoryview(chunk)
+        else:
+            _check_chunk(spec, chunk)
+            data = _as_bytes(chunk)
         if written + len(data) > want:
             raise ValueError(f"{spec.name!r}: chunks carry more than the {want} bytes of shape {tuple(spec.shape)}")
         fh.write(data)
@@ -223,6 +229,12 @@ def _check_chunk(spec: TensorSpec, chunk: torch.Tensor) -> None:
     # Row chunks concatenate along dim 0, so every other dimension must match the spec.
     if len(spec.shape) >= 2 and tuple(chunk.shape[1:]) != tuple(spec.shape[1:]):
         raise ValueError(f"{spec.name!r}: chunk shape {tuple(chunk.shape)} does not stack to {tuple(spec.shape)}")
+
+
+def _check_raw(spec: TensorSpec, data: bytes, want: int) -> None:
+    rows = spec.shape[0] if spec.shape else 1
+    if rows and len(data) % (want // rows or 1):
+        raise ValueError(f"{spec.name!r}: {len(data)} raw bytes are not whole rows of {tuple(spec.shape)}")
 
 
 def _check_stored(spec: TensorSpec, info: TensorInfo, written: int) -> None:

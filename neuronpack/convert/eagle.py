@@ -3,9 +3,10 @@
 NxDI needs the target's ``lm_head.weight`` inside an EAGLE-1/2 draft, and for an EAGLE-3 draft ``layers.0.*`` names
 plus the target's ``embed_tokens.weight``. ``convert_eagle`` validates everything from headers first
 (``eagle_layouts.plan_eagle_conversion``), then streams: a tensor kept unchanged from a safetensors file is copied
-file to file by the kernel (no torch import when nothing is cast); the others go through torch, draft tensors one at
-a time (large ones in row chunks) and the target's head/embedding in row chunks. The target's other weights are never
-read. OUT is written atomically:
+file to file by the kernel; a safetensors tensor that is cast is cast on its stored bytes in row chunks
+(``float_cast``, bit for bit torch's cast), so safetensors inputs never need torch. Only a ``.bin`` draft (or rows
+holding a NaN) go through torch: draft tensors one at a time (large ones in row chunks), the target's head/embedding
+in row chunks. The target's other weights are never read. OUT is written atomically:
 safetensors (+ index when sharded), ``config.json`` with NxDI's keys, the draft's tokenizer files and
 ``neuronpack-eagle.json`` (what was added, renamed and cast, with source digests).
 
@@ -40,6 +41,7 @@ from neuronpack.convert.eagle_layouts import (
     detect_layout,
     plan_eagle_conversion,
 )
+from neuronpack.convert.float_cast import cast_floats
 from neuronpack.digest import file_sha256
 from neuronpack.errors import ConversionError
 from neuronpack.fsutil import atomic_output_dir, check_output_path
@@ -167,7 +169,7 @@ class _TensorStream:
             new = next(t for t in plan.tensors if t.name == HEAD)
             self.head_identical = old.dtype == new.dtype and tuple(old.shape) == new.shape
 
-    def chunks(self) -> Iterator[tuple[str, torch.Tensor | TensorInfo]]:
+    def chunks(self) -> Iterator[tuple[str, torch.Tensor | bytes | TensorInfo]]:
         # Reading the next chunk in a worker thread, to overlap it with the write, measured no faster on the 2 busy
         # cores of the build machine (4.4-7.7 s either way), so the stream stays single-threaded.
         for spec in self.plan.tensors:
@@ -176,6 +178,10 @@ class _TensorStream:
                 yield spec.name, ckpt.info(spec.source_name)  # the writer copies its bytes kernel-side
                 continue
             for start, stop in _row_ranges(spec):
+                cast = self._cast_without_torch(spec, ckpt, start, stop)
+                if cast is not None:
+                    yield spec.name, cast
+                    continue
                 rows = ckpt.get_rows(spec.source_name, start, stop) if spec.shape else ckpt.get(spec.source_name)
                 rows = _cast(spec, rows)
                 if spec.name == HEAD and self.head_identical:
@@ -190,6 +196,17 @@ class _TensorStream:
         comparing = spec.name == HEAD and self.head_identical
         return not spec.cast and not comparing and ckpt.format == "safetensors"
 
+    def _cast_without_torch(self, spec: OutputTensor, ckpt: Checkpoint, start: int, stop: int) -> bytes | None:
+        """Rows of a safetensors tensor cast on their stored bytes (``float_cast``: numpy, bit for bit torch's cast);
+        None when torch casts them: a .bin source, a scalar, a head being compared, or a NaN in the rows."""
+        comparing = spec.name == HEAD and self.head_identical
+        if not spec.cast or comparing or not spec.shape or ckpt.format != "safetensors":
+            return None
+        cast = cast_floats(ckpt.raw_rows(spec.source_name, start, stop), spec.source_dtype, spec.dtype)
+        if cast is not None and cast.overflow:
+            raise _overflow(spec)
+        return None if cast is None else cast.data
+
 
 def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
     """Cast a chunk to its output dtype; refuse an overflow (|x| > 65504 in float16) rather than write inf."""
@@ -201,12 +218,16 @@ def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
     # aminmax is one cheap pass (isfinite over the whole chunk cost as much as the cast); NaN/inf show up in it.
     if cast.numel() and not all(torch.isfinite(v) for v in torch.aminmax(cast)):
         if all(torch.isfinite(v) for v in torch.aminmax(rows)):
-            raise ConversionError(
-                f"{spec.name} overflows when cast from {spec.source_dtype} to {spec.dtype}",
-                where=f"{spec.source} tensor {spec.source_name}",
-                fix="choose a wider --dtype (bfloat16 or float32)",
-            )
+            raise _overflow(spec)
     return cast
+
+
+def _overflow(spec: OutputTensor) -> ConversionError:
+    return ConversionError(
+        f"{spec.name} overflows when cast from {spec.source_dtype} to {spec.dtype}",
+        where=f"{spec.source} tensor {spec.source_name}",
+        fix="choose a wider --dtype (bfloat16 or float32)",
+    )
 
 
 def _row_ranges(spec: OutputTensor) -> list[tuple[int, int]]:

@@ -149,7 +149,7 @@ def test_duplicate_specs_and_reporter(tmp_path):
 @pytest.mark.parametrize("kernel_copy", [True, False])
 def test_stored_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch, kernel_copy):
     """A TensorInfo chunk copies the stored bytes (copy_file_range, or pread/pwrite where the kernel cannot): the
-    file equals the one written from the same tensors, also between streamed chunks and with a str dtype."""
+    file equals the one written from the same tensors, also next to streamed rows, raw-byte rows and str dtypes."""
     import errno
     import os
 
@@ -164,7 +164,8 @@ def test_stored_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch, kernel_c
     specs = [TensorSpec("x", "F32", (5, 3)), TensorSpec("y", torch.float32, (6, 2)), TensorSpec("b", "I64", (7,)),
              TensorSpec("c", torch.bfloat16, (4, 2))]
     rows = torch.randn(6, 2)
-    chunks = [("x", stored["a"]), ("y", rows[:4]), ("y", rows[4:]), ("b", stored["b"]), ("c", stored["c"])]
+    raw = rows[4:].numpy().tobytes()  # rows as raw bytes in the spec's dtype
+    chunks = [("x", stored["a"]), ("y", rows[:4]), ("y", raw), ("b", stored["b"]), ("c", stored["c"])]
     (tmp_path / "copied").mkdir()
     (tmp_path / "streamed").mkdir()
     write_safetensors_sharded(tmp_path / "copied", specs, iter(chunks))
@@ -175,6 +176,8 @@ def test_stored_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch, kernel_c
 
 
 def test_a_stored_tensor_must_be_the_whole_spec(tmp_path):
+    with pytest.raises(ValueError, match="not whole rows"):
+        write_safetensors_sharded(tmp_path, [TensorSpec("a", "F32", (4, 2))], iter([("a", b"\0" * 12)]))
     save_file({"a": torch.zeros(4, 2)}, str(tmp_path / "src.safetensors"))
     stored = read_safetensors_header(tmp_path / "src.safetensors")["a"]
     for spec in (TensorSpec("a", torch.float16, (4, 2)), TensorSpec("a", torch.float32, (8, 2))):
