@@ -36,7 +36,7 @@ def test_artifact_layout(smollm_export):
             "weights/config.json"} <= names
     assert "neuronpack.json" not in names  # the pipeline writes the manifest
     assert info["compiler"] == "export"
-    assert set(info["bucket_seconds"]) == {"context", "token_generation"}  # one dynamic-shape graph per kind
+    assert set(info["bucket_seconds"]) == {"step"}  # one dynamic-shape graph for every step
 
 
 def test_neuron_config_fields(smollm_export):
@@ -79,7 +79,7 @@ def test_loaded_artifact_matches_the_model(smollm_export):
     torch.testing.assert_close(alone[0], full[20], atol=5e-2, rtol=2e-2)
 
 
-def test_prompt_logits_score_every_position(smollm_export, tmp_path):
+def test_prompt_logits_score_every_position(smollm_export):
     model_dir, artifact, _ = smollm_export
     lm = load_artifact(artifact)
     reference = load_model(model_dir, torch.bfloat16)
@@ -93,14 +93,6 @@ def test_prompt_logits_score_every_position(smollm_export, tmp_path):
     torch.testing.assert_close(step[1], full[20], atol=5e-2, rtol=2e-2)
     with pytest.raises(BucketError, match="largest context bucket 64"):
         lm.prompt_logits([1] * 65)
-    old = tmp_path / "old"
-    shutil.copytree(artifact, old)
-    config = json.loads((old / "neuron_config.json").read_text())
-    config.pop("context_outputs")  # as written before context graphs returned hidden states
-    (old / "neuron_config.json").write_text(json.dumps(config))
-    with pytest.raises(ArtifactError, match="last-token logits only") as info:
-        load_artifact(old).prompt_logits(prompt)
-    assert "--force" in info.value.fix
 
 
 def test_load_errors_are_clear(smollm_export, tmp_path):
@@ -155,6 +147,7 @@ def test_unsupported_recipe_features_are_refused(tiny_llama, tmp_path, recipe, w
 def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
     config = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "s"))
     assert "target" not in config
-    assert config["graphs"] == {"context": "context", "token_generation": "token_generation"}
+    assert config["graphs"] == {"step": "step"}
+    assert config["max_step_tokens"] == config["max_context_length"]  # no speculation: the longest prompt
     assert config["kv_cache_positions"] == 129  # seq_len + one spare position
     json.dumps(config)  # plain JSON: goes into the key
