@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.base import Availability, BuildRequest
+from neuronpack.backends.torch_aot.layout import FORMAT_VERSION
 from neuronpack.backends.torch_aot.target import current_target, cxx_compiler, effective_compiler, torch_version
 from neuronpack.lazy import lazy_attributes
 
@@ -47,7 +48,10 @@ class TorchAotBackend:
         return {"torch": torch_version()}
 
     def target(self, recipe) -> dict[str, Any]:
-        return current_target(effective_compiler(recipe.compiler), recipe.instance_for("torch"))
+        # The artifact format is part of the key: a neuronpack that writes another format must rebuild, not take an
+        # old artifact for a cache hit that it then refuses to load.
+        target = current_target(effective_compiler(recipe.compiler), recipe.instance_for("torch"))
+        return {**target, "format_version": FORMAT_VERSION}
 
     def compile_config(self, request: BuildRequest) -> dict[str, Any]:
         from neuronpack.backends.torch_aot.build import neuron_config
