@@ -130,8 +130,8 @@ class CompiledLM:
         self._head_inputs = head_weights(model)
         shape = (config["num_layers"], self.batch_size, config["num_kv_heads"], config["kv_cache_positions"],
                  config["head_dim"])
-        self.k_cache = torch.zeros(shape, dtype=self.dtype)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype)
+        self.k_cache = _untouched_zeros(shape, self.dtype)
+        self.v_cache = _untouched_zeros(shape, self.dtype)
         # Per-layer views of the first n rows for every n (contiguous), built once.
         layers = range(config["num_layers"])
         self._row_views = [([self.k_cache[i, :n] for i in layers], [self.v_cache[i, :n] for i in layers])
@@ -307,6 +307,20 @@ class CompiledLM:
                               f"{list(self.token_generation_buckets)}",
                               fix="stop the sequence at max_seq_len or compile with a larger seq_len")
         return tokens, positions
+
+
+def _untouched_zeros(shape: tuple[int, ...], dtype):
+    """A zero tensor backed by a private anonymous mapping: pages become resident only when written, so a KV cache
+    costs the memory of the positions sequences really reach, not of every slot at full length (torch.zeros writes
+    every page). Never written positions are never read unmasked either way."""
+    import math
+    import mmap
+
+    import torch
+
+    nbytes = max(1, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)
 
 
 def _load_runners(package: Path, config: dict, task) -> dict[str, Callable]:
