@@ -71,15 +71,33 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "kv_cache_positions": L.cache_positions(plan.seq_len),
         "vocab_size": cfg.vocab_size,
         "context_outputs": list(L.CONTEXT_OUTPUTS),
+        "speculation": speculation_config(recipe),
+        "max_verify_tokens": max_verify_tokens(recipe),
         "graphs": {kind: kind for kind in L.GRAPH_KINDS},  # graph -> model name in graphs.pt2
         "target": current_target(compiler, recipe.instance_for("torch")),
     }
 
 
+def speculation_config(recipe) -> dict[str, Any] | None:
+    """What the runtime speculates with (None: no speculation): kind, length and the n-gram sizes of prompt lookup."""
+    spec = recipe.speculation
+    if spec is None:
+        return None
+    return {"kind": spec.kind, "length": spec.length, "prompt_lookup_min": spec.prompt_lookup_min,
+            "prompt_lookup_max": spec.prompt_lookup_max}
+
+
+def max_verify_tokens(recipe) -> int:
+    """Tokens per row the token-generation graph takes at most: the last token plus ``length`` drafts to verify."""
+    return recipe.speculation.length + 1 if recipe.speculation else 1
+
+
 def check_recipe(recipe) -> None:
     """Refuse recipe features the portable backend does not implement (one clear line each)."""
     unsupported = [
-        (recipe.speculation is not None, "speculation", "remove [speculation] or use framework nxd"),
+        (recipe.speculation is not None and recipe.speculation.kind != "prompt_lookup",
+         f"speculation kind {recipe.speculation.kind!r}" if recipe.speculation else "",
+         'set [speculation] kind = "prompt_lookup", or use framework nxd for draft-model speculation'),
         (recipe.lora is not None, "lora", "remove [lora] or use framework nxd"),
         (recipe.target.tp_degree != 1, "target.tp_degree > 1", "set target.tp_degree = 1 for the torch backend"),
         (bool(recipe.quantization and recipe.quantization.kv_cache), "quantization.kv_cache",
