@@ -57,10 +57,6 @@ class Proposer(Protocol):
         [n, T, hidden_size] when ``needs_hidden_states`` (else None)."""
         ...
 
-    def release(self, request_id: str) -> None:
-        """The request finished: drop any state kept for it."""
-        ...
-
 
 class PromptLookupProposer:
     """N-gram lookup in the sequence's own tokens (vLLM's ``ngram`` speculative method); stateless."""
@@ -76,9 +72,6 @@ class PromptLookupProposer:
         return [Draft(lookup_draft(r.token_ids, self.min_n, self.max_n, r.max_tokens)) for r in requests]
 
     def verified(self, request_ids: Sequence[str], accepted: Sequence[int], hidden: Tensor | None) -> None:
-        return None
-
-    def release(self, request_id: str) -> None:
         return None
 
 
