@@ -483,44 +483,37 @@ class Engine:
         return {id(seq): logits[i : i + 1] for i, seq in enumerate(seqs)}
 
     def _decode(self) -> None:
+        """One decode step over the running sequences: one token each, or with speculation a draft-then-verify step
+        that may emit several."""
+        running = self.scheduler.running
+        started = time.monotonic()
+        try:
+            outcomes = self._speculate(running) if self.speculator is not None else self._decode_one(running)
+        except Exception as exc:
+            for seq in running:
+                self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
+            return
+        self.metrics.decode_seconds.observe(time.monotonic() - started)
+        self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
+        for seq, outcome in zip(running, outcomes, strict=True):
+            self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None)
+
+    def _decode_one(self, running: list[RequestState]) -> list[Accepted]:
         import torch
 
-        if self.speculator is not None:
-            self._speculate()
-            return
-        running = self.scheduler.running
         slots, tokens, positions = self.scheduler.decode_inputs()
-        started = time.monotonic()
-        try:
-            # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
-            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots)
-            next_tokens, entries = sample(logits, [s.sampler for s in running])
-        except Exception as exc:
-            for seq in running:
-                self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
-            return
-        self.metrics.decode_seconds.observe(time.monotonic() - started)
-        self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
-        for seq, token, entry in zip(running, next_tokens.tolist(), entries, strict=True):
-            self._emit(seq, [token], None if entry is None else [entry])
+        # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
+        logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots)
+        next_tokens, entries = sample(logits, [s.sampler for s in running])
+        return [Accepted([token], 0, 0, None if entry is None else [entry])
+                for token, entry in zip(next_tokens.tolist(), entries, strict=True)]
 
-    def _speculate(self) -> None:
-        """Draft-then-verify over the running sequences; each emits the tokens it kept plus the target's one."""
-        running = self.scheduler.running
+    def _speculate(self, running: list[RequestState]) -> list[Accepted]:
         rows = [SpecRow(s.request_id, s.slot, s.next_position, [*s.prompt_ids, *s.output.token_ids],
                         self._room(s), s.sampler) for s in running]
-        started = time.monotonic()
-        try:
-            outcomes, stats = self.speculator.run(rows)
-        except Exception as exc:
-            for seq in running:
-                self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
-            return
-        self.metrics.decode_seconds.observe(time.monotonic() - started)
-        self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
+        outcomes, stats = self.speculator.run(rows)
         self.metrics.observe_speculation(stats)
-        for seq, outcome in zip(running, outcomes, strict=True):
-            self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome)
+        return outcomes
 
     def _room(self, seq: RequestState) -> int:
         """Tokens the sequence may still emit (max_tokens and the model length)."""
