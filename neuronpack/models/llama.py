@@ -3,16 +3,17 @@
 Module names mirror Hugging Face's (``model.layers.0.self_attn.q_proj.weight``), so checkpoint tensors, the
 artifact's ``weights/`` file and AOTInductor constant names are one and the same.
 
-The KV cache is not owned by the model: each layer has one K and one V tensor ``[B, kv_heads, max_seq, head_dim]``
-passed in and written in place. Query heads are folded per KV head (``[B, kv, g*T, hd]``) instead of repeating K/V,
-which keeps AOTInductor decode as fast as eager. Three entry points:
+The KV cache is not owned by the model, and no entry point writes it: each layer's K and V ``[B, kv_heads, max_seq,
+head_dim]`` are read-only inputs, and the K/V of the tokens a call runs are returned for the caller to store (one
+indexed write outside the graph; an in-graph scatter made AOTInductor copy every active cache row each step).
+Query heads are folded per KV head (``[B, kv, g*T, hd]``) instead of repeating K/V, which keeps AOTInductor decode
+as fast as eager. Two entry points:
 
-- ``forward_context``: N prompts right padded to T tokens, written to cache rows ``slots`` at positions 0..T-1,
-  logits of position ``last_index`` returned (padding beyond a prompt is harmless: decode masks by position).
-  With ``return_hidden`` it also returns the final-normed hidden states of all T positions, so a runtime can apply
-  the LM head to every prompt position when asked (prompt logprobs) without a second pass.
-- ``forward_decode``: one token per cache row at ``positions``; attends to the slice ``[:attend_len]`` of the cache.
-  Every size (N, T, the number of rows, attend_len) may be a symbolic size when exported with dynamic shapes.
+- ``forward_step``: T tokens per row, row i's at positions ``starts[i]..starts[i]+T-1``, attending to the first L
+  cached positions below ``starts[i]`` plus, causally, to each other. One formula serves prefill (starts 0, prompts
+  right padded to T), decode (T = 1) and speculative verification (T = k + 1); it returns the logits of the positions
+  ``logit_index`` picks, the final-normed hidden states of every position and the new K/V.
+  Every size (rows, T, L, the number of logits) may be a symbolic size when exported with dynamic shapes.
 - ``forward_full``: no cache, logits at every position (reference checks).
 
 Example::
@@ -24,7 +25,8 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +35,16 @@ from torch import Tensor, nn
 from neuronpack.models.config import ModelConfig
 from neuronpack.models.quant import Int8Linear
 
-# (k, v, k_cache, v_cache) -> (keys, values) that the layer attends to; each mode writes the cache its own way.
-CacheWrite = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+@dataclass(frozen=True)
+class StepMasks:
+    """Which keys each query of a step may attend to, in the folded query order (head group, then token).
+
+    ``past``: bool [B, 1, 1, L], cached key positions below the row's start; ``new``: bool [1, 1, g*T, T], causal
+    among the step's own tokens. ``past`` None: no cache (a forward without one)."""
+
+    past: Tensor | None
+    new: Tensor
 
 
 class RMSNorm(nn.Module):
@@ -91,10 +101,10 @@ class Attention(nn.Module):
         self.v_proj = make_linear(h, cfg.num_kv_heads * hd, cfg.qkv_bias, f"{prefix}.v_proj" in int8)
         self.o_proj = make_linear(cfg.num_heads * hd, h, cfg.o_bias, f"{prefix}.o_proj" in int8)
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_cache: Tensor, v_cache: Tensor, write: CacheWrite
-    ) -> Tensor:
-        # x: [B, T, H]; cos/sin: [B, T, hd]; mask: [B, 1, g*T, L] bool in the folded row order (True = may attend)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_past: Tensor | None,
+                v_past: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """x: [B, T, H]; cos/sin: [B, T, hd]; k_past/v_past: [B, kv, L, hd] cached keys/values (or None)
+        -> (output [B, T, H], the tokens' own k and v [B, kv, T, hd])."""
         b, t, _ = x.shape
         kv, g, hd = self.num_kv, self.group, self.head_dim
         q = self.q_proj(x).view(b, t, kv, g, hd)  # query head j*g+i reads KV head j (HF repeat_kv order)
@@ -102,13 +112,18 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, kv, hd).transpose(1, 2)  # [B, kv, T, hd]
         q = apply_rope(q, cos[:, :, None, None, :], sin[:, :, None, None, :])
         k = apply_rope(k, cos[:, :, None, :], sin[:, :, None, :]).transpose(1, 2)  # [B, kv, T, hd]
-        keys, values = write(k, v, k_cache, v_cache)  # [B, kv, L, hd]
         q = q.permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)  # fold: [B, kv, g*T, hd]
-        scores = (q @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(hd))  # [B, kv, g*T, L]
-        scores = scores.float().masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        out = (probs @ values).view(b, kv, g, t, hd)  # [B, kv, g, T, hd]
-        return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, t, kv * g * hd))
+        scale = 1.0 / math.sqrt(hd)
+        scores = ((q @ k.transpose(-1, -2)) * scale).float().masked_fill(~masks.new, float("-inf"))  # [B,kv,gT,T]
+        if k_past is None:
+            out = torch.softmax(scores, dim=-1).to(v.dtype) @ v
+        else:  # one softmax over [cached keys, own keys]; the cache is read in place, never concatenated
+            past = ((q @ k_past.transpose(-1, -2)) * scale).float().masked_fill(~masks.past, float("-inf"))
+            n_past = past.shape[-1]
+            probs = torch.softmax(torch.cat((past, scores), dim=-1), dim=-1).to(v.dtype)
+            out = probs[..., :n_past] @ v_past + probs[..., n_past:] @ v
+        out = out.view(b, kv, g, t, hd)  # [B, kv, g, T, hd]
+        return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, t, kv * g * hd)), k, v
 
 
 class MLP(nn.Module):
@@ -132,9 +147,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, kc: Tensor, vc: Tensor, write: CacheWrite):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kc, vc, write)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_past: Tensor | None,
+                v_past: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        attn, k, v = self.self_attn(self.input_layernorm(x), cos, sin, masks, k_past, v_past)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
 
 class Decoder(nn.Module):
@@ -161,75 +178,58 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     # -- entry points -------------------------------------------------------------------------------------------
-    def forward_context(
-        self, tokens: Tensor, last_index: Tensor, slots: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor],
-        return_hidden: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """tokens [N, T] int64 (N prompts, right padded to T), last_index [N] int64, slots [N] int64 (cache rows)
-        -> float32 logits [N, vocab] of each prompt's token at ``last_index``; with ``return_hidden`` also the
-        final-normed hidden states [N, T, hidden] (compute dtype) of every position."""
-        n, t = tokens.shape
-        positions = torch.arange(t, device=tokens.device).unsqueeze(0).expand(n, t)  # [N, T]
-        mask = self._fold_mask(positions, t)  # causal
+    def forward_step(self, tokens: Tensor, starts: Tensor, n_past: int, k_caches: Sequence[Tensor],
+                     v_caches: Sequence[Tensor], logit_index: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """tokens [B, T] int64 at positions ``starts[i] + 0..T-1`` (starts [B] int64); row i attends to cached
+        positions ``0..starts[i]-1`` among the first ``n_past`` of its cache row (k/v caches: per layer
+        [B, kv, >= n_past, hd], read only) and causally to its own T tokens. logit_index [B, J] int64 picks the
+        positions (0..T-1) whose logits are returned.
 
-        def write(k: Tensor, v: Tensor, kc: Tensor, vc: Tensor) -> tuple[Tensor, Tensor]:
-            kc[:, :, :t].index_copy_(0, slots, k)  # each prompt's KV into its row, positions 0..T-1
-            vc[:, :, :t].index_copy_(0, slots, v)
-            return k, v
-
-        hidden = self._decode_layers(tokens, positions, mask, k_caches, v_caches, write)  # [N, T, H]
-        if return_hidden:  # norm every row (cheap), LM head on the last only: the caller heads the rest on demand
-            normed = self.model.norm(hidden)
-            last = normed.gather(1, last_index.view(n, 1, 1).expand(n, 1, normed.shape[-1]))
-            return self.lm_head(last).float()[:, 0], normed
-        last = hidden.gather(1, last_index.view(n, 1, 1).expand(n, 1, hidden.shape[-1]))  # [N, 1, H]
-        return self._logits(last)[:, 0]
-
-    def forward_decode(
-        self, tokens: Tensor, positions: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor], attend_len: int
-    ) -> Tensor:
-        """tokens [B] int64 at positions [B] int64 -> float32 logits [B, vocab]; attends to cache[:, :, :attend_len]."""
-        b = tokens.shape[0]
-        pos = positions.view(b, 1)
-        mask = self._fold_mask(pos, attend_len)
-
-        def write(k: Tensor, v: Tensor, kc: Tensor, vc: Tensor) -> tuple[Tensor, Tensor]:
-            # k, v: [B, kv, 1, hd] scattered at each row's own position along the sequence axis.
-            index = pos.view(b, 1, 1, 1).expand(b, k.shape[1], 1, k.shape[3])
-            kc.scatter_(2, index, k)
-            vc.scatter_(2, index, v)
-            return kc[:, :, :attend_len], vc[:, :, :attend_len]
-
-        hidden = self._decode_layers(tokens.view(b, 1), pos, mask, k_caches, v_caches, write)  # [B, 1, H]
-        return self._logits(hidden)[:, 0]
+        Returns (logits [B, J, vocab] float32, final-normed hidden states [B, T, hidden] in the compute dtype,
+        keys and values of the T tokens [layers, B, kv, T, hd]: the caller stores them at their positions)."""
+        b, t = tokens.shape
+        positions = starts.view(b, 1) + torch.arange(t, device=tokens.device)  # [B, T]
+        keys = torch.arange(n_past, device=tokens.device)
+        masks = StepMasks(past=(keys[None, :] < starts.view(b, 1))[:, None, None, :], new=self._causal_mask(t))
+        hidden, new_k, new_v = self._decode_layers(tokens, positions, masks, k_caches, v_caches, n_past)
+        normed = self.model.norm(hidden)
+        picked = normed.gather(1, logit_index[:, :, None].expand(b, logit_index.shape[1], normed.shape[-1]))
+        return self.lm_head(picked).float(), normed, torch.stack(new_k), torch.stack(new_v)
 
     def forward_full(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> float32 logits [B, T, vocab] with causal attention and no cache."""
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device).expand(b, t)
-        mask = self._fold_mask(positions, t)
-        empty = [torch.empty(0)] * self.config.num_layers
-        hidden = self._decode_layers(tokens, positions, mask, empty, empty, lambda k, v, kc, vc: (k, v))
-        return self._logits(hidden)
+        masks = StepMasks(past=None, new=self._causal_mask(t))
+        hidden, _, _ = self._decode_layers(tokens, positions, masks, None, None, 0)
+        return self.lm_head(self.model.norm(hidden)).float()
 
     # -- shared body --------------------------------------------------------------------------------------------
-    def _fold_mask(self, positions: Tensor, n_keys) -> Tensor:
-        """positions [B, T] of the queries -> bool [B, 1, g*T, n_keys], True where key position <= query position,
-        rows in the folded order (query head group, then token). Built from positions alone (no views of
-        symbolic shapes), so one formula serves context, decode and full forwards under dynamic shapes."""
-        query = positions.repeat(1, self.config.queries_per_kv)  # [B, g*T]: row i*T + j is token j
-        keys = torch.arange(n_keys, device=positions.device)
-        return (keys[None, None, :] <= query[:, :, None])[:, None]
+    def _causal_mask(self, t) -> Tensor:
+        """bool [1, 1, g*T, T]: folded query row i*T + j (token j) may attend to the step's tokens 0..j."""
+        token = torch.arange(t).repeat(self.config.queries_per_kv)  # [g*T]
+        return (torch.arange(t)[None, :] <= token[:, None])[None, None]
 
-    def _decode_layers(self, tokens, positions, mask, k_caches, v_caches, write: CacheWrite) -> Tensor:
+    def _decode_layers(self, tokens, positions, masks: StepMasks, k_caches, v_caches, n_past):
         x = self.model.embed_tokens(tokens)  # [B, T, H]
         cos, sin = rope_cos_sin(self.rope_inv_freq, positions, x.dtype)  # [B, T, hd]
-        for layer, kc, vc in zip(self.model.layers, k_caches, v_caches, strict=True):
-            x = layer(x, cos, sin, mask, kc, vc, write)
-        return x
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.model.layers):
+            k_past = k_caches[i][:, :, :n_past] if k_caches is not None else None
+            v_past = v_caches[i][:, :, :n_past] if v_caches is not None else None
+            x, k, v = layer(x, cos, sin, masks, k_past, v_past)
+            new_k.append(k)
+            new_v.append(v)
+        return x, new_k, new_v
 
-    def _logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(self.model.norm(hidden)).float()
+
+def store_kv(cache: Tensor, rows: Tensor, starts: Tensor, new: Tensor) -> None:
+    """Write a step's keys (or values) into a stacked cache, in place: ``new`` [layers, b, kv, T, hd] from
+    ``forward_step`` goes to ``cache`` [layers, B, kv, S, hd] rows ``rows`` [b], positions ``starts[i] + 0..T-1``."""
+    t = new.shape[3]
+    positions = starts.view(-1, 1) + torch.arange(t)  # [b, T]
+    # Indices on dims 1 and 3 (split by a slice) index as [b, T, layers, kv, hd].
+    cache[:, rows.view(-1, 1), :, positions] = new.permute(1, 3, 0, 2, 4)
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, int8: frozenset[str] = frozenset(), device="meta"):

@@ -36,7 +36,7 @@ def test_artifact_layout(smollm_export):
             "weights/config.json"} <= names
     assert "neuronpack.json" not in names  # the pipeline writes the manifest
     assert info["compiler"] == "export"
-    assert set(info["bucket_seconds"]) == {"context", "token_generation"}  # one dynamic-shape graph per kind
+    assert set(info["bucket_seconds"]) == {"step"}  # one dynamic-shape graph for every step
 
 
 def test_neuron_config_fields(smollm_export):
@@ -79,7 +79,7 @@ def test_loaded_artifact_matches_the_model(smollm_export):
     torch.testing.assert_close(alone[0], full[20], atol=5e-2, rtol=2e-2)
 
 
-def test_prompt_logits_score_every_position(smollm_export, tmp_path):
+def test_prompt_logits_score_every_position(smollm_export):
     model_dir, artifact, _ = smollm_export
     lm = load_artifact(artifact)
     reference = load_model(model_dir, torch.bfloat16)
@@ -93,14 +93,6 @@ def test_prompt_logits_score_every_position(smollm_export, tmp_path):
     torch.testing.assert_close(step[1], full[20], atol=5e-2, rtol=2e-2)
     with pytest.raises(BucketError, match="largest context bucket 64"):
         lm.prompt_logits([1] * 65)
-    old = tmp_path / "old"
-    shutil.copytree(artifact, old)
-    config = json.loads((old / "neuron_config.json").read_text())
-    config.pop("context_outputs")  # as written before context graphs returned hidden states
-    (old / "neuron_config.json").write_text(json.dumps(config))
-    with pytest.raises(ArtifactError, match="last-token logits only") as info:
-        load_artifact(old).prompt_logits(prompt)
-    assert "--force" in info.value.fix
 
 
 def test_load_errors_are_clear(smollm_export, tmp_path):
@@ -157,9 +149,12 @@ def test_prompt_lookup_is_recorded_for_the_runtime(tiny_llama, tmp_path):
     config = TorchAotBackend().compile_config(request)
     assert config["speculation"] == {"kind": "prompt_lookup", "length": 4, "prompt_lookup_min": 5,
                                      "prompt_lookup_max": 5}
-    assert config["max_verify_tokens"] == 5  # the last token + 4 drafts per verify call
     plain = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "p"))
-    assert plain["speculation"] is None and plain["max_verify_tokens"] == 1
+    assert plain["speculation"] is None
+    long = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "l", speculation={
+        "kind": "prompt_lookup", "length": 32}, target={"batch_size": 2, "seq_len": 128, "max_context_length": 16},
+        buckets={"context": [16], "token_generation": [128]}))
+    assert long["max_step_tokens"] == 33  # the step graph verifies the last token + 32 drafts
     with pytest.raises(RecipeError, match="kind 'eagle'") as info:
         TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "e", speculation={"draft": "d"}))
     assert 'kind = "prompt_lookup"' in info.value.fix
@@ -168,6 +163,7 @@ def test_prompt_lookup_is_recorded_for_the_runtime(tiny_llama, tmp_path):
 def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
     config = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "s"))
     assert "target" not in config
-    assert config["graphs"] == {"context": "context", "token_generation": "token_generation"}
+    assert config["graphs"] == {"step": "step"}
+    assert config["max_step_tokens"] == config["max_context_length"]  # no speculation: the longest prompt
     assert config["kv_cache_positions"] == 129  # seq_len + one spare position
     json.dumps(config)  # plain JSON: goes into the key

@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from neuronpack.models import load_model
+from neuronpack.models.llama import store_kv
 from tests.tiny_models import ARCHS
 
 # (arch, tie): every family with its default tying, plus the opposite tying for llama and smollm.
@@ -38,21 +39,32 @@ def test_logits_match_transformers(make_checkpoint, arch, tie, dtype):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_context_then_decode_matches_full_forward(make_checkpoint, arch):
-    """Prompt into slot 1 of a 2-slot cache (padded to 16), then two decode steps: same logits as no cache."""
+def test_steps_match_full_forward(make_checkpoint, arch):
+    """A prompt prefilled into row 1 of a 2-row cache (right padded), two decode steps, then a 3-token verify step:
+    the same logits as the cache-free forward; the idle row's cache is never touched."""
     model = load_model(make_checkpoint(arch), torch.float32)
     cfg = model.config
-    k = [torch.zeros(2, cfg.num_kv_heads, 33, cfg.head_dim) for _ in range(cfg.num_layers)]
-    v = [torch.zeros_like(t) for t in k]
-    seq = torch.randint(0, 384, (1, 12), generator=torch.Generator().manual_seed(2))
-    full = model.forward_full(seq)[0]  # [12, vocab]
+    k = torch.zeros(cfg.num_layers, 2, cfg.num_kv_heads, 33, cfg.head_dim)
+    v = torch.zeros_like(k)
+    seq = torch.randint(0, 384, (1, 15), generator=torch.Generator().manual_seed(2))
+    full = model.forward_full(seq)[0]  # [15, vocab]
+
+    def step(rows, tokens, starts, n_past, logit_index):
+        rows, starts = torch.tensor(rows), torch.tensor(starts)
+        logits, hidden, nk, nv = model.forward_step(torch.tensor(tokens), starts, n_past, k[:, rows], v[:, rows],
+                                                    torch.tensor(logit_index))
+        store_kv(k, rows, starts, nk)
+        store_kv(v, rows, starts, nv)
+        return logits, hidden
+
     with torch.no_grad():
-        padded = torch.zeros(1, 16, dtype=torch.long)
-        padded[0, :10] = seq[0, :10]
-        first = model.forward_context(padded, torch.tensor([9]), torch.tensor([1]), k, v)
-        torch.testing.assert_close(first[0], full[9], atol=1e-4, rtol=1e-4)
+        padded = [[*seq[0, :10].tolist(), 0, 0, 0, 0, 0, 0]]
+        first, hidden = step([1], padded, [0], 1, [[9]])
+        torch.testing.assert_close(first[0, 0], full[9], atol=1e-4, rtol=1e-4)
+        assert hidden.shape == (1, 16, cfg.hidden_size)
         for pos in (10, 11):
-            # Slot 0 is idle (position 0, any token); slot 1 continues its sequence.
-            out = model.forward_decode(torch.tensor([7, int(seq[0, pos])]), torch.tensor([0, pos]), k, v, 16)
-            torch.testing.assert_close(out[1], full[pos], atol=1e-4, rtol=1e-4)
-    assert k[0][0, :, 1:].abs().sum() == 0  # the idle slot wrote only its own position 0
+            out, _ = step([1], [[int(seq[0, pos])]], [pos], 16, [[0]])
+            torch.testing.assert_close(out[0, 0], full[pos], atol=1e-4, rtol=1e-4)
+        out, _ = step([1], [seq[0, 12:15].tolist()], [12], 16, [[0, 1, 2]])  # verify three tokens at once
+        torch.testing.assert_close(out[0], full[12:15], atol=1e-4, rtol=1e-4)
+    assert k[:, 0].abs().sum() == 0 and v[:, 0].abs().sum() == 0  # the idle row was never written

@@ -10,7 +10,7 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
 Example::
 
     info = build_artifact(BuildRequest(model_dir, recipe, plan, staging))
-    info["bucket_seconds"]   # {"context": 41.2, "token_generation": 39.8}: seconds per graph
+    info["bucket_seconds"]   # {"step": 61.2}: seconds per graph
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "head_dim": cfg.head_dim,
         "kv_cache_positions": L.cache_positions(plan.seq_len),
         "vocab_size": cfg.vocab_size,
-        "context_outputs": list(L.CONTEXT_OUTPUTS),
-        "speculation": speculation_config(recipe),
-        "max_verify_tokens": max_verify_tokens(recipe),
+        # Tokens (and logits) per row one step runs: the longest prompt, at least speculation length + 1 (verify).
+        "max_step_tokens": max(plan.max_context_length, (recipe.speculation.length + 1) if recipe.speculation else 1),
+        "speculation": speculation_config(recipe),  # what the runtime speculates with (None: it does not)
         "graphs": {kind: kind for kind in L.GRAPH_KINDS},  # graph -> model name in graphs.pt2
         "target": current_target(compiler, recipe.instance_for("torch")),
     }
@@ -85,11 +85,6 @@ def speculation_config(recipe) -> dict[str, Any] | None:
         return None
     return {"kind": spec.kind, "length": spec.length, "prompt_lookup_min": spec.prompt_lookup_min,
             "prompt_lookup_max": spec.prompt_lookup_max}
-
-
-def max_verify_tokens(recipe) -> int:
-    """Tokens per row the token-generation graph takes at most: the last token plus ``length`` drafts to verify."""
-    return recipe.speculation.length + 1 if recipe.speculation else 1
 
 
 def check_recipe(recipe) -> None:

@@ -63,7 +63,7 @@ def compile_graphs(model, plan, config: dict, staging: Path, reporter) -> dict[s
 def _limits(plan, config: dict):
     from neuronpack.backends.torch_aot.graphs import GraphLimits
 
-    return GraphLimits(batch_size=config["batch_size"], max_context=plan.max_context_length, max_seq=plan.seq_len)
+    return GraphLimits(batch_size=config["batch_size"], max_tokens=config["max_step_tokens"], max_seq=plan.seq_len)
 
 
 def _parallel_workers() -> int:
@@ -135,7 +135,7 @@ def _compile_one(model, kind: str, limits, config: dict) -> Any:
 
     caches = G.new_kv_cache(model, limits.batch_size, limits.max_seq, next(model.parameters()).dtype)
     if config["compiler"] == "export":
-        return G.export_weightless_graph(model, kind, limits, caches)
-    program = G.export_graph(model, kind, limits, caches)
+        return G.export_weightless_graph(model, limits, caches)
+    program = G.export_graph(model, limits, caches)
     module = program.module(check_guards=False)
     return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))

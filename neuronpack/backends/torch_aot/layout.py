@@ -1,24 +1,25 @@
 """Names shared by the build and load sides of a portable artifact (torch-free).
 
-An artifact holds one graph per kind, compiled with dynamic shapes (see graphs.py); the bucket plan bounds them
-(largest context bucket = longest prompt, seq_len = longest sequence) instead of multiplying them.
+An artifact holds one step graph compiled with dynamic shapes (see graphs.py) for prefill, decode and verification;
+the bucket plan bounds it (largest context bucket = longest prompt, seq_len = longest sequence) instead of
+multiplying graphs.
 
 Example::
 
-    GRAPH_KINDS                               # ("context", "token_generation"): names in neuron_config and graphs.pt2
+    GRAPH_KINDS                               # ("step",): the names in neuron_config and graphs.pt2
 """
 
 from __future__ import annotations
 
 FORMAT = "neuronpack-torch"
-FORMAT_VERSION = 2  # 1: one static graph per bucket; 2: one dynamic graph per kind, decode over active rows only
+# 1: one static graph per bucket; 2: one dynamic graph per kind, decode over active rows only; 3: one functional
+# step graph (it returns the new K/V instead of writing the cache) for prefill, decode and verification
+FORMAT_VERSION = 3
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 NEURON_CONFIG = "neuron_config.json"
-CONTEXT, TOKEN_GEN = "context", "token_generation"
-GRAPH_KINDS = (CONTEXT, TOKEN_GEN)
-# What a context graph returns (neuron_config.json "context_outputs").
-CONTEXT_OUTPUTS = ("logits", "hidden")
+STEP = "step"
+GRAPH_KINDS = (STEP,)
 # The graph wrappers hold the model as ``lm``: checkpoint tensor ``x`` is the graph constant ``lm.x``.
 WEIGHT_PREFIX = "lm."
 

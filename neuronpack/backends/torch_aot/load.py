@@ -1,14 +1,15 @@
 """Load a portable artifact and run it: the runtime-facing ``CompiledLM``.
 
-Weights are read once from ``weights/`` and shared by every bucket (AOTInductor: ``load_constants`` with
-``user_managed=True``, no copy). The KV cache (one K and one V tensor per layer, ``[batch_size, kv_heads, seq_len,
-head_dim]``) is owned here and written in place by every graph.
+Weights are read once from ``weights/`` (AOTInductor: ``load_constants`` with ``user_managed=True``, no copy). The
+KV cache (one K and one V tensor ``[layers, batch_size, kv_heads, seq_len + 1, head_dim]``) is owned here: the step
+graph reads it and returns the K/V of the tokens it ran, which ``store_kv`` writes at their positions.
 
 Example::
 
     lm = load_artifact(Path("neuron-compiled-artifacts/3f2a..."))
     logits = lm.prefill([0], [[1, 42, 7]])                                   # [1, vocab]
     logits = lm.decode(torch.tensor([logits.argmax()]), torch.tensor([3]), slots=[0])   # next step, [1, vocab]
+    logits = lm.verify([0], [[5, 9, 2]], [4])      # [1, 3, vocab]: three tokens at positions 4..6 in one step
     every = lm.prompt_logits([1, 42, 7], slot=0)   # [3, vocab]: row i predicts token i+1 (teacher-forced)
 """
 
@@ -114,18 +115,20 @@ class CompiledLM:
         self.eos_token_ids: tuple[int, ...] = eos
         self.compiler: str = config["compiler"]
         self.dtype = getattr(torch, config["torch_dtype"])
-        self._context = runners[L.CONTEXT]
-        self._decode = runners[L.TOKEN_GEN]
+        self._step = runners[L.STEP]
         self._weights = weights  # kept alive: AOTInductor holds raw pointers to these (user_managed)
-        # Context graphs of artifacts with "context_outputs" also return the normed hidden states of every position;
-        # the LM head (the model's own module, sharing the weights above) turns them into logits only when asked.
-        self._context_hidden = "hidden" in config.get("context_outputs", ())
+        # The step graph also returns the normed hidden states of every position; the LM head (the model's own
+        # module, sharing the weights above) turns them into logits only when asked (prompt logprobs).
         self._lm_head = lm_head
-        shape = (self.batch_size, config["num_kv_heads"], config["kv_cache_positions"], config["head_dim"])
-        self.k_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
-        self.v_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(config["num_layers"])]
-        # Views of the first n rows for every n (contiguous), and key positions 0..max_seq-1, built once.
-        self._row_views = [([k[:n] for k in self.k_caches], [v[:n] for v in self.v_caches])
+        # Tokens per row one verify step may run (the longest prompt, at least speculation length + 1).
+        self.max_verify_tokens: int = config["max_step_tokens"]
+        shape = (config["num_layers"], self.batch_size, config["num_kv_heads"], config["kv_cache_positions"],
+                 config["head_dim"])
+        self.k_cache = torch.zeros(shape, dtype=self.dtype)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype)
+        # Per-layer views of the first n rows for every n (contiguous), and key positions 0..max_seq-1, built once.
+        layers = range(config["num_layers"])
+        self._row_views = [([self.k_cache[i, :n] for i in layers], [self.v_cache[i, :n] for i in layers])
                            for n in range(self.batch_size + 1)]
         self._key_positions = torch.arange(self.max_seq_len)
         self._rows = RowMap(self.batch_size)
@@ -138,62 +141,102 @@ class CompiledLM:
 
         self._check_prefill(slots, prompts)
         with torch.inference_mode():
-            out = self._run_context(slots, prompts)
-        return out[0] if self._context_hidden else out
+            return self._run_prefill(slots, prompts)[0][:, 0]
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> torch.Tensor:
         """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last
-        row is what ``prefill`` returns). One context-graph pass: like ``prefill`` it writes the prompt's KV into
-        ``slot``, so decoding can continue from position len(token_ids). ArtifactError for artifacts built before
-        context graphs returned hidden states."""
+        row is what ``prefill`` returns). One graph pass: like ``prefill`` it writes the prompt's KV into ``slot``,
+        so decoding can continue from position len(token_ids)."""
         import torch
 
-        if not self._context_hidden or self._lm_head is None:
-            raise ArtifactError("this artifact's context graphs return last-token logits only (built by an older "
-                                "neuronpack)", where="neuron_config.json context_outputs",
-                                fix="recompile it with neuronpack compile --force")
         self._check_prefill([slot], [token_ids])
         with torch.inference_mode():
-            _, hidden = self._run_context([slot], [token_ids])
+            _, hidden = self._run_prefill([slot], [token_ids])
             return self._lm_head(hidden[0, : len(token_ids)]).float()
 
-    def _run_context(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]):
-        """One context-graph call for every prompt, right padded to the longest (decode masks the padding)."""
+    def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]):
+        """One step-graph call for every prompt, right padded to the longest (later steps mask the padding by
+        position). The graph reads no cache (every start is 0) and the prompts' KV go to their own rows."""
         import torch
 
         width = max(len(p) for p in prompts)
         tokens = torch.zeros(len(prompts), width, dtype=torch.long)
         for i, prompt in enumerate(prompts):
             tokens[i, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
-        last = torch.tensor([len(p) - 1 for p in prompts])
+        last = torch.tensor([[len(p) - 1] for p in prompts])
         rows = self._rows.rows(slots)
-        out = self._context(tokens, last, torch.tensor(rows), self.k_caches, self.v_caches)
+        starts = torch.zeros(len(prompts), dtype=torch.long)
+        k, v = self._row_views[len(prompts)]  # read, all masked: nothing lies below position 0
+        logits, hidden, new_k, new_v = self._step(tokens, starts, self._key_positions[:1], last, k, v)
+        self._store(torch.tensor(rows), starts, new_k, new_v)
         for row in rows:
             self._rows.wrote(row, width)
-        return out
+        return logits, hidden
 
     def decode(self, tokens, positions, slots: Sequence[int] | None = None) -> torch.Tensor:
         """One step for ``slots`` (default: every slot): tokens and positions int64, one per slot, in slot order;
         returns float32 logits [len(slots), vocab] in the same order. Only the given slots run (the graph's
-        batch is len(slots)), each attending to positions 0..its position over max(positions)+1 keys."""
+        batch is len(slots)), each attending to its cached positions below its own."""
         import torch
 
         slots = list(range(self.batch_size)) if slots is None else list(slots)
-        tokens, positions, where = self._check_decode(tokens, positions, slots)
+        tokens, positions = self._check_decode(tokens, positions, slots)
+        logits, _ = self._run_rows(slots, tokens.view(-1, 1), positions, torch.zeros(len(slots), 1, dtype=torch.long))
+        return logits[:, 0]
+
+    def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
+               return_hidden: bool = False):
+        """Run T tokens per slot in one step (speculative verification): row i's tokens at positions
+        ``starts[i]..starts[i]+T-1``; their KV is written. Returns float32 logits [n, T, vocab] (``[i, j]`` scores
+        the token after ``token_rows[i][j]``), with ``return_hidden`` also the final-normed hidden states
+        [n, T, hidden]. Positions past what the caller keeps are harmless: later steps overwrite them."""
+        import torch
+
+        slots = list(slots)
+        width = len(token_rows[0]) if token_rows else 0
+        if len(token_rows) != len(slots) or any(len(r) != width for r in token_rows) or width == 0:
+            raise ValueError(f"verify needs one non-empty token row per slot, all of one length, got "
+                             f"{[len(r) for r in token_rows]} for {len(slots)} slots")
+        if width > self.max_verify_tokens:
+            raise ValueError(f"verify of {width} tokens per row, but this artifact's step runs at most "
+                             f"{self.max_verify_tokens}")
+        tokens = torch.tensor([list(r) for r in token_rows], dtype=torch.long)
+        positions = torch.as_tensor(list(starts), dtype=torch.long)
+        self._check_decode(tokens[:, 0], positions + (width - 1), slots)
+        index = torch.arange(width).expand(len(slots), width)
+        logits, hidden = self._run_rows(slots, tokens, positions, index)
+        return (logits, hidden) if return_hidden else logits
+
+    def _run_rows(self, slots: list[int], tokens, starts, logit_index):
+        """Pack ``slots`` into rows 0..n-1, run one step over them, store the new KV; outputs in slot order."""
+        import torch
+
         n = len(slots)
         self._pack(slots)
         rows = self._rows.rows(slots)
-        if rows != list(range(n)):  # packed but permuted: feed the graph in row order
+        permuted = rows != list(range(n))
+        if permuted:  # packed but permuted: feed the graph in row order
             order = torch.tensor(rows)
             tokens = torch.empty_like(tokens).index_copy_(0, order, tokens)
-            positions = torch.empty_like(positions).index_copy_(0, order, positions)
-        attend = max(where) + 1
+            starts = torch.empty_like(starts).index_copy_(0, order, starts)
+            logit_index = torch.empty_like(logit_index).index_copy_(0, order, logit_index)
+        n_past = max(1, int(starts.max()))  # cached positions any row reads (at least 1: a dimension of 0 fails)
         k, v = self._row_views[n]
         with torch.inference_mode():
-            logits = self._decode(tokens, positions, self._key_positions[:attend], k, v)
-        for row, pos in zip(rows, where, strict=True):
-            self._rows.wrote(row, pos + 1)
-        return logits if rows == list(range(n)) else logits[rows]
+            logits, hidden, new_k, new_v = self._step(tokens, starts, self._key_positions[:n_past], logit_index, k, v)
+            self._store(torch.arange(n), starts, new_k, new_v)
+        width = tokens.shape[1]
+        for row, start in zip(range(n), starts.tolist(), strict=True):
+            self._rows.wrote(row, start + width)
+        if permuted:
+            return logits[rows], hidden[rows]
+        return logits, hidden
+
+    def _store(self, rows, starts, new_k, new_v) -> None:
+        from neuronpack.models.llama import store_kv
+
+        store_kv(self.k_cache, rows, starts, new_k)
+        store_kv(self.v_cache, rows, starts, new_v)
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst`` (parallel sampling shares
@@ -202,8 +245,8 @@ class CompiledLM:
 
         a, b = self._rows.row(src), self._rows.row(dst)
         with torch.inference_mode():
-            for cache in (*self.k_caches, *self.v_caches):
-                cache[b, :, :length].copy_(cache[a, :, :length])
+            for cache in (self.k_cache, self.v_cache):
+                cache[:, b, :, :length] = cache[:, a, :, :length]
         self._rows.wrote(b, length)
 
     def _pack(self, slots: list[int]) -> None:
@@ -211,10 +254,10 @@ class CompiledLM:
 
         for a, b, length in self._rows.pack(slots):
             with torch.inference_mode():
-                for cache in (*self.k_caches, *self.v_caches):
-                    rows = cache[[a, b], :, :length]
-                    cache[a, :, :length] = rows[1]
-                    cache[b, :, :length] = rows[0]
+                for cache in (self.k_cache, self.v_cache):
+                    rows = cache[:, [a, b], :, :length]  # a copy of both rows' prefixes
+                    cache[:, a, :, :length] = rows[:, 1]
+                    cache[:, b, :, :length] = rows[:, 0]
 
     def _check_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         if len(slots) != len(prompts) or not slots:
@@ -245,7 +288,7 @@ class CompiledLM:
                               f"{self.max_seq_len}", where=f"token generation buckets "
                               f"{list(self.token_generation_buckets)}",
                               fix="stop the sequence at max_seq_len or compile with a larger seq_len")
-        return tokens, positions, where
+        return tokens, positions
 
 
 def _load_runners(package: Path, config: dict, weights: dict, task) -> dict[str, Callable]:
