@@ -65,7 +65,7 @@ def decode_rate(engine, prompt_ids: list[int], max_tokens: int):
 
 
 def _ms_per_step(engine) -> float:
-    """Mean decode-step duration so far (the engine's histogram; a speculative step verifies up to k + 1 tokens)."""
+    """Mean decode-step duration (the engine's histogram; a speculative step verifies up to k + 1 tokens)."""
     from neuronpack.runtime.metrics import metric_value
 
     text = engine.metrics.render().decode()
@@ -98,9 +98,10 @@ def main() -> None:
     tokenizer = ArtifactTokenizer.from_dir(artifact)
     recorded = json.loads((artifact / "neuron_config.json").read_text())["speculation"]
     config = SpeculationConfig.from_dict(recorded)
-    engines = {"plain": Engine(lm, tokenizer), "prompt_lookup": Engine(lm, tokenizer, speculation=config)}
     rows = []
     for index, paragraph in enumerate(PARAGRAPHS):
+        # fresh engines per prompt (one loaded model): their step histograms are this prompt's
+        engines = {"plain": Engine(lm, tokenizer), "prompt_lookup": Engine(lm, tokenizer, speculation=config)}
         prompt = tokenizer.encode_chat([{"role": "user", "content": "Rewrite this paragraph fixing the typos:\n\n"
                                                                      + paragraph}])
         rates: dict[str, list[float]] = {name: [] for name in engines}
