@@ -149,7 +149,7 @@ def main() -> None:
               for r in rows for i in range(2)]
     values = [v for r in rows for v in (r["plain_tok_s"], r["speculative_tok_s"])]
     save_bar_plot("speculation", labels, values, ylabel="decode tokens/s",
-                  title=f"SmolLM2-135M greedy: prompt lookup (k=4) {fast / plain:.2f}x plain decode, same artifact")
+                  title=f"SmolLM2-135M greedy, same artifact: prompt lookup (k=4) {fast / plain:.2f}x plain")
 
 
 if __name__ == "__main__":
