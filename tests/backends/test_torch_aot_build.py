@@ -146,6 +146,22 @@ def test_unsupported_recipe_features_are_refused(tiny_llama, tmp_path, recipe, w
     assert not any((tmp_path / "s").iterdir())
 
 
+def test_prompt_lookup_is_recorded_for_the_runtime(tiny_llama, tmp_path):
+    request = tiny_request(tiny_llama, tmp_path / "s", speculation={"kind": "prompt_lookup", "length": 4})
+    config = TorchAotBackend().compile_config(request)
+    assert config["speculation"] == {"kind": "prompt_lookup", "length": 4, "prompt_lookup_min": 5,
+                                     "prompt_lookup_max": 5}
+    plain = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "p"))
+    assert plain["speculation"] is None
+    long = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "l", speculation={
+        "kind": "prompt_lookup", "length": 32}, target={"batch_size": 2, "seq_len": 128, "max_context_length": 16},
+        buckets={"context": [16], "token_generation": [128]}))
+    assert long["max_step_tokens"] == 33  # the step graph verifies the last token + 32 drafts
+    with pytest.raises(RecipeError, match="kind 'eagle'") as info:
+        TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "e", speculation={"draft": "d"}))
+    assert 'kind = "prompt_lookup"' in info.value.fix
+
+
 def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
     config = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "s"))
     assert "target" not in config

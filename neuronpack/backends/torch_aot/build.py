@@ -72,14 +72,26 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size,
         # Tokens (and logits) per row one step runs: the longest prompt, at least speculation length + 1 (verify).
         "max_step_tokens": max(plan.max_context_length, (recipe.speculation.length + 1) if recipe.speculation else 1),
+        "speculation": speculation_config(recipe),  # what the runtime speculates with (None: it does not)
         "target": current_target(compiler, recipe.instance_for("torch")),
     }
+
+
+def speculation_config(recipe) -> dict[str, Any] | None:
+    """What the runtime speculates with (None: no speculation): kind, length and the n-gram sizes of prompt lookup."""
+    spec = recipe.speculation
+    if spec is None:
+        return None
+    return {"kind": spec.kind, "length": spec.length, "prompt_lookup_min": spec.prompt_lookup_min,
+            "prompt_lookup_max": spec.prompt_lookup_max}
 
 
 def check_recipe(recipe) -> None:
     """Refuse recipe features the portable backend does not implement (one clear line each)."""
     unsupported = [
-        (recipe.speculation is not None, "speculation", "remove [speculation] or use framework nxd"),
+        (recipe.speculation is not None and recipe.speculation.kind != "prompt_lookup",
+         f"speculation kind {recipe.speculation.kind!r}" if recipe.speculation else "",
+         'set [speculation] kind = "prompt_lookup", or use framework nxd for draft-model speculation'),
         (recipe.lora is not None, "lora", "remove [lora] or use framework nxd"),
         (recipe.target.tp_degree != 1, "target.tp_degree > 1", "set target.tp_degree = 1 for the torch backend"),
         (bool(recipe.quantization and recipe.quantization.kv_cache), "quantization.kv_cache",
