@@ -76,10 +76,46 @@ class QuantizationSection(_Section):
     kv_cache: bool = False
 
 
+# vLLM's ngram method: with neither n-gram size given both are 5; with one given the other takes its value
+PROMPT_LOOKUP_DEFAULT = 5
+
+
 class SpeculationSection(_Section):
-    kind: Literal["eagle", "draft"] = "eagle"
-    draft: str  # local dir or hub id of the draft (for eagle: converted with `neuronpack convert-eagle`)
+    """``kind`` "eagle" / "draft" speculate with a draft model (NxD Inference's fused speculation; for eagle the draft
+    is converted as ``neuronpack convert-eagle`` does); "prompt_lookup" drafts by n-gram lookup in the prompt and the
+    generated text (vLLM's ``ngram`` method, no draft model; the portable backend only)."""
+
+    kind: Literal["eagle", "draft", "prompt_lookup"] = "eagle"
+    draft: str | None = None  # local dir or hub id of the draft (eagle, draft); none for prompt_lookup
     length: int = Field(4, ge=1, le=32)  # num_speculative_tokens / speculation_length
+    prompt_lookup_max: int | None = Field(None, ge=1, le=64)  # prompt_lookup: longest n-gram matched
+    prompt_lookup_min: int | None = Field(None, ge=1, le=64)  # prompt_lookup: shortest n-gram matched
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lookup_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("kind") != "prompt_lookup":
+            return data
+        lo, hi = data.get("prompt_lookup_min"), data.get("prompt_lookup_max")
+        if lo is None and hi is None:
+            lo = hi = PROMPT_LOOKUP_DEFAULT
+        return {**data, "prompt_lookup_min": hi if lo is None else lo, "prompt_lookup_max": lo if hi is None else hi}
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> SpeculationSection:
+        if self.kind == "prompt_lookup":
+            if self.draft is not None:
+                raise ValueError('kind "prompt_lookup" uses no draft model: remove speculation.draft')
+            if self.prompt_lookup_min > self.prompt_lookup_max:
+                raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} is larger than prompt_lookup_max "
+                                 f"{self.prompt_lookup_max}")
+            return self
+        if self.draft is None:
+            raise ValueError(f'kind "{self.kind}" needs a draft model: set speculation.draft to a local directory '
+                             "or hub id")
+        if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+            raise ValueError(f'prompt_lookup_min / prompt_lookup_max apply to kind "prompt_lookup", not "{self.kind}"')
+        return self
 
 
 class LoraAdapter(_Section):

@@ -67,6 +67,12 @@ def test_key_order_does_not_matter(tmp_path):
         ("[target]\nseq_len = 256\n[buckets]\ncontext = [512]\n", "buckets.context has 512, larger than its max"),
         ("[target]\nseq_len = 256\nmax_context_length = 512\n", "max_context_length 512 is larger"),
         ("[speculation]\ndraft = 'd'\n[lora]\nadapters = [{name = 'a', path = 'p'}]\n", "cannot be combined"),
+        ("[speculation]\nlength = 4\n", 'kind "eagle" needs a draft model'),
+        ("[speculation]\nkind = 'prompt_lookup'\ndraft = 'd'\n", "uses no draft model"),
+        ("[speculation]\nkind = 'prompt_lookup'\nprompt_lookup_min = 4\nprompt_lookup_max = 2\n",
+         "prompt_lookup_min 4 is larger than prompt_lookup_max 2"),
+        ("[speculation]\ndraft = 'd'\nprompt_lookup_max = 3\n", 'apply to kind "prompt_lookup"'),
+        ("[speculation]\nkind = 'ngram'\n", "speculation.kind"),
         ("[quantization]\ngranularity = 'per-channel'\n", "missing required key 'quantization.dtype'"),
         ("[quantization]\ndtype = 'int4'\n", "quantization.dtype"),
         ("[target]\ntp_degree = 6\nnodes = 4\n", "not divisible"),
@@ -87,3 +93,17 @@ def test_invalid_recipes_name_file_and_key(tmp_path, text, message):
 def test_missing_recipe_file(tmp_path):
     with pytest.raises(RecipeError, match="recipe file not found"):
         load_recipe(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(("given", "resolved"), [
+    ({}, (5, 5)),  # vLLM's defaults for the ngram method
+    ({"prompt_lookup_max": 3}, (3, 3)),  # one size given: the other takes its value
+    ({"prompt_lookup_min": 2}, (2, 2)),
+    ({"prompt_lookup_min": 1, "prompt_lookup_max": 4}, (1, 4)),
+])
+def test_prompt_lookup_sizes_resolve_as_vllm(given, resolved):
+    recipe = Recipe(speculation={"kind": "prompt_lookup", "length": 3, **given})
+    spec = recipe.speculation
+    assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == resolved and spec.draft is None
+    again = Recipe.model_validate(recipe.to_dict())  # the manifest's copy validates to the same recipe
+    assert again == recipe

@@ -38,7 +38,7 @@ from neuronpack.backends.neuron_common import (
 )
 from neuronpack.backends.neuron_packages import sdk_availability, versions_of
 from neuronpack.checkpoint.lora import copy_adapters, lora_path
-from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
+from neuronpack.errors import ArtifactError, BuildError, RecipeError, UnsupportedModelError
 from neuronpack.recipe import Recipe
 
 NXD_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")
@@ -87,6 +87,8 @@ class NxdBackend:
     def compile_config(self, request: BuildRequest) -> dict[str, Any]:
         """Everything the compile hands NxDI, JSON-able: the exact NeuronConfig kwargs, the class, the draft's."""
         recipe, plan = request.recipe, request.plan
+        neuron_instance(recipe, "nxd")  # a CPU recipe is refused for its instance first
+        check_speculation_kind(recipe)
         # Before offline quantization has run (dry-run), the quantized directory does not exist yet: read the
         # architecture from the checkpoint it will be made from.
         config_dir = request.model_dir
@@ -205,6 +207,18 @@ def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, dr
         cfg["local_ranks_size"] = t.tp_degree
     cfg.update(recipe.neuron_overrides)
     return cfg
+
+
+def check_speculation_kind(recipe: Recipe) -> None:
+    """NxDI speculates with a draft model only (fused speculation; vLLM's Neuron loaders build it from the speculative
+    config's draft model, and vllm-neuron supports EAGLE): prompt lookup has no draft, so it is refused here."""
+    spec = recipe.speculation
+    if spec is not None and spec.kind == "prompt_lookup":
+        raise RecipeError('speculation kind "prompt_lookup" is not supported by NxD Inference (its fused speculation '
+                          "needs a draft model; vLLM on Neuron serves draft and EAGLE speculation only)",
+                          where="recipe [speculation]",
+                          fix='use --framework torch (the portable backend runs prompt lookup), or kind "eagle" / '
+                              '"draft" with a draft model')
 
 
 def sampling_config(recipe: Recipe) -> dict | None:

@@ -124,6 +124,10 @@ def generate_command(
         str | None, typer.Option("--lora", help="apply this LoRA adapter of the artifact (a name in its [lora])")
     ] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="torch CPU threads")] = None,
+    speculation: Annotated[bool, typer.Option(
+        "--speculation/--no-speculation",
+        help="speculate when the artifact was compiled with [speculation] (--no-speculation: one token per step)",
+    )] = True,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,
 ) -> None:
@@ -135,7 +139,7 @@ def generate_command(
 
     reporter = RichReporter(quiet=quiet)
     path = resolve_serving_artifact(artifact_dir, reporter=reporter)
-    loaded = load_engine(path, num_threads=threads, reporter=reporter)
+    loaded = load_engine(path, num_threads=threads, reporter=reporter, speculation=speculation)
     adapter = _adapter_slot(loaded, lora, path)
     tokenizer = loaded.engine.tokenizer
     ids = tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else tokenizer.encode(prompt)
@@ -148,13 +152,19 @@ def generate_command(
     )
     result = loaded.engine.generate(request)
     timings = {"load_s": round(loaded.load_seconds, 4), **{k: round(v, 4) for k, v in result.timings.items()}}
-    print_result(output_format, {"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
-                                 "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                                 "model": lora or loaded.served_model_name, "timings": timings}, result.text)
+    data = {"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
+            "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "model": lora or loaded.served_model_name, "timings": timings}
+    if result.speculation is not None:
+        data["speculation"] = {"kind": loaded.engine.speculation.kind, **result.speculation}
+    print_result(output_format, data, result.text)
     if output_format is OutputFormat.json:
         return
+    spec = result.speculation
+    accepted = (f", {spec['tokens_per_step']:.2f} tokens/step, acceptance {spec['acceptance_rate'] or 0:.0%}"
+                if spec and spec["tokens_per_step"] else "")
     reporter.info(f"[{result.completion_tokens} tokens, finish_reason={result.finish_reason}, "
-                  f"{result.timings['tokens_per_s']:.1f} tokens/s, load {loaded.load_seconds:.1f} s]")
+                  f"{result.timings['tokens_per_s']:.1f} tokens/s{accepted}, load {loaded.load_seconds:.1f} s]")
 
 
 def _adapter_slot(loaded, lora: str | None, path: Path) -> int:

@@ -50,7 +50,8 @@ def resolve_inputs(
     if recipe.model.revision and "@" not in source and not Path(source).exists():
         source = f"{source}@{recipe.model.revision}"
     model_dir = resolve_model(source, reporter=reporter)
-    draft_dir = resolve_model(recipe.speculation.draft, reporter=reporter) if recipe.speculation else None
+    spec = recipe.speculation
+    draft_dir = resolve_model(spec.draft, reporter=reporter) if spec and spec.draft else None
     lora_dirs = resolve_lora_adapters(recipe, reporter)
     return ResolvedInputs(
         recipe=recipe,

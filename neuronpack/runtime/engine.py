@@ -21,6 +21,11 @@ one gets ServerBusyError, HTTP 503), and a request older than ``request_timeout`
 its slot freed before the next model call. ``drain()`` refuses new requests and ``abort_all()`` ends every one in
 flight (graceful shutdown).
 
+Speculative decoding (an artifact compiled with ``[speculation]``): the decode step becomes a draft-then-verify step
+(``runtime/speculation/step.py``) that may emit several tokens per sequence; they go through the stop rules one by
+one (whatever follows a stop is dropped), and sequences end with "length" once ``length + lookahead`` would pass
+``max_model_len``.
+
 Example::
 
     engine = Engine(load_artifact(artifact_dir), ArtifactTokenizer.from_dir(artifact_dir))
@@ -43,6 +48,10 @@ from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs, prompt_logp
 from neuronpack.runtime.metrics import EngineMetrics
 from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample
 from neuronpack.runtime.scheduler import SlotScheduler
+from neuronpack.runtime.speculation.acceptance import Accepted
+from neuronpack.runtime.speculation.config import SpeculationConfig
+from neuronpack.runtime.speculation.stats import SpecStats
+from neuronpack.runtime.speculation.step import SpecRow, SpeculativeStep
 from neuronpack.runtime.stopping import FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
 
 if TYPE_CHECKING:
@@ -69,6 +78,7 @@ class CompiledModel(Protocol):
     context_buckets: tuple[int, ...]
     token_generation_buckets: tuple[int, ...]
     max_seq_len: int
+    max_verify_tokens: int  # tokens per row a verify call takes (1 without speculation compiled in)
     vocab_size: int
     eos_token_ids: tuple[int, ...]
 
@@ -116,6 +126,7 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int
     timings: dict[str, float]
+    speculation: dict[str, Any] | None = None  # SpecStats.to_dict() when the engine speculated
 
 
 @dataclass
@@ -132,6 +143,7 @@ class StepOutput:
     logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked for them
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
     stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
+    speculation: dict[str, Any] | None = None  # on the last output of a speculating engine: SpecStats.to_dict()
 
 
 @dataclass(eq=False)
@@ -151,6 +163,7 @@ class RequestState:
     prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
     forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
     adapter: int = 0  # LoRA adapter index (0: none)
+    spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
 
     @property
     def last_token(self) -> int:
@@ -177,20 +190,24 @@ class Engine:
         max_prefills_per_step: int = 1,
         metrics: EngineMetrics | None = None,
         limits: EngineLimits | None = None,
+        speculation: SpeculationConfig | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_model_len = min(max_model_len or model.max_seq_len, model.max_seq_len)
         self.max_prompt_len = min(max(model.context_buckets), self.max_model_len)
         self.global_topk = global_topk
-        self.lookahead = lookahead
+        self.speculation = speculation
+        self.speculator = SpeculativeStep(model, speculation.proposer(), speculation.length) if speculation else None
+        # Speculating, a sequence must leave room for a whole verify call: it ends "length + lookahead" early.
+        self.lookahead = max(lookahead, speculation.length if speculation else 0)
         self.max_prefills_per_step = max(1, max_prefills_per_step)
         eos = set(model.eos_token_ids)
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
-        self.metrics = metrics or EngineMetrics(model.batch_size)
+        self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -283,8 +300,9 @@ class Engine:
         prompt = list(request.prompt_ids)
         output = SequenceOutput(rules, prompt, IncrementalDetokenizer(self.tokenizer, prompt))
         sampler = RowSampler(request.sampling.resolve(self.global_topk))
+        spec = SpecStats.new(self.speculation.length) if self.speculation else None
         return RequestState(request.request_id, prompt, sampler, output, sink,
-                              prompt_logprobs=request.prompt_logprobs, adapter=request.adapter)
+                            prompt_logprobs=request.prompt_logprobs, spec=spec, adapter=request.adapter)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its slot is freed before the next model call."""
@@ -458,7 +476,7 @@ class Engine:
                 if scoring_only:
                     self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
                 else:
-                    self._emit(member, int(tokens[i]), entries[i], prompt_lp)
+                    self._emit(member, [int(tokens[i])], None if entries[i] is None else [entries[i]], prompt_lp)
 
     def _prefill_together(self, seqs: list[RequestState]) -> dict[int, Tensor]:
         """One ``prefill`` call for ``seqs``; returns each one's [1, vocab] logits by id. On failure every one of
@@ -482,27 +500,47 @@ class Engine:
         return {"adapters": [s.adapter for s in seqs]} if self.adapter_names else {}
 
     def _decode(self) -> None:
-        import torch
-
+        """One decode step over the running sequences: one token each, or with speculation a draft-then-verify step
+        that may emit several."""
         running = self.scheduler.running
-        slots, tokens, positions = self.scheduler.decode_inputs()
         started = time.monotonic()
         try:
-            # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
-            logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots,
-                                       **self._adapter_kw(running))
-            next_tokens, entries = sample(logits, [s.sampler for s in running])
+            outcomes = self._speculate(running) if self.speculator is not None else self._decode_one(running)
         except Exception as exc:
             for seq in running:
                 self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
             return
         self.metrics.decode_seconds.observe(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
-        for seq, token, entry in zip(running, next_tokens.tolist(), entries, strict=True):
-            self._emit(seq, token, entry)
+        for seq, outcome in zip(running, outcomes, strict=True):
+            self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None)
 
-    def _emit(self, seq: RequestState, token: int, logprobs: TokenLogprobs | None = None,
-              prompt_lp: list[TokenLogprobs | None] | None = None) -> None:
+    def _decode_one(self, running: list[RequestState]) -> list[Accepted]:
+        import torch
+
+        slots, tokens, positions = self.scheduler.decode_inputs()
+        # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
+        logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots, **self._adapter_kw(running))
+        next_tokens, entries = sample(logits, [s.sampler for s in running])
+        return [Accepted([token], 0, 0, None if entry is None else [entry])
+                for token, entry in zip(next_tokens.tolist(), entries, strict=True)]
+
+    def _speculate(self, running: list[RequestState]) -> list[Accepted]:
+        rows = [SpecRow(s.request_id, s.slot, s.next_position, [*s.prompt_ids, *s.output.token_ids],
+                        self._room(s), s.sampler) for s in running]
+        outcomes, stats = self.speculator.run(rows)
+        self.metrics.observe_speculation(stats)
+        return outcomes
+
+    def _room(self, seq: RequestState) -> int:
+        """Tokens the sequence may still emit (max_tokens and the model length)."""
+        out = seq.output
+        return min(out.rules.max_tokens - len(out.token_ids), self.max_model_len - out.total_len)
+
+    def _emit(self, seq: RequestState, tokens: list[int], logprobs: list[TokenLogprobs] | None = None,
+              prompt_lp: list[TokenLogprobs | None] | None = None, drafted: Accepted | None = None) -> None:
+        """Append ``tokens`` one by one through the stop rules (those after a stop are dropped) and deliver them as
+        one StepOutput."""
         now = time.monotonic()
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -510,12 +548,22 @@ class Engine:
         else:
             self.metrics.itl.observe(now - (seq.last_token_at or now))
         seq.last_token_at = now
-        delta = seq.output.append(token)
-        self.metrics.generation_tokens.inc()
-        out = StepOutput(seq.request_id, [token], delta.text, delta.finish_reason, len(seq.prompt_ids),
-                         len(seq.output.token_ids), logprobs=[logprobs] if logprobs is not None else None,
-                         prompt_logprobs=prompt_lp, stop_reason=seq.output.stop_reason)
-        if delta.finish_reason is not None:
+        text, kept = [], 0
+        for token in tokens:
+            delta = seq.output.append(token)
+            text.append(delta.text)
+            kept += 1
+            if delta.finish_reason is not None:
+                break
+        self.metrics.generation_tokens.inc(kept)
+        if drafted is not None and seq.spec is not None:
+            seq.spec.observe(drafted.num_draft, drafted.num_accepted, kept)
+        finished = delta.finish_reason is not None
+        out = StepOutput(seq.request_id, tokens[:kept], "".join(text), delta.finish_reason, len(seq.prompt_ids),
+                         len(seq.output.token_ids), logprobs=logprobs[:kept] if logprobs is not None else None,
+                         prompt_logprobs=prompt_lp, stop_reason=seq.output.stop_reason,
+                         speculation=seq.spec.to_dict() if finished and seq.spec is not None else None)
+        if finished:
             self.scheduler.release(seq)
             self.metrics.observe_finish(delta.finish_reason, now - seq.arrival)
             self._retire()
@@ -527,7 +575,8 @@ class Engine:
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
         self._retire()
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
-                         prompt_logprobs=prompt_logprobs)
+                         prompt_logprobs=prompt_logprobs,
+                         speculation=seq.spec.to_dict() if seq.spec is not None else None)
         self._deliver(seq, out)
 
     def _deliver(self, seq: RequestState, out: StepOutput) -> None:
@@ -564,6 +613,7 @@ def _result(outputs: list[StepOutput], started: float, first_at: float) -> Gener
         finish_reason=last.finish_reason or FinishReason.ERROR,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
+        speculation=last.speculation,
         timings={
             "ttft_s": first_at - started,
             "total_s": total,

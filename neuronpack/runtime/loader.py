@@ -19,6 +19,7 @@ from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter, Reporter
 from neuronpack.runtime.adapters import ServedModels
 from neuronpack.runtime.engine import Engine, EngineLimits
+from neuronpack.runtime.speculation.config import SpeculationConfig
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
 if TYPE_CHECKING:
@@ -55,9 +56,11 @@ def load_engine(
     num_threads: int | None = None,
     reporter: Reporter | None = None,
     limits: EngineLimits | None = None,
+    speculation: bool = True,
 ) -> LoadedEngine:
     """Load a torch-framework artifact into an Engine (not started), with ``limits`` on its queue and request time.
-    ServeError for other frameworks.
+    An artifact compiled with ``[speculation]`` speculates unless ``speculation`` is False (then it decodes one
+    token per step, exactly as an artifact without speculation). ServeError for other frameworks.
 
     Example: ``load_engine(path).engine.max_model_len``.
     """
@@ -78,13 +81,14 @@ def load_engine(
     configure_threads(num_threads)
     model = load_artifact(artifact_dir, reporter=reporter)
     tokenizer = ArtifactTokenizer.from_dir(artifact_dir)
+    recorded = manifest.compile_config.get("speculation")  # what neuron_config.json says the graphs verify
     engine = Engine(
         model,
         tokenizer,
         max_model_len=manifest.serve.max_model_len,
         global_topk=manifest.recipe.sampling.global_topk,
-        lookahead=manifest.serve.num_lookahead_slots,
         limits=limits,
+        speculation=SpeculationConfig.from_dict(recorded) if recorded and speculation else None,
     )
     return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started,
                         artifact_dir)

@@ -1,7 +1,11 @@
 """Prometheus metrics of one engine (its own registry, so several engines in one process never collide).
 
 Names follow vLLM's where one exists (``num_requests_running``, ``time_to_first_token_seconds``,
-``inter_token_latency_seconds``) under a ``neuronpack_`` prefix.
+``inter_token_latency_seconds``, and with speculation vLLM V1's ``spec_decode_num_drafts``,
+``spec_decode_num_draft_tokens``, ``spec_decode_num_accepted_tokens``, ``spec_decode_num_accepted_tokens_per_pos``
+{position}) under a ``neuronpack_`` prefix. As in vLLM, the acceptance rate is
+``rate(neuronpack_spec_decode_num_accepted_tokens_total) / rate(neuronpack_spec_decode_num_draft_tokens_total)`` and
+the mean acceptance length ``1 + rate(..._num_accepted_tokens_total) / rate(..._num_drafts_total)``.
 
 Example::
 
@@ -12,8 +16,13 @@ Example::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from neuronpack.runtime.speculation.stats import SpecStats
 
 PREFIX = "neuronpack"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
@@ -26,7 +35,7 @@ class EngineMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, batch_size: int = 1) -> None:
+    def __init__(self, batch_size: int = 1, speculation_length: int = 0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.batch_size = batch_size
@@ -54,6 +63,17 @@ class EngineMetrics:
                                          buckets=LATENCY_BUCKETS, registry=r)
         self.decode_seconds = Histogram(f"{PREFIX}_decode_step_seconds", "Duration of one decode step",
                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.speculation_length = speculation_length
+        if speculation_length:  # registered only when the engine speculates, as vLLM does
+            self.spec_drafts = Counter(f"{PREFIX}_spec_decode_num_drafts", "Number of spec decoding drafts.",
+                                       registry=r)
+            self.spec_draft_tokens = Counter(f"{PREFIX}_spec_decode_num_draft_tokens", "Number of draft tokens.",
+                                             registry=r)
+            self.spec_accepted_tokens = Counter(f"{PREFIX}_spec_decode_num_accepted_tokens",
+                                                "Number of accepted tokens.", registry=r)
+            per_pos = Counter(f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
+                              "Accepted tokens per draft position.", ["position"], registry=r)
+            self.spec_accepted_per_pos = [per_pos.labels(position=str(i)) for i in range(speculation_length)]
 
     def set_load(self, waiting: int, running: int) -> None:
         self.waiting.set(waiting)
@@ -66,6 +86,14 @@ class EngineMetrics:
     def observe_finish(self, finish_reason: str, seconds: float) -> None:
         self.requests.labels(finish_reason=finish_reason).inc()
         self.e2e.observe(seconds)
+
+    def observe_speculation(self, step: SpecStats) -> None:
+        """Add one speculative step's counts (all its sequences together)."""
+        self.spec_drafts.inc(step.num_drafts)
+        self.spec_draft_tokens.inc(step.num_draft_tokens)
+        self.spec_accepted_tokens.inc(step.num_accepted_tokens)
+        for counter, count in zip(self.spec_accepted_per_pos, step.num_accepted_tokens_per_pos, strict=True):
+            counter.inc(count)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -106,16 +106,22 @@ def sample(logits: Tensor, samplers: Sequence[RowSampler]) -> tuple[Tensor, list
     return out, logprobs
 
 
-def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> tuple[Tensor, list[TokenLogprobs | None]]:
-    # logits: [m, vocab] for the sampling rows only.
+def filtered_distribution(logits: Tensor, params: Sequence[SamplingParams], candidates: int = 0
+                          ) -> tuple[Tensor, Tensor]:
+    """Each row's sampling distribution after temperature, top-k and top-p, over its best candidates.
+
+    logits: float32 [m, vocab]; params: m resolved sampling params; candidates: at least this many columns.
+    Returns (probs, ids), both [m, K] with K = max(largest top_k, candidates) capped at vocab, sorted best first:
+    ``probs[i, j]`` is the (unnormalised) weight of token ``ids[i, j]``, 0 beyond row i's top_k and outside its
+    nucleus. ``sample`` draws from it; speculative decoding's rejection sampler compares drafts against it.
+    """
     import torch
 
-    wanted = max((s.params.logprobs or 0) for s in samplers)
-    max_k = min(max(max(s.params.top_k for s in samplers), wanted), logits.shape[-1])
+    max_k = min(max(max(p.top_k for p in params), candidates), logits.shape[-1])
     top_values, top_ids = torch.topk(logits.float(), max_k, dim=-1)  # [m, K], sorted descending
-    temperature = torch.tensor([s.params.temperature for s in samplers], dtype=torch.float32)[:, None]
-    top_k = torch.tensor([s.params.top_k for s in samplers])[:, None]
-    top_p = torch.tensor([s.params.top_p for s in samplers], dtype=torch.float32)[:, None]
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)[:, None]
+    top_k = torch.tensor([p.top_k for p in params])[:, None]
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)[:, None]
     scaled = top_values / temperature
     rank = torch.arange(max_k)[None, :]  # [1, K]
     scaled = scaled.masked_fill(rank >= top_k, float("-inf"))
@@ -124,6 +130,16 @@ def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> tuple[Te
     # even when top_p rounds to 0 in float32).
     mass_before = torch.cumsum(probs, dim=-1) - probs
     probs = probs.masked_fill((mass_before >= top_p) & (rank > 0), 0.0)  # the best one always stays
+    return probs, top_ids
+
+
+def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> tuple[Tensor, list[TokenLogprobs | None]]:
+    # logits: [m, vocab] for the sampling rows only.
+    import torch
+
+    wanted = max((s.params.logprobs or 0) for s in samplers)
+    probs, top_ids = filtered_distribution(logits, [s.params for s in samplers], wanted)
+    max_k = probs.shape[-1]
     # Each row draws over its own top_k candidates only: multinomial consumes one random number per candidate, so
     # a longer row (another row's larger top_k, or more logprobs asked) would change a seeded row's tokens.
     picks = [
@@ -145,4 +161,5 @@ def _sample_filtered(logits: Tensor, samplers: Sequence[RowSampler]) -> tuple[Te
     return tokens, entries
 
 
-__all__ = ["DEFAULT_GLOBAL_TOPK", "RowSampler", "SamplingParams", "sample", "sample_rows"]
+__all__ = ["DEFAULT_GLOBAL_TOPK", "RowSampler", "SamplingParams", "filtered_distribution", "sample",
+           "sample_rows"]

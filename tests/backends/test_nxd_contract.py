@@ -247,3 +247,12 @@ def test_build_without_sdk_refuses_but_dry_run_config_works(tiny_llama, tmp_path
     assert NxdBackend().compile_config(request)["neuron_config"]["tp_degree"] == 2
     with pytest.raises(BuildError, match="neuronx-distributed-inference is not installed"):
         NxdBackend().build(request)
+
+
+def test_prompt_lookup_is_refused_with_a_fix(tiny_llama, tmp_path, nxd_sdk):
+    """NxDI's fused speculation needs a draft model: prompt lookup is refused before anything is compiled."""
+    recipe = _tiny_recipe(tmp_path, '[speculation]\nkind = "prompt_lookup"\nlength = 3\n')
+    with pytest.raises(RecipeError) as info:
+        NxdBackend().compile_config(_request(recipe, tiny_llama, tmp_path / "staging"))
+    assert "prompt_lookup" in info.value.what and "--framework torch" in info.value.fix
+    assert not (tmp_path / "staging").exists()

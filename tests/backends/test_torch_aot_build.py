@@ -36,7 +36,7 @@ def test_artifact_layout(smollm_export):
             "weights/config.json"} <= names
     assert "neuronpack.json" not in names  # the pipeline writes the manifest
     assert info["compiler"] == "export"
-    assert set(info["bucket_seconds"]) == {"step"}  # one dynamic-shape graph for every step
+    assert set(info["bucket_seconds"]) == {"layer_decode", "layer_step", "head"}  # one layer kind: 3 graphs
 
 
 def test_neuron_config_fields(smollm_export):
@@ -47,6 +47,8 @@ def test_neuron_config_fields(smollm_export):
     assert config["context_encoding_buckets"] == [16, 64]
     assert config["token_generation_buckets"] == [64, 128]
     assert config["torch_dtype"] == "bfloat16" and config["compiler"] == "export"
+    assert config["graphs"] == {n: n for n in ("layer_decode", "layer_step", "head")}
+    assert config["layer_graphs"] == [0] * config["num_layers"]
     assert config["target"]["torch"] == torch.__version__
 
 
@@ -145,10 +147,26 @@ def test_unsupported_recipe_features_are_refused(tiny_llama, tmp_path, recipe, w
     assert not any((tmp_path / "s").iterdir())
 
 
+def test_prompt_lookup_is_recorded_for_the_runtime(tiny_llama, tmp_path):
+    request = tiny_request(tiny_llama, tmp_path / "s", speculation={"kind": "prompt_lookup", "length": 4})
+    config = TorchAotBackend().compile_config(request)
+    assert config["speculation"] == {"kind": "prompt_lookup", "length": 4, "prompt_lookup_min": 5,
+                                     "prompt_lookup_max": 5}
+    plain = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "p"))
+    assert plain["speculation"] is None
+    long = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "l", speculation={
+        "kind": "prompt_lookup", "length": 32}, target={"batch_size": 2, "seq_len": 128, "max_context_length": 16},
+        buckets={"context": [16], "token_generation": [128]}))
+    assert long["max_step_tokens"] == 33  # the step graph verifies the last token + 32 drafts
+    with pytest.raises(RecipeError, match="kind 'eagle'") as info:
+        TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "e", speculation={"draft": "d"}))
+    assert 'kind = "prompt_lookup"' in info.value.fix
+
+
 def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
     config = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "s"))
     assert "target" not in config
-    assert config["graphs"] == {"step": "step"}
+    assert "graphs" not in config  # named at build time, from the layers the checkpoint really has
     assert config["max_step_tokens"] == config["max_context_length"]  # no speculation: the longest prompt
     assert config["kv_cache_positions"] == 129  # seq_len + one spare position
     json.dumps(config)  # plain JSON: goes into the key

@@ -71,7 +71,7 @@ def test_error_text_keeps_square_brackets(tiny_llama, tmp_path):
                                  "--set", f'speculation.draft="{tiny_llama}"', "--set", 'speculation.kind="draft"',
                                  "--dry-run"])
     assert result.exit_code == 1
-    assert "remove [speculation] or use framework nxd" in result.stderr
+    assert "set [speculation] kind" in result.stderr
 
 
 def test_usage_errors_exit_2(tmp_path):

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.serving import build_artifact
+from tests.runtime.serving import EXPORT, build_artifact
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +33,30 @@ def artifact_tokenizer(serve_artifact):
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
     return ArtifactTokenizer.from_dir(serve_artifact)
+
+
+SPECULATION = ['speculation.kind="prompt_lookup"', "speculation.length=3", "speculation.prompt_lookup_min=1",
+               "speculation.prompt_lookup_max=3"]
+
+
+@pytest.fixture(scope="session")
+def spec_artifact(tmp_path_factory, tiny_llama) -> Path:
+    """The tiny serving artifact compiled with prompt-lookup speculation (k = 3: verify graphs of 1..4 tokens)."""
+    return build_artifact(tiny_llama, tmp_path_factory.getbasetemp() / "spec-root", [*EXPORT, *SPECULATION])
+
+
+@pytest.fixture(scope="session")
+def spec_lm(spec_artifact):
+    from neuronpack.backends.torch_aot import load_artifact
+
+    return load_artifact(spec_artifact)
+
+
+@pytest.fixture(scope="session")
+def spec_tokenizer(spec_artifact):
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+    return ArtifactTokenizer.from_dir(spec_artifact)
 
 
 @pytest.fixture(autouse=True, scope="module")

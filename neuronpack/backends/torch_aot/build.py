@@ -2,7 +2,7 @@
 
 Files written into the staging directory (the pipeline adds ``neuronpack.json``)::
 
-    graphs.pt2           AOTInductor package (one model per bucket, weights outside) or export-only programs
+    graphs.pt2           AOTInductor package (layer and head graphs, weights are their inputs) or exported programs
     weights/             model.safetensors (+ shards/index) in the recipe dtype, and a copy of config.json
     lora/<name>/         with [lora]: each PEFT adapter as given (stacked into the graphs' constants at load)
     neuron_config.json   batch, lengths, buckets, dtype, compiler, target: what the loader needs
@@ -11,7 +11,7 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
 Example::
 
     info = build_artifact(BuildRequest(model_dir, recipe, plan, staging))
-    info["bucket_seconds"]   # {"step": 61.2}: seconds per graph
+    info["bucket_seconds"]   # {"layer_decode": 9.1, "layer_step": 11.4, "head": 3.2}: seconds per graph
 """
 
 from __future__ import annotations
@@ -79,16 +79,27 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size,
         # Tokens (and logits) per row one step runs: the longest prompt, at least speculation length + 1 (verify).
         "max_step_tokens": max(plan.max_context_length, (recipe.speculation.length + 1) if recipe.speculation else 1),
-        "graphs": {kind: kind for kind in L.GRAPH_KINDS},  # graph -> model name in graphs.pt2
+        "speculation": speculation_config(recipe),  # what the runtime speculates with (None: it does not)
         "target": current_target(compiler, recipe.instance_for("torch")),
         "lora": lora_section(recipe.lora, request.adapter_dirs()),
     }
 
 
+def speculation_config(recipe) -> dict[str, Any] | None:
+    """What the runtime speculates with (None: no speculation): kind, length and the n-gram sizes of prompt lookup."""
+    spec = recipe.speculation
+    if spec is None:
+        return None
+    return {"kind": spec.kind, "length": spec.length, "prompt_lookup_min": spec.prompt_lookup_min,
+            "prompt_lookup_max": spec.prompt_lookup_max}
+
+
 def check_recipe(recipe) -> None:
     """Refuse recipe features the portable backend does not implement (one clear line each)."""
     unsupported = [
-        (recipe.speculation is not None, "speculation", "remove [speculation] or use framework nxd"),
+        (recipe.speculation is not None and recipe.speculation.kind != "prompt_lookup",
+         f"speculation kind {recipe.speculation.kind!r}" if recipe.speculation else "",
+         'set [speculation] kind = "prompt_lookup", or use framework nxd for draft-model speculation'),
         (recipe.target.tp_degree != 1, "target.tp_degree > 1", "set target.tp_degree = 1 for the torch backend"),
         (bool(recipe.quantization and recipe.quantization.kv_cache), "quantization.kv_cache",
          "set quantization.kv_cache = false for the torch backend"),
@@ -115,6 +126,7 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     ``{"bucket_seconds": {...}, "compiler": "aoti" | "export"}``."""
     import torch
 
+    from neuronpack.backends.torch_aot.graphs import graph_names, layer_groups
     from neuronpack.checkpoint import copy_aux_files, open_checkpoint
     from neuronpack.models.loading import load_model
 
@@ -123,6 +135,9 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(request.model_dir), dtype, max_seq_len=request.plan.seq_len,
                        reporter=reporter)
+    groups = layer_groups(model)
+    config["layer_graphs"] = groups  # layer -> its kind of layer graph (one kind unless some layers differ)
+    config["graphs"] = {name: name for name in graph_names(groups)}  # graph -> model name in graphs.pt2
     write_weights(model, request.model_dir, staging / WEIGHTS_DIR, reporter)
     shutil.copy2(Path(request.model_dir) / "config.json", staging / "config.json")
     copy_aux_files(request.model_dir, staging)

@@ -1,0 +1,98 @@
+"""One draft-then-verify step over the running sequences (continuous batching: whoever holds a slot takes part).
+
+1. Each sequence asks the proposer for up to ``length`` drafts, capped by its room: never a token past
+   ``max_model_len`` and never more than its max_tokens can still take (the target adds one token of its own).
+2. One ``verify`` call scores every sequence's ``[last, *drafts]`` at its own cache position, rows right padded to
+   T = 1 + the longest draft (padding repeats the last token; its logits are ignored and its KV is overwritten
+   later). When no sequence has a draft the step is a plain ``decode`` call, so speculation costs nothing when the
+   proposer has no guess.
+3. ``acceptance.accept`` keeps drafts and adds the target's token; positions advance by kept + 1 (the engine's
+   ``next_position`` follows from the emitted tokens).
+
+The engine keeps sequences below ``max_model_len - length`` (its stop rules' ``lookahead``), so ``starts + T`` never
+passes the cache.
+
+Example::
+
+    step = SpeculativeStep(model, PromptLookupProposer(2, 4), length=4)
+    outcomes, stats = step.run(rows)            # rows: [SpecRow]; outcomes[i].token_ids: 1..5 tokens
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from neuronpack.runtime.sampling import RowSampler
+from neuronpack.runtime.speculation.acceptance import Accepted, accept
+from neuronpack.runtime.speculation.proposer import Draft, DraftRequest, Proposer
+from neuronpack.runtime.speculation.stats import SpecStats
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class VerifyingModel(Protocol):
+    """What the step drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
+
+    max_verify_tokens: int
+
+    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
+
+    def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
+               return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
+@dataclass(frozen=True)
+class SpecRow:
+    """One running sequence: its slot, the cache position of its last token (not cached yet), its tokens so far
+    (prompt + output, the last one included), how many tokens it may still emit, and its sampler."""
+
+    request_id: str
+    slot: int
+    start: int
+    token_ids: Sequence[int]
+    room: int
+    sampler: RowSampler
+
+
+class SpeculativeStep:
+    """Drafts with ``proposer`` (at most ``length`` per sequence), verifies with ``model``."""
+
+    def __init__(self, model: VerifyingModel, proposer: Proposer, length: int) -> None:
+        if length + 1 > model.max_verify_tokens:
+            raise ValueError(f"speculation length {length} needs {length + 1} tokens per verify call; the artifact's "
+                             f"graphs take at most {model.max_verify_tokens}")
+        self.model, self.proposer, self.length = model, proposer, length
+
+    def run(self, rows: Sequence[SpecRow]) -> tuple[list[Accepted], SpecStats]:
+        """Draft, verify and accept for every row; returns each row's outcome and the step's counts."""
+        import torch
+
+        requests = [DraftRequest(r.request_id, r.token_ids, max(0, min(self.length, r.room - 1))) for r in rows]
+        drafts = [Draft(d.token_ids[: q.max_tokens], d.probs) for d, q in
+                  zip(self.proposer.propose(requests), requests, strict=True)]
+        width = 1 + max(len(d.token_ids) for d in drafts)
+        slots = [r.slot for r in rows]
+        hidden = None
+        if width == 1 and not self.proposer.needs_hidden_states:
+            tokens = torch.tensor([r.token_ids[-1] for r in rows])
+            logits = self.model.decode(tokens, torch.tensor([r.start for r in rows]), slots)[:, None]  # [n, 1, V]
+        else:
+            token_rows = [_padded([r.token_ids[-1], *d.token_ids], width) for r, d in zip(rows, drafts, strict=True)]
+            starts = [r.start for r in rows]
+            if self.proposer.needs_hidden_states:
+                logits, hidden = self.model.verify(slots, token_rows, starts, return_hidden=True)
+            else:
+                logits = self.model.verify(slots, token_rows, starts)  # [n, width, V]
+        outcomes = accept(logits, drafts, [r.sampler for r in rows])
+        self.proposer.verified([r.request_id for r in rows], [o.num_accepted for o in outcomes], hidden)
+        stats = SpecStats.new(self.length)
+        for outcome in outcomes:
+            stats.observe(outcome.num_draft, outcome.num_accepted)
+        return outcomes, stats
+
+
+def _padded(tokens: list[int], width: int) -> list[int]:
+    return tokens + [tokens[-1]] * (width - len(tokens))
