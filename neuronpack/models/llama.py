@@ -182,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, False, "lm_head" in int8)
         # Non-persistent in HF; here a plain buffer so AOTInductor treats it as a constant we supply at load.
         self.register_buffer("rope_inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.lora_layout = None  # a LoraLayout once models.lora.attach_lora gave the linears adapter constants
+        self.lora_layout = None  # a LoraLayout once models.lora.attach_lora gave the linears adapter stacks
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

@@ -1,6 +1,6 @@
 """Per-row LoRA for the portable model: several adapters resident at once, one adapter slot per sequence.
 
-Every targeted linear gets two extra constants, every resident adapter's weights side by side, ranks zero-padded to
+Every targeted linear gets two extra buffers, every resident adapter's weights side by side, ranks zero-padded to
 ``max_rank`` and PEFT's scaling folded into B::
 
     lora_A  [max_loras * max_rank, in]     rows s*R .. s*R+r-1: adapter slot s+1's A
@@ -15,7 +15,7 @@ adapter's columns out of a row's result exactly (their products are multiplied b
 Example::
 
     layout = LoraLayout(max_loras=2, max_rank=16, target_modules=("q_proj", "v_proj"))
-    attach_lora(model, layout)                      # zero constants: every slot is the base model
+    attach_lora(model, layout)                      # zero stacks: every slot is the base model
     fill_lora(model, layout, [info_sql, info_chat])  # slots 1 and 2 (AdapterInfo from checkpoint.lora)
     mask = lora_mask(torch.tensor([0, 2, 1]), layout, torch.float32)   # three rows: base, chat, sql
 """
@@ -70,7 +70,7 @@ def lora_linears(model: nn.Module, layout: LoraLayout) -> Iterator[tuple[int, st
 
 
 def attach_lora(model: nn.Module, layout: LoraLayout, device: str | torch.device | None = None) -> None:
-    """Give every targeted linear zero ``lora_A`` / ``lora_B`` buffers (constants named
+    """Give every targeted linear zero ``lora_A`` / ``lora_B`` buffers (tensors named
     ``model.layers.N.<block>.<module>.lora_A``) in the model's dtype: all slots are the base model until filled."""
     dtype = model.model.embed_tokens.weight.dtype
     device = device if device is not None else model.model.embed_tokens.weight.device
@@ -78,7 +78,7 @@ def attach_lora(model: nn.Module, layout: LoraLayout, device: str | torch.device
     for _index, module, linear in lora_linears(model, layout):
         fan_in, fan_out = linear_shape(model.config, module)
         # not persistent: the artifact stores the PEFT adapters, not these stacks (like rope_inv_freq, they are
-        # constants every graph reads, supplied at load)
+        # tensors the layer graphs read, built at load)
         linear.register_buffer("lora_A", torch.zeros(layout.width, fan_in, dtype=dtype, device=device),
                                persistent=False)
         linear.register_buffer("lora_B", torch.zeros(fan_out, layout.width, dtype=dtype, device=device),

@@ -4,7 +4,7 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
 
     graphs.pt2           AOTInductor package (layer and head graphs, weights are their inputs) or exported programs
     weights/             model.safetensors (+ shards/index) in the recipe dtype, and a copy of config.json
-    lora/<name>/         with [lora]: each PEFT adapter as given (stacked into the graphs' constants at load)
+    lora/<name>/         with [lora]: each PEFT adapter as given (stacked into the layers' lora_A / lora_B at load)
     neuron_config.json   batch, lengths, buckets, dtype, compiler, target: what the loader needs
     config.json, tokenizer files, generation_config.json
 

@@ -93,7 +93,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(artifact_dir / WEIGHTS_DIR), dtype, max_seq_len=config["seq_len"],
                        reporter=reporter)
-    attach_artifact_lora(model, config, artifact_dir)  # the lora_A / lora_B constants, from lora/<name>/
+    attach_artifact_lora(model, config, artifact_dir)  # the lora_A / lora_B stacks, from lora/<name>/
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
         runners = _load_runners(artifact_dir / GRAPHS_FILE, config, task)
     return CompiledLM(config, model, runners, _eos_token_ids(artifact_dir))

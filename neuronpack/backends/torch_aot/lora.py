@@ -1,5 +1,5 @@
 """LoRA in a portable artifact: the adapters travel as PEFT copies in ``lora/<name>/`` and are stacked into the
-graphs' ``lora_A`` / ``lora_B`` constants wherever a model is made from the artifact (the build, a compile worker,
+graphs' ``lora_A`` / ``lora_B`` tensors wherever a model is made from the artifact (the build, a compile worker,
 the loader), so the artifact stores each adapter once, in the format users know.
 
 ``neuron_config.json`` records the layout and the slot order::
@@ -10,7 +10,7 @@ the loader), so the artifact stores each adapter once, in the format users know.
 Example::
 
     section = lora_section(recipe, request.adapter_dirs())     # for neuron_config.json (torch-free)
-    attach_artifact_lora(model, config, artifact_dir)          # zero constants + every adapter in its slot
+    attach_artifact_lora(model, config, artifact_dir)          # zero stacks + every adapter in its slot
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def adapter_names(config: dict[str, Any]) -> tuple[str, ...]:
 
 
 def attach_artifact_lora(model, config: dict[str, Any], artifact_dir: Path) -> None:
-    """Give ``model`` the artifact's LoRA constants, every adapter in its slot (nothing without a ``lora``
+    """Give ``model`` the artifact's LoRA stacks, every adapter in its slot (nothing without a ``lora``
     section). ArtifactError when an adapter copy is missing or no longer valid."""
     from neuronpack.errors import CheckpointError
     from neuronpack.models.lora import LoraLayout, attach_lora, fill_lora
