@@ -148,16 +148,18 @@ def _np(args: list[str], pythonpath: list[Path] = ()) -> str:
 def _venv(src: Path, name: str) -> Path:
     path = src / ".venvs" / name
     python = path / "bin" / "python"
-    if python.exists():
-        return python
-    subprocess.run([str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "venv", str(path)], check=True)
+    fresh = not python.exists()
+    if fresh:
+        subprocess.run([str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "venv", str(path)], check=True)
     site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
                           text=True, check=True).stdout.strip()
     chain = [str(src / ".venvs" / "vllm" / "lib" / Path(site).parent.name / "site-packages")] if name != "vllm" else []
     project = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    # Written on every run: a reused venv must see THIS project's environment (it may have moved since).
     Path(site, "zz_upstream_check.pth").write_text("\n".join([*chain, project]) + "\n")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *VENVS[name]], check=True)
+    if fresh:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *VENVS[name]], check=True)
     return python
 
 
