@@ -206,9 +206,7 @@ class LlamaForCausalLM(nn.Module):
 
     # -- shared body --------------------------------------------------------------------------------------------
     def _causal_mask(self, t) -> Tensor:
-        """bool [1, 1, g*T, T]: folded query row i*T + j (token j) may attend to the step's tokens 0..j."""
-        token = torch.arange(t).repeat(self.config.queries_per_kv)  # [g*T]
-        return (torch.arange(t)[None, :] <= token[:, None])[None, None]
+        return causal_mask(t, self.config.queries_per_kv)
 
     def _decode_layers(self, tokens, positions, masks: StepMasks, k_caches, v_caches, n_past):
         x = self.model.embed_tokens(tokens)  # [B, T, H]
@@ -221,6 +219,12 @@ class LlamaForCausalLM(nn.Module):
             new_k.append(k)
             new_v.append(v)
         return x, new_k, new_v
+
+
+def causal_mask(t, group: int) -> Tensor:
+    """bool [1, 1, g*T, T]: folded query row i*T + j (token j) may attend to the step's tokens 0..j."""
+    token = torch.arange(t).repeat(group)  # [g*T]
+    return (torch.arange(t)[None, :] <= token[:, None])[None, None]
 
 
 def store_kv(cache: Tensor, rows: Tensor, starts: Tensor, new: Tensor) -> None:

@@ -133,15 +133,17 @@ class CompiledLM:
         self._key_positions = torch.arange(self.max_seq_len)
         self._rows = RowMap(self.batch_size)
 
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], return_hidden: bool = False):
         """Write each prompt's KV into its slot (positions 0..len-1) in one graph call; return float32 logits
-        [len(slots), vocab] of each prompt's last token. A prompt longer than the largest context bucket ->
-        BucketError."""
+        [len(slots), vocab] of each prompt's last token, with ``return_hidden`` also the final-normed hidden states
+        [len(slots), longest prompt, hidden] (row i valid up to its prompt's length; what EAGLE drafts read).
+        A prompt longer than the largest context bucket -> BucketError."""
         import torch
 
         self._check_prefill(slots, prompts)
         with torch.inference_mode():
-            return self._run_prefill(slots, prompts)[0][:, 0]
+            logits, hidden = self._run_prefill(slots, prompts)
+        return (logits[:, 0], hidden) if return_hidden else logits[:, 0]
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> torch.Tensor:
         """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last
