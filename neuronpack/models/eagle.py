@@ -34,8 +34,7 @@ from torch import Tensor, nn
 
 from neuronpack.errors import CheckpointError, UnsupportedModelError
 from neuronpack.models.config import ModelConfig
-from neuronpack.models.llama import DecoderLayer, Embedding, Linear, StepMasks, causal_mask, rope_cos_sin, \
-    rope_inv_freq
+from neuronpack.models.llama import DecoderLayer, Embedding, Linear, StepMasks, causal_mask, rope_cos_sin, rope_inv_freq
 
 FC, HEAD, EMBED = "fc.weight", "lm_head.weight", "embed_tokens.weight"
 LAYER0_NORM = "layers.0.input_layernorm.weight"
