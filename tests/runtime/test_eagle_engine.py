@@ -119,7 +119,7 @@ def test_a_draft_that_mostly_agrees_keeps_several_tokens_per_step(eagle_artifact
     from neuronpack.runtime.loader import load_engine
 
     spec = load_engine(eagle_artifact).engine
-    plain = load_engine(eagle_artifact, speculation=False).engine
+    plain = Engine(spec.model, spec.tokenizer)  # the same loaded artifact, without speculation
     assert spec.speculation.kind == "eagle" and plain.speculation is None
     reqs = requests(spec.tokenizer)
     assert run_all(spec, reqs) == run_all(plain, reqs)
