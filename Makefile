@@ -64,6 +64,7 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
 	$(PY) bench/remote.py
+	$(PY) bench/speculation.py --model $(DEMO_MODEL)
 
 # lm-eval (local-completions vs its hf model) and guidellm against the server; both come with the dev extra
 # (the suite runs their smoke tests), so `install` already has them.
