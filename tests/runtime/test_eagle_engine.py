@@ -132,3 +132,30 @@ def test_a_draft_that_mostly_agrees_keeps_several_tokens_per_step(eagle_artifact
                                 sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=7))
     first, second = spec.generate(sampled), spec.generate(sampled)
     assert len(first.token_ids) == 20 and first.token_ids == second.token_ids  # seeded: repeatable
+
+
+def test_sequences_without_the_prompts_hidden_states_still_match(eagle_artifact):
+    """A prompt-logprobs request (prefilled by prompt_logits) and the extra members of a forked request (KV copied)
+    never hand the prompt's hidden states to the draft: they draft from their first verified position on."""
+    from neuronpack.runtime.loader import load_engine
+
+    spec = load_engine(eagle_artifact).engine
+    plain = Engine(spec.model, spec.tokenizer)
+    ids = tuple(spec.tokenizer.encode(TEXTS[2]))
+    scored = GenerationRequest(prompt_ids=ids, sampling=GREEDY, max_tokens=16, ignore_eos=True, prompt_logprobs=1)
+    result = spec.generate(scored)
+    assert result.token_ids == plain.generate(scored).token_ids
+    assert result.speculation["num_accepted_tokens"] > 0
+
+    def forks(engine):
+        members = [GenerationRequest(prompt_ids=ids, sampling=GREEDY, max_tokens=16, ignore_eos=True)
+                   for _ in range(3)]
+        outputs = {m.request_id: [] for m in members}
+        engine.submit_forks(members, [lambda out, rid=m.request_id: outputs[rid].extend(out.token_ids)
+                                      for m in members])
+        while engine.step():
+            pass
+        return list(outputs.values())
+
+    expected = forks(plain)
+    assert forks(spec) == expected and expected[0] == expected[1] == expected[2]
