@@ -14,7 +14,7 @@ from neuronpack.runtime.engine import Engine, GenerationRequest
 from neuronpack.runtime.sampling import SamplingParams
 from neuronpack.runtime.speculation.config import SpeculationConfig
 from tests.convert.eagle_fixtures import draft_config, make_eagle1_draft, write_draft
-from tests.runtime.serving import EXPORT, build_artifact
+from tests.runtime.serving import EXPORT, build_artifact, run_all
 
 K = 3
 GREEDY = SamplingParams(temperature=0.0)
@@ -80,15 +80,6 @@ def eagle_artifact(tmp_path_factory, weak_target, copying_draft):
 
 def eagle(draft_dir) -> SpeculationConfig:
     return SpeculationConfig("eagle", K, draft_dir=draft_dir, draft_dtype="float32")
-
-
-def run_all(engine, requests) -> dict[str, list[int]]:
-    outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    for r in requests:
-        engine.submit(r, lambda out, rid=r.request_id: outputs[rid].extend(out.token_ids))
-    while engine.step():
-        pass
-    return outputs
 
 
 def requests(tok) -> list[GenerationRequest]:
