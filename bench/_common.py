@@ -16,6 +16,35 @@ OUT_DIR = ROOT / "docs" / "bench"
 NEURONPACK = [sys.executable, "-m", "neuronpack"]
 
 
+def neuronpack_argv(code: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv prefix, environment additions) that run the ``neuronpack`` CLI from the source tree ``code`` (default:
+    this checkout). For before/after figures in one run, pass a ``git archive`` of the old code (``unpack``).
+
+    ``-P`` keeps the working directory off ``sys.path``: run from the repository root, ``python -m neuronpack``
+    would import this checkout whatever PYTHONPATH says. PYTHONPATH comes before the editable install's finder."""
+    return [sys.executable, "-P", "-m", "neuronpack"], {"PYTHONPATH": str(code or ROOT)}
+
+
+def unpack(commit: str, dest: Path) -> Path:
+    """The source tree of ``commit`` (``git archive``) in ``dest``, for ``neuronpack_argv(dest)``."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def bytecode_env(cached: bool, pycache: Path) -> dict[str, str]:
+    """Environment for timing Python start-up: ``cached`` writes and reuses bytecode under ``pycache`` (what an
+    installed package or an editable install does); otherwise every module is compiled from source on every run
+    (``PYTHONDONTWRITEBYTECODE=1``, as in some sandboxes). Start-up figures differ by ~2x between the two."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    if cached:
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
 def time_command(argv: list[str], *, repeats: int = 5, env: dict | None = None) -> list[float]:
     """Wall seconds of each of ``repeats`` runs of a command (it must succeed)."""
     times = []
@@ -26,21 +55,48 @@ def time_command(argv: list[str], *, repeats: int = 5, env: dict | None = None) 
     return times
 
 
+def warm_page_cache(dirs: list[Path]) -> None:
+    """Read every file of ``dirs`` once, so the runs that follow all find them in the page cache."""
+    for d in dirs:
+        for f in d.iterdir():
+            with open(f, "rb") as fh:
+                while fh.read(64 * 2**20):
+                    pass
+
+
+def run_timed(argv: list[str], env: dict[str, str], **kwargs) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run a command that must succeed with exactly ``env``; return (wall seconds, CPU seconds of the process and its
+    children, the completed process). CPU seconds are less sensitive than wall time to other jobs on the machine."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, **kwargs)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start_serve_process(artifact: Path | None, port: int, args: list[str], *, env: dict | None = None) -> tuple:
-    """``neuronpack serve [ARTIFACT] --port PORT ARGS`` on loopback; returns (process, seconds until /health
-    answers). Its stderr goes to a temporary file (``proc.log_path``), never to a pipe nobody reads (a full pipe
-    would block the server). Raises when the process exits first."""
+def start_serve_process(artifact: Path | None, port: int, args: list[str], *, env: dict | None = None,
+                        code: Path | None = None) -> tuple:
+    """``neuronpack serve [ARTIFACT] --port PORT ARGS`` on loopback (with the source tree ``code``, default this
+    checkout); returns (process, seconds until /health answers). Its stderr goes to a temporary file
+    (``proc.log_path``), never to a pipe nobody reads (a full pipe would block the server). Raises when the process
+    exits first."""
     import tempfile
 
     import httpx
 
-    argv = [*NEURONPACK, "serve", *([str(artifact)] if artifact else []), "--port", str(port), *args]
+    prefix, code_env = neuronpack_argv(code) if code else (NEURONPACK, {})
+    env = {**code_env, **(env or {})}
+    argv = [*prefix, "serve", *([str(artifact)] if artifact else []), "--port", str(port), *args]
     log = tempfile.NamedTemporaryFile("w+", prefix="neuronpack-serve-", suffix=".log", delete=False)  # noqa: SIM115
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=log, text=True)

@@ -32,6 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import warm_page_cache  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 128256, 2048, 8192, 32, 8
 
@@ -187,7 +190,7 @@ def _maxrss_mib() -> float:
 
 
 def run_child(mode: str, draft: Path, target: Path, out: Path, cache_dir: Path) -> dict:
-    _warm_page_cache([draft, target])
+    warm_page_cache([draft, target])
     # Flush the previous run's dirty pages first: otherwise the next writer is throttled by the kernel while they
     # drain, and whichever mode runs second looks slow.
     os.sync()
@@ -197,14 +200,6 @@ def run_child(mode: str, draft: Path, target: Path, out: Path, cache_dir: Path) 
     if done.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _warm_page_cache(dirs: list[Path]) -> None:
-    for d in dirs:
-        for f in d.iterdir():
-            with open(f, "rb") as fh:
-                while fh.read(64 * 2**20):
-                    pass
 
 
 def outputs_match(a: Path, b: Path) -> bool:

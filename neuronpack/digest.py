@@ -53,7 +53,7 @@ def _valid_entry(entry: object) -> bool:
     stat, digest = entry.get("stat"), entry.get("sha256")
     return (
         isinstance(stat, list) and len(stat) == 3 and all(type(v) is int for v in stat)
-        and isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        and isinstance(digest, str) and len(digest) == 64 and not digest.strip("0123456789abcdef")
     )
 
 

@@ -2,6 +2,8 @@
 safetensors writer, hub/local model resolution, and GGUF import.
 
 Importing this package does not import torch: safetensors headers are read as JSON, so cache-hit checks stay fast.
+The names below are imported from their submodules on first use (``neuronpack.lazy``): a cache hit that only opens
+a checkpoint never loads the writer or the GGUF importer.
 
 Example::
 
@@ -12,27 +14,22 @@ Example::
     write_safetensors_sharded(staging, specs, ckpt.iter_tensors())
 """
 
-from neuronpack.checkpoint.aux_files import AUX_FILES, copy_aux_files
-from neuronpack.checkpoint.dtypes import safetensors_dtype
-from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
-from neuronpack.checkpoint.hub import resolve_model
-from neuronpack.checkpoint.reader import Checkpoint, open_checkpoint
-from neuronpack.checkpoint.safetensors_header import TensorInfo, read_safetensors_header
-from neuronpack.checkpoint.summary import summarize_checkpoint
-from neuronpack.checkpoint.writer import TensorSpec, write_safetensors_sharded
+from neuronpack.lazy import lazy_attributes
 
-__all__ = [
-    "AUX_FILES",
-    "Checkpoint",
-    "TensorInfo",
-    "TensorSpec",
-    "copy_aux_files",
-    "find_packaged_gguf",
-    "import_gguf",
-    "open_checkpoint",
-    "read_safetensors_header",
-    "resolve_model",
-    "safetensors_dtype",
-    "summarize_checkpoint",
-    "write_safetensors_sharded",
-]
+_EXPORTS = {
+    "AUX_FILES": "aux_files",
+    "copy_aux_files": "aux_files",
+    "safetensors_dtype": "dtypes",
+    "find_packaged_gguf": "gguf_import",
+    "import_gguf": "gguf_import",
+    "resolve_model": "hub",
+    "Checkpoint": "reader",
+    "open_checkpoint": "reader",
+    "TensorInfo": "safetensors_header",
+    "read_safetensors_header": "safetensors_header",
+    "summarize_checkpoint": "summary",
+    "TensorSpec": "writer",
+    "write_safetensors_sharded": "writer",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

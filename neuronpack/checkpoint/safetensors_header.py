@@ -41,6 +41,7 @@ class TensorInfo(NamedTuple):
     shape: tuple[int, ...]
     file: Path
     nbytes: int
+    offset: int | None = None  # where its bytes start in ``file`` (safetensors); None for .bin tensors
 
 
 def expected_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
@@ -75,7 +76,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             _check_metadata(path, entry)
             continue
         dtype, shape, begin, end = _parse_entry(path, name, entry)
-        infos.append((begin, end, TensorInfo(name, dtype, shape, path, end - begin)))
+        infos.append((begin, end, TensorInfo(name, dtype, shape, path, end - begin, data_start + begin)))
     infos.sort(key=lambda item: (item[0], item[1]))
     _check_layout(path, infos, data_size=file_size - data_start, file_size=file_size, data_start=data_start)
     return {info.name: info for _begin, _end, info in infos}

@@ -11,18 +11,24 @@ Example::
         yield "w_scale", scales
 
     write_safetensors_sharded(out_dir, specs, chunks(), max_shard_bytes=2 * 2**30)
+
+A tensor copied unchanged from a safetensors file arrives as its ``TensorInfo`` (``read_safetensors_header``)
+instead of a tensor: its bytes go from file to file inside the kernel (``os.copy_file_range``), never through this
+process, and neither torch nor the source's pages in this process are needed for it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple, Union
 
 from neuronpack.checkpoint.dtypes import safetensors_dtype
-from neuronpack.checkpoint.safetensors_header import expected_nbytes
+from neuronpack.checkpoint.safetensors_header import TensorInfo, expected_nbytes
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
@@ -31,13 +37,21 @@ if TYPE_CHECKING:
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 4 * 2**30
+# A kernel-side copy falls back to reads and writes of this size where copy_file_range cannot copy.
+_COPY_CHUNK = 16 * 2**20
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM)
+
+# What a chunk may be: rows of a tensor, their raw little-endian bytes (already in the spec's dtype), or a whole stored
+# tensor copied unchanged (TensorInfo of a safetensors file).
+Chunk = Union["torch.Tensor", bytes, TensorInfo]
 
 
 class TensorSpec(NamedTuple):
-    """A tensor the writer will receive: its name, torch dtype and full shape."""
+    """A tensor the writer will receive: its name, dtype (a torch dtype or a safetensors code such as "BF16") and
+    full shape."""
 
     name: str
-    dtype: torch.dtype
+    dtype: torch.dtype | str
     shape: tuple[int, ...]
 
 
@@ -50,7 +64,7 @@ class _Shard(NamedTuple):
 def write_safetensors_sharded(
     out_dir: Path,
     specs: Sequence[TensorSpec],
-    chunks: Iterable[tuple[str, torch.Tensor]],
+    chunks: Iterable[tuple[str, Chunk]],
     *,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     metadata: dict[str, str] | None = None,
@@ -59,8 +73,10 @@ def write_safetensors_sharded(
     """Stream tensors into safetensors shards in ``out_dir``; return the shard paths in order.
 
     ``chunks`` yields ``(name, tensor)`` in ``specs`` order; a tensor may arrive as several consecutive row chunks
-    (concatenated along dim 0). One shard is written as ``model.safetensors``; several as
-    ``model-00001-of-0000N.safetensors`` plus ``model.safetensors.index.json``, the way transformers writes them.
+    (concatenated along dim 0), as raw bytes of whole rows in the spec's dtype, or whole as the ``TensorInfo`` of a
+    safetensors tensor to copy unchanged. One shard
+    is written as ``model.safetensors``; several as ``model-00001-of-0000N.safetensors`` plus
+    ``model.safetensors.index.json``, the way transformers writes them.
     A chunk with the wrong name, dtype or trailing shape, or a tensor with too few/many bytes, raises ValueError
     (a programming error in the caller). ``metadata`` goes into every shard's ``__metadata__`` (``format: pt`` is
     added when absent, as transformers requires it).
@@ -95,8 +111,13 @@ def write_safetensors_sharded(
     return paths
 
 
+def _code(dtype: torch.dtype | str) -> str:
+    """The safetensors code of a spec's or chunk's dtype."""
+    return dtype if isinstance(dtype, str) else safetensors_dtype(dtype)
+
+
 def _spec_nbytes(spec: TensorSpec) -> int:
-    return expected_nbytes(safetensors_dtype(spec.dtype), tuple(spec.shape))
+    return expected_nbytes(_code(spec.dtype), tuple(spec.shape))
 
 
 def _check_unique(specs: Sequence[TensorSpec]) -> None:
@@ -132,7 +153,7 @@ def _encode_header(specs: list[TensorSpec], metadata: dict[str, str]) -> bytes:
     for spec in specs:
         nbytes = _spec_nbytes(spec)
         header[spec.name] = {
-            "dtype": safetensors_dtype(spec.dtype),
+            "dtype": _code(spec.dtype),
             "shape": list(spec.shape),
             "data_offsets": [offset, offset + nbytes],
         }
@@ -145,16 +166,16 @@ def _encode_header(specs: list[TensorSpec], metadata: dict[str, str]) -> bytes:
 class _ChunkStream:
     """Wraps the caller's iterator with one chunk of look-ahead, so a tensor knows where it ends."""
 
-    def __init__(self, chunks: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def __init__(self, chunks: Iterable[tuple[str, Chunk]]) -> None:
         self._it = iter(chunks)
-        self._pending: tuple[str, torch.Tensor] | None = None
+        self._pending: tuple[str, Chunk] | None = None
 
-    def peek(self) -> tuple[str, torch.Tensor] | None:
+    def peek(self) -> tuple[str, Chunk] | None:
         if self._pending is None:
             self._pending = next(self._it, None)
         return self._pending
 
-    def take(self) -> tuple[str, torch.Tensor]:
+    def take(self) -> tuple[str, Chunk]:
         item = self.peek()
         assert item is not None
         self._pending = None
@@ -180,8 +201,17 @@ def _write_tensor(fh: BinaryIO, spec: TensorSpec, stream: _ChunkStream) -> None:
         if name != spec.name:
             raise ValueError(f"expected a chunk of {spec.name!r} ({written} of {want} bytes so far), got {name!r}")
         stream.take()
-        _check_chunk(spec, chunk)
-        data = _as_bytes(chunk)
+        if isinstance(chunk, TensorInfo):
+            _check_stored(spec, chunk, written)
+            _copy_stored(fh, chunk)
+            written += chunk.nbytes
+            continue
+        if isinstance(chunk, bytes):
+            _check_raw(spec, chunk, want)
+            data = memoryview(chunk)
+        else:
+            _check_chunk(spec, chunk)
+            data = _as_bytes(chunk)
         if written + len(data) > want:
             raise ValueError(f"{spec.name!r}: chunks carry more than the {want} bytes of shape {tuple(spec.shape)}")
         fh.write(data)
@@ -194,11 +224,50 @@ def _next_is(stream: _ChunkStream, name: str) -> bool:
 
 
 def _check_chunk(spec: TensorSpec, chunk: torch.Tensor) -> None:
-    if chunk.dtype != spec.dtype:
+    if _code(chunk.dtype) != _code(spec.dtype):
         raise ValueError(f"{spec.name!r}: chunk dtype {chunk.dtype} != spec dtype {spec.dtype}")
     # Row chunks concatenate along dim 0, so every other dimension must match the spec.
     if len(spec.shape) >= 2 and tuple(chunk.shape[1:]) != tuple(spec.shape[1:]):
         raise ValueError(f"{spec.name!r}: chunk shape {tuple(chunk.shape)} does not stack to {tuple(spec.shape)}")
+
+
+def _check_raw(spec: TensorSpec, data: bytes, want: int) -> None:
+    rows = spec.shape[0] if spec.shape else 1
+    if rows and len(data) % (want // rows or 1):
+        raise ValueError(f"{spec.name!r}: {len(data)} raw bytes are not whole rows of {tuple(spec.shape)}")
+
+
+def _check_stored(spec: TensorSpec, info: TensorInfo, written: int) -> None:
+    """A stored tensor is copied whole, as the spec says it is (no rows of it, no dtype change)."""
+    if written or info.dtype != _code(spec.dtype) or tuple(info.shape) != tuple(spec.shape) or info.offset is None:
+        raise ValueError(f"{spec.name!r}: stored tensor {info.name} ({info.dtype}{list(info.shape)} in {info.file}) "
+                         f"is not the whole {_code(spec.dtype)}{list(spec.shape)} of the spec")
+
+
+def _copy_stored(fh: BinaryIO, info: TensorInfo) -> None:
+    """Append ``info.nbytes`` bytes of ``info.file`` from ``info.offset`` to ``fh``: kernel-side with
+    copy_file_range, else (another filesystem on an old kernel, a filesystem without it) through pread/pwrite."""
+    fh.flush()
+    dst = fh.tell()
+    kernel = hasattr(os, "copy_file_range")
+    with open(info.file, "rb") as src:
+        done = 0
+        while done < info.nbytes:
+            count, src_at, dst_at = info.nbytes - done, info.offset + done, dst + done
+            copied = None
+            if kernel:
+                try:
+                    copied = os.copy_file_range(src.fileno(), fh.fileno(), count, src_at, dst_at)
+                except OSError as exc:
+                    if exc.errno not in _NO_KERNEL_COPY:
+                        raise
+                    kernel = False
+            if copied is None:
+                copied = os.pwrite(fh.fileno(), os.pread(src.fileno(), min(count, _COPY_CHUNK), src_at), dst_at)
+            if copied == 0:
+                raise ValueError(f"{info.file} ends inside {info.name} (changed while it was copied?)")
+            done += copied
+    fh.seek(dst + info.nbytes)
 
 
 def _as_bytes(chunk: torch.Tensor) -> memoryview:

@@ -49,11 +49,14 @@ def compile_command(
 ) -> None:
     """Compile MODEL with a recipe into <root>/neuron-compiled-artifacts/<key>/ (a cache hit returns it at once;
     with --remote, a key stored there is pulled instead of built)."""
-    from neuronpack.artifacts.remote import open_transport
     from neuronpack.pipeline import compile_model
 
     reporter = RichReporter(quiet=quiet, progress=progress)
-    transport = open_transport(remote, endpoint_url=endpoint_url) if remote else None
+    transport = None
+    if remote:
+        from neuronpack.artifacts.remote import open_transport
+
+        transport = open_transport(remote, endpoint_url=endpoint_url)
     result = compile_model(
         model,
         recipe=recipe,

@@ -177,10 +177,13 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     from neuronpack.runtime.engine import EngineLimits
     from neuronpack.runtime.http_limits import ServerLimits
     from neuronpack.runtime.loader import load_engine
+    from neuronpack.runtime.memory import limit_malloc_arenas, release_free_memory
     from neuronpack.runtime.server import create_app, run_server
 
     engine_limits = EngineLimits(max_waiting=limits.max_waiting, request_timeout=limits.request_timeout or None)
+    limit_malloc_arenas()  # before the server's threads exist: see runtime/memory.py
     loaded = load_engine(path, manifest=manifest, num_threads=threads, reporter=reporter, limits=engine_limits)
+    release_free_memory()  # the model's construction freed its temporary tensors
     name = loaded.served_model_name
     app = create_app(loaded.engine, served_model_name=name, api_key=api_key,
                      model_info={"root": str(path)}, limits=ServerLimits(max_body_bytes=limits.max_body_bytes))

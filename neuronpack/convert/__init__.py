@@ -1,13 +1,19 @@
 """Checkpoint conversions: EAGLE drafts for NxDI (eagle.py) and int8/fp8 weight quantization (quantize.py).
 
-Importing this package does not import torch.
+Importing this package does not import torch, nor its submodules until a name is used (``neuronpack.lazy``).
 """
 
-from neuronpack.convert.eagle import EagleResult as EagleResult
-from neuronpack.convert.eagle import convert_eagle as convert_eagle
-from neuronpack.convert.eagle import eagle_nxd_hints as eagle_nxd_hints
-from neuronpack.convert.quantize import QuantizeOptions as QuantizeOptions
-from neuronpack.convert.quantize import QuantizeResult as QuantizeResult
-from neuronpack.convert.quantize import nxd_quantization_fields as nxd_quantization_fields
-from neuronpack.convert.quantize import quantize_checkpoint as quantize_checkpoint
-from neuronpack.convert.quantize import quantized_checkpoint_path as quantized_checkpoint_path
+from neuronpack.lazy import lazy_attributes
+
+_EXPORTS = {
+    "EagleResult": "eagle",
+    "convert_eagle": "eagle",
+    "eagle_nxd_hints": "eagle",
+    "QuantizeOptions": "quantize",
+    "QuantizeResult": "quantize",
+    "nxd_quantization_fields": "quantize",
+    "quantize_checkpoint": "quantize",
+    "quantized_checkpoint_path": "quantize",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

@@ -2,8 +2,11 @@
 
 NxDI needs the target's ``lm_head.weight`` inside an EAGLE-1/2 draft, and for an EAGLE-3 draft ``layers.0.*`` names
 plus the target's ``embed_tokens.weight``. ``convert_eagle`` validates everything from headers first
-(``eagle_layouts.plan_eagle_conversion``), then streams: draft tensors one at a time (large ones in row chunks) and
-the target's head/embedding in row chunks, so the target's other weights are never read. OUT is written atomically:
+(``eagle_layouts.plan_eagle_conversion``), then streams: a tensor kept unchanged from a safetensors file is copied
+file to file by the kernel; a safetensors tensor that is cast is cast on its stored bytes in row chunks
+(``float_cast``, bit for bit torch's cast), so safetensors inputs never need torch. Only a ``.bin`` draft (or rows
+holding a NaN) go through torch: draft tensors one at a time (large ones in row chunks), the target's head/embedding
+in row chunks. The target's other weights are never read. OUT is written atomically:
 safetensors (+ index when sharded), ``config.json`` with NxDI's keys, the draft's tokenizer files and
 ``neuronpack-eagle.json`` (what was added, renamed and cast, with source digests).
 
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING
 from neuronpack import __version__
 from neuronpack.checkpoint import Checkpoint, TensorSpec, copy_aux_files, open_checkpoint, write_safetensors_sharded
 from neuronpack.checkpoint.dtypes import torch_dtype
-from neuronpack.checkpoint.safetensors_header import expected_nbytes
+from neuronpack.checkpoint.safetensors_header import TensorInfo, expected_nbytes
 from neuronpack.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
 from neuronpack.convert.eagle_layouts import (
     EMBED,
@@ -38,6 +41,7 @@ from neuronpack.convert.eagle_layouts import (
     detect_layout,
     plan_eagle_conversion,
 )
+from neuronpack.convert.float_cast import cast_floats
 from neuronpack.digest import file_sha256
 from neuronpack.errors import ConversionError
 from neuronpack.fsutil import atomic_output_dir, check_output_path
@@ -112,7 +116,7 @@ def convert_eagle(
         digests = pool.submit(_source_digests, draft_ckpt, target_ckpt, plan)
         with atomic_output_dir(Path(out), inputs=[draft_dir, target_dir], label="eagle-") as staging:
             stream = _TensorStream(plan, draft_ckpt, target_ckpt)
-            specs = [TensorSpec(t.name, torch_dtype(t.dtype), t.shape) for t in plan.tensors]
+            specs = [TensorSpec(t.name, t.dtype, t.shape) for t in plan.tensors]
             shards = write_safetensors_sharded(
                 staging, specs, stream.chunks(), max_shard_bytes=max_shard_bytes, reporter=reporter
             )
@@ -165,12 +169,19 @@ class _TensorStream:
             new = next(t for t in plan.tensors if t.name == HEAD)
             self.head_identical = old.dtype == new.dtype and tuple(old.shape) == new.shape
 
-    def chunks(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def chunks(self) -> Iterator[tuple[str, torch.Tensor | bytes | TensorInfo]]:
         # Reading the next chunk in a worker thread, to overlap it with the write, measured no faster on the 2 busy
         # cores of the build machine (4.4-7.7 s either way), so the stream stays single-threaded.
         for spec in self.plan.tensors:
             ckpt = self.draft if spec.source == "draft" else self.target
+            if self._copied_as_stored(spec, ckpt):
+                yield spec.name, ckpt.info(spec.source_name)  # the writer copies its bytes kernel-side
+                continue
             for start, stop in _row_ranges(spec):
+                cast = self._cast_without_torch(spec, ckpt, start, stop)
+                if cast is not None:
+                    yield spec.name, cast
+                    continue
                 rows = ckpt.get_rows(spec.source_name, start, stop) if spec.shape else ckpt.get(spec.source_name)
                 rows = _cast(spec, rows)
                 if spec.name == HEAD and self.head_identical:
@@ -178,6 +189,23 @@ class _TensorStream:
 
                     self.head_identical = torch.equal(rows, self.draft.get_rows(HEAD, start, stop))
                 yield spec.name, rows
+
+    def _copied_as_stored(self, spec: OutputTensor, ckpt: Checkpoint) -> bool:
+        """Unchanged safetensors bytes are copied file to file: no torch, no pages of them in this process. A head
+        being compared with the draft's old one goes through torch (torch.equal decides "identical")."""
+        comparing = spec.name == HEAD and self.head_identical
+        return not spec.cast and not comparing and ckpt.format == "safetensors"
+
+    def _cast_without_torch(self, spec: OutputTensor, ckpt: Checkpoint, start: int, stop: int) -> bytes | None:
+        """Rows of a safetensors tensor cast on their stored bytes (``float_cast``: numpy, bit for bit torch's cast);
+        None when torch casts them: a .bin source, a scalar, a head being compared, or a NaN in the rows."""
+        comparing = spec.name == HEAD and self.head_identical
+        if not spec.cast or comparing or not spec.shape or ckpt.format != "safetensors":
+            return None
+        cast = cast_floats(ckpt.raw_rows(spec.source_name, start, stop), spec.source_dtype, spec.dtype)
+        if cast is not None and cast.overflow:
+            raise _overflow(spec)
+        return None if cast is None else cast.data
 
 
 def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
@@ -190,12 +218,16 @@ def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
     # aminmax is one cheap pass (isfinite over the whole chunk cost as much as the cast); NaN/inf show up in it.
     if cast.numel() and not all(torch.isfinite(v) for v in torch.aminmax(cast)):
         if all(torch.isfinite(v) for v in torch.aminmax(rows)):
-            raise ConversionError(
-                f"{spec.name} overflows when cast from {spec.source_dtype} to {spec.dtype}",
-                where=f"{spec.source} tensor {spec.source_name}",
-                fix="choose a wider --dtype (bfloat16 or float32)",
-            )
+            raise _overflow(spec)
     return cast
+
+
+def _overflow(spec: OutputTensor) -> ConversionError:
+    return ConversionError(
+        f"{spec.name} overflows when cast from {spec.source_dtype} to {spec.dtype}",
+        where=f"{spec.source} tensor {spec.source_name}",
+        fix="choose a wider --dtype (bfloat16 or float32)",
+    )
 
 
 def _row_ranges(spec: OutputTensor) -> list[tuple[int, int]]:

@@ -14,12 +14,9 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuronpack.artifacts.manifest import Manifest, build_manifest, write_manifest
-from neuronpack.artifacts.remote import REMOTE_ENV, Transport
-from neuronpack.artifacts.remote.pull import fetch_manifest, pull_artifact
-from neuronpack.artifacts.remote.push import push_artifact
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.backends.select import NEURON_FRAMEWORKS
@@ -27,8 +24,13 @@ from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackErr
 from neuronpack.fsutil import disk_full, remove_tree
 from neuronpack.pipeline.inputs import resolve_inputs
 from neuronpack.pipeline.plan import BuildPlan, plan_build
-from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
 from neuronpack.progress import NullReporter, Reporter
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.remote import Transport
+
+# A cache hit imports only what it runs: the remote store, derived checkpoints (quantize, EAGLE) and the backends'
+# build code are imported inside the functions that use them.
 
 
 @dataclass
@@ -74,11 +76,15 @@ def compile_model(
     returns the recorded figures, or runs the check on the artifact without modifying it."""
     reporter = reporter or NullReporter()
     if push and remote is None:
+        from neuronpack.artifacts.remote import REMOTE_ENV
+
         raise NeuronpackError("--push needs a remote store", where="--push",
                               fix=f"pass --remote s3://bucket/prefix (or set {REMOTE_ENV})")
     result = _compile(model, recipe=recipe, overrides=overrides, framework=framework, out_root=out_root, dest=dest,
                       force=force, dry_run=dry_run, reporter=reporter, remote=remote, check_accuracy=check_accuracy)
     if push and not dry_run and not result.remote_hit:
+        from neuronpack.artifacts.remote.push import push_artifact
+
         if result.accuracy and result.accuracy["status"] == "failed":  # a gate: a failing artifact is not shared
             reporter.warn("not pushed: the accuracy check failed")
         else:
@@ -101,6 +107,8 @@ def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str]
     final = plan.dest
 
     if dry_run:
+        from neuronpack.artifacts.remote.pull import fetch_manifest
+
         in_remote = None if remote is None else fetch_manifest(remote, plan.key) is not None
         return CompileResult(final, plan.key, False, inputs.framework, inputs.framework_reason, None,
                              plan.compile_config(reporter), timings, dry_run=True, in_remote=in_remote)
@@ -136,6 +144,8 @@ def _hit(plan: BuildPlan, timings: dict[str, float], manifest: Manifest, check_a
 
 def _pull_hit(remote: Transport, plan: BuildPlan, timings: dict[str, float], reporter: Reporter) -> Manifest | None:
     """The manifest of the artifact pulled from the remote store, or None when the key is not there (one request)."""
+    from neuronpack.artifacts.remote.pull import fetch_manifest, pull_artifact
+
     t0 = time.perf_counter()
     manifest = fetch_manifest(remote, plan.key)
     timings["remote_lookup"] = time.perf_counter() - t0
@@ -157,6 +167,8 @@ def _accuracy(manifest: Manifest, artifact_dir: Path, reporter: Reporter) -> dic
 
 def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool,
            check_accuracy: bool) -> CompileResult:
+    from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
+
     inputs, key, final = plan.inputs, plan.key, plan.dest
     staging = new_staging(final.parent, key)
     try:

@@ -18,7 +18,6 @@ from neuronpack.artifacts.manifest import LoraModule, ModelInfo, ServeHints
 from neuronpack.artifacts.store import artifacts_root
 from neuronpack.backends.base import BuildRequest
 from neuronpack.pipeline.inputs import ResolvedInputs
-from neuronpack.pipeline.prepare import converted_draft_path, quantized_model_path
 from neuronpack.progress import Reporter
 
 
@@ -84,10 +83,14 @@ def plan_build(inputs: ResolvedInputs, *, out_root: Path | None, dest: Path | No
     prequantize = inputs.recipe.quantization is not None and not inputs.backend.quantizes_on_load
     model_dir = inputs.model_dir
     if prequantize:
+        from neuronpack.pipeline.prepare import quantized_model_path  # imports convert/: only when it quantizes
+
         model_dir = quantized_model_path(cache_root, inputs.model_dir, inputs.recipe.quantization)
     convert_draft = inputs.draft_dir is not None and inputs.recipe.speculation.kind == "eagle"
     draft_dir = inputs.draft_dir
     if convert_draft:
+        from neuronpack.pipeline.prepare import converted_draft_path
+
         draft_dir = converted_draft_path(cache_root, inputs.draft_dir, inputs.model_dir)
     return BuildPlan(inputs=inputs, key=key, key_inputs=ki, dest=final, cache_root=cache_root, model_dir=model_dir,
                      draft_dir=draft_dir, prequantize=prequantize, convert_draft=convert_draft)

@@ -18,19 +18,20 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from neuronpack.errors import InvalidRequestError, ServeError, ServerBusyError
@@ -40,11 +41,13 @@ from neuronpack.runtime.engine import Engine, GenerationRequest, StepOutput
 from neuronpack.runtime.http_limits import BodySizeLimit, ServerLimits, serve_gracefully
 from neuronpack.runtime.limits import DEFAULT_SHUTDOWN_GRACE, RETRY_AFTER_SECONDS
 from neuronpack.runtime.logprobs import TokenLogprobs
+from neuronpack.runtime.memory import release_memory_when_idle
 from neuronpack.runtime.openapi import declare_served_models
 from neuronpack.runtime.stopping import FinishReason
 from neuronpack.runtime.streams import RequestGroup, run_unless_disconnected
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
+TEMPLATE_THREADS = 2  # chat-template rendering holds the GIL: more threads would not render faster
 
 
 class _HTTPError(Exception):
@@ -77,14 +80,21 @@ def create_app(
     is ``"tiny"``.
     """
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+    # Chat templates (and memory releases) run on a few threads of the app's own rather than one pooled thread per
+    # concurrent request: every thread that allocates gets a malloc arena whose freed memory stays resident
+    # (bench/serve_memory.py).
+    blocking_pool = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="neuronpack-blocking")
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if manage_engine:
             engine.start()
+        # A burst of requests leaves freed memory resident: give it back whenever the server goes idle.
+        releaser = asyncio.create_task(release_memory_when_idle(lambda: engine.in_flight, blocking_pool))
         try:
             yield
         finally:
+            releaser.cancel()
             if manage_engine:
                 engine.shutdown()
 
@@ -146,7 +156,8 @@ def create_app(
         _check_request(body, names)
         body.refuse_unsupported()
         messages = [m.as_template_dict() for m in body.messages]
-        prompt_ids = await run_in_threadpool(engine.tokenizer.encode_chat, messages)
+        prompt_ids = await asyncio.get_running_loop().run_in_executor(blocking_pool, engine.tokenizer.encode_chat,
+                                                                      messages)
         gen_requests = [_generation_request(body, prompt_ids, body.completion_limit, index=i)
                         for i in range(body.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from neuronpack.backends.torch_aot.layout import FORMAT_VERSION
 from neuronpack.backends.torch_aot.target import (
     cpu_capability,
     current_target,
@@ -56,6 +57,8 @@ def test_target_is_computed_without_importing_torch():
     assert not torch_imported
     assert target["torch"] == torch.__version__
     assert target["device"] == "cpu"
+    # the artifact format is keyed: a neuronpack writing another format rebuilds instead of hitting an old artifact
+    assert target["format_version"] == FORMAT_VERSION
 
 
 def test_aoti_target_records_compiler_and_settings():

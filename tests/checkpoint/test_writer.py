@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from neuronpack.checkpoint import TensorSpec, read_safetensors_header, write_safetensors_sharded
 from neuronpack.progress import NullReporter
@@ -143,3 +144,42 @@ def test_duplicate_specs_and_reporter(tmp_path):
     reporter = NullReporter()
     paths = write_safetensors_sharded(tmp_path, [], iter([]), reporter=reporter)
     assert read_safetensors_header(paths[0]) == {}
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_stored_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch, kernel_copy):
+    """A TensorInfo chunk copies the stored bytes (copy_file_range, or pread/pwrite where the kernel cannot): the
+    file equals the one written from the same tensors, also next to streamed rows, raw-byte rows and str dtypes."""
+    import errno
+    import os
+
+    source = {"a": torch.randn(5, 3), "b": torch.arange(7, dtype=torch.int64), "c": torch.randn(4, 2).bfloat16()}
+    save_file(source, str(tmp_path / "src.safetensors"))
+    stored = read_safetensors_header(tmp_path / "src.safetensors")
+    if not kernel_copy:
+        def refuse(*_args):
+            raise OSError(errno.EXDEV, "cross-device")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    specs = [TensorSpec("x", "F32", (5, 3)), TensorSpec("y", torch.float32, (6, 2)), TensorSpec("b", "I64", (7,)),
+             TensorSpec("c", torch.bfloat16, (4, 2))]
+    rows = torch.randn(6, 2)
+    raw = rows[4:].numpy().tobytes()  # rows as raw bytes in the spec's dtype
+    chunks = [("x", stored["a"]), ("y", rows[:4]), ("y", raw), ("b", stored["b"]), ("c", stored["c"])]
+    (tmp_path / "copied").mkdir()
+    (tmp_path / "streamed").mkdir()
+    write_safetensors_sharded(tmp_path / "copied", specs, iter(chunks))
+    plain = [("x", source["a"]), ("y", rows), ("b", source["b"]), ("c", source["c"])]
+    write_safetensors_sharded(tmp_path / "streamed", specs, iter(plain))
+    copied, streamed = (tmp_path / d / "model.safetensors" for d in ("copied", "streamed"))
+    assert copied.read_bytes() == streamed.read_bytes()
+
+
+def test_a_stored_tensor_must_be_the_whole_spec(tmp_path):
+    with pytest.raises(ValueError, match="not whole rows"):
+        write_safetensors_sharded(tmp_path, [TensorSpec("a", "F32", (4, 2))], iter([("a", b"\0" * 12)]))
+    save_file({"a": torch.zeros(4, 2)}, str(tmp_path / "src.safetensors"))
+    stored = read_safetensors_header(tmp_path / "src.safetensors")["a"]
+    for spec in (TensorSpec("a", torch.float16, (4, 2)), TensorSpec("a", torch.float32, (8, 2))):
+        with pytest.raises(ValueError, match="is not the whole"):
+            write_safetensors_sharded(tmp_path, [spec], iter([("a", stored)]))

@@ -211,3 +211,41 @@ def test_overwrite_head_keeps_an_eagle3_drafts_trained_head(tmp_path, target):
     assert result.head_identical is None
     assert torch.equal(load_output(tmp_path / "out")["lm_head.weight"], load_draft_tensors(draft)["lm_head.weight"])
     assert any("--overwrite-head ignored" in w for w in reporter.warnings)
+
+
+@pytest.mark.parametrize("case", ["eagle1-tied-fp32", "eagle3-bf16-sharded", "eagle1-bf16-draft-fp32-head"])
+def test_safetensors_inputs_convert_without_torch_as_torch_would_write_them(tmp_path, target, case):
+    """Safetensors in: unchanged tensors are copied file to file, cast ones cast on their bytes (no torch import),
+    and the files equal what the writer makes from the same tensors read and cast through torch (renamed EAGLE-3
+    tensors, sharded output and a head cast F32 -> BF16 included)."""
+    from neuronpack.checkpoint import TensorSpec, open_checkpoint, write_safetensors_sharded
+    from neuronpack.checkpoint.dtypes import torch_dtype
+    from neuronpack.convert.eagle_layouts import plan_eagle_conversion
+    from tests.fresh_interpreter import run_fresh
+
+    if case == "eagle1-tied-fp32":
+        tgt = target("tied")
+        draft = make_eagle1_draft(tmp_path / "draft", vocab=vocab_of(tgt), layout="safetensors", dtype="float32")
+    elif case == "eagle3-bf16-sharded":
+        tgt = target("bf16-sharded")
+        draft = make_eagle3_draft(tmp_path / "draft", vocab=vocab_of(tgt), layout="safetensors", dtype="bfloat16")
+    else:
+        tgt = target("tied")
+        draft = make_eagle1_draft(tmp_path / "draft", vocab=vocab_of(tgt), layout="safetensors", dtype="bfloat16")
+    out, shard = tmp_path / "out", 40_000
+    code = ("from pathlib import Path\nfrom neuronpack.convert.eagle import convert_eagle\n"
+            f"r = convert_eagle(Path({str(draft)!r}), Path({str(tgt)!r}), Path({str(out)!r}), "
+            f"max_shard_bytes={shard})\nprint(len(r.casts))")
+    printed, torch_imported = run_fresh(code)
+    assert printed == ("1" if case == "eagle1-bf16-draft-fp32-head" else "0") and not torch_imported
+
+    draft_ckpt, target_ckpt = open_checkpoint(draft), open_checkpoint(tgt)
+    plan = plan_eagle_conversion(draft_ckpt, target_ckpt)
+    chunks = ((t.name, (draft_ckpt if t.source == "draft" else target_ckpt).get(t.source_name).to(torch_dtype(t.dtype)))
+              for t in plan.tensors)
+    (tmp_path / "ref").mkdir()
+    specs = [TensorSpec(t.name, t.dtype, t.shape) for t in plan.tensors]
+    written = write_safetensors_sharded(tmp_path / "ref", specs, chunks, max_shard_bytes=shard)
+    assert len(written) > 1 or case == "eagle1-tied-fp32"
+    for ref in (tmp_path / "ref").iterdir():
+        assert (out / ref.name).read_bytes() == ref.read_bytes(), ref.name

@@ -16,7 +16,20 @@ from neuronpack.artifacts.store import artifacts_root
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import BuildError, NeuronpackError, RecipeError
 from neuronpack.pipeline import compile_model, verify_artifact
+from tests.fresh_interpreter import run_fresh
 from tests.pipeline.builds import FAST, RECIPE
+
+# What a cache hit must not import: torch, transformers, numpy and the code only a build, a conversion, a remote
+# store or a server runs (a hit costs little more than `neuronpack --version`; bench/cache_hit.py).
+BUILD_ONLY_MODULES = (
+    "torch", "transformers", "safetensors", "numpy",
+    "neuronpack.models", "neuronpack.convert.eagle", "neuronpack.convert.quantize", "neuronpack.accuracy",
+    "neuronpack.backends.torch_aot.build", "neuronpack.backends.torch_aot.load",
+    "neuronpack.backends.torch_aot.compile",
+    "neuronpack.checkpoint.writer", "neuronpack.checkpoint.gguf_import",
+    "neuronpack.artifacts.remote", "neuronpack.pipeline.prepare", "neuronpack.pipeline.serving",
+    "neuronpack.runtime.engine", "neuronpack.runtime.server",
+)
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.Popen:
@@ -46,6 +59,22 @@ def test_build_publishes_a_verified_artifact(built_artifact, tiny_llama):
 def test_second_compile_is_a_cache_hit(built_artifact, tiny_llama):
     again = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=built_artifact.path.parents[1])
     assert again.cache_hit and again.path == built_artifact.path and again.key == built_artifact.key
+
+
+def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama):
+    argv = ["neuronpack", "compile", str(tiny_llama), "--recipe", str(RECIPE), *[a for o in FAST for a in ("--set", o)],
+            "--out-root", str(built_artifact.path.parents[1]), "--format", "json", "--quiet"]
+    code = (
+        "import sys\n"
+        "from neuronpack.cli.app import app\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({BUILD_ONLY_MODULES!r})))\n"
+    )
+    out, torch_imported = run_fresh(code)
+    result, _, loaded = out.rpartition("\n")
+    assert json.loads(result)["cache_hit"] is True
+    assert loaded == "[]" and not torch_imported
 
 
 def test_changed_recipe_builds_a_new_key(built_artifact, tiny_llama, tmp_path):

@@ -225,3 +225,31 @@ def test_load_32_concurrent_streams_complete_ungarbled(server, client):
     # The batch was actually shared: some decode steps ran with every slot busy.
     assert metric_value(metrics, "neuronpack_decode_batch_occupancy_bucket", 'le="0.875"') < metric_value(
         metrics, "neuronpack_decode_batch_occupancy_count")
+
+
+def test_chat_templates_render_on_the_apps_few_threads(server):
+    """32 concurrent chats start no thread per request: every thread that allocates keeps a malloc arena resident
+    (bench/serve_memory.py)."""
+    import asyncio
+    import threading
+
+    from neuronpack.runtime.server import TEMPLATE_THREADS
+
+    def names():
+        return [t.name for t in threading.enumerate()]
+
+    before = names()
+
+    async def chat(aclient, i):
+        stream = await aclient.chat.completions.create(model=NAME, messages=[{"role": "user", "content": f"hi {i}"}],
+                                                       max_tokens=3, temperature=0, stream=True)
+        return [chunk async for chunk in stream]
+
+    async def run_all():
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+        return await asyncio.gather(*(chat(aclient, i) for i in range(32)))
+
+    assert all(asyncio.run(run_all()))
+    started = [n for n in names() if n not in before]
+    assert len([n for n in started if n.startswith("neuronpack-blocking")]) <= TEMPLATE_THREADS
+    assert not [n for n in started if "AnyIO" in n or "worker" in n.lower()], started

