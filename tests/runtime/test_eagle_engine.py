@@ -150,3 +150,17 @@ def test_sequences_without_the_prompts_hidden_states_still_match(eagle_artifact)
 
     expected = forks(plain)
     assert forks(spec) == expected and expected[0] == expected[1] == expected[2]
+
+
+def test_generate_json_reports_eagle_speculation(eagle_artifact):
+    from typer.testing import CliRunner
+
+    from neuronpack.cli.app import app
+
+    runner = CliRunner()
+    args = ["generate", str(eagle_artifact), "--prompt", TEXTS[0], "--max-tokens", "16", "--format", "json"]
+    on, off = runner.invoke(app, args), runner.invoke(app, [*args, "--no-speculation"])
+    assert on.exit_code == 0 and off.exit_code == 0, on.output + off.output
+    a, b = json.loads(on.stdout), json.loads(off.stdout)
+    assert a["tokens"] == b["tokens"] and "speculation" not in b
+    assert a["speculation"]["kind"] == "eagle" and a["speculation"]["num_accepted_tokens"] > 0
