@@ -11,6 +11,7 @@ import pytest
 
 from neuronpack.convert.eagle import convert_eagle
 from neuronpack.runtime.engine import Engine, GenerationRequest
+from neuronpack.runtime.metrics import metric_value
 from neuronpack.runtime.sampling import SamplingParams
 from neuronpack.runtime.speculation.config import SpeculationConfig
 from tests.convert.eagle_fixtures import draft_config, make_eagle1_draft, write_draft
@@ -113,7 +114,10 @@ def test_a_draft_that_mostly_agrees_keeps_several_tokens_per_step(eagle_artifact
     plain = Engine(spec.model, spec.tokenizer)  # the same loaded artifact, without speculation
     assert spec.speculation.kind == "eagle" and plain.speculation is None
     reqs = requests(spec.tokenizer)
-    assert run_all(spec, reqs) == run_all(plain, reqs)
+    assert run_all(spec, reqs) == run_all(plain, reqs)  # 6 sequences drafting together (4 slots)
+    text = spec.metrics.render().decode()
+    accepted = metric_value(text, "neuronpack_spec_decode_num_accepted_tokens_total")
+    assert accepted > 0.6 * metric_value(text, "neuronpack_spec_decode_num_draft_tokens_total")
     result = spec.generate(reqs[1])
     assert result.token_ids == plain.generate(reqs[1]).token_ids
     stats = result.speculation

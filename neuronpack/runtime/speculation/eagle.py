@@ -12,8 +12,9 @@ sequence x_0..x_{n-1} (x_{n-1} not yet in the target's cache), draft position j 
   tentative positions past them are overwritten by the next catch-up.
 
 A sequence whose prompt hidden states never came (prompt logprobs, forks of a parallel request) starts its draft
-context at its first verified position (RoPE is relative, so positions count from there). Sequences are drafted one
-after the other in eager PyTorch (no AOT graph for the draft yet).
+context at its first verified position (RoPE is relative, so positions count from there). The running sequences
+draft together in eager PyTorch (no AOT graph for the draft yet): one catch-up call over all of them (rows right
+padded), then one call per further draft token; each sequence owns one row of the proposer's draft KV cache.
 
 Example::
 
@@ -34,21 +35,21 @@ from neuronpack.models.eagle import EagleDraft
 from neuronpack.models.llama import store_kv
 from neuronpack.runtime.speculation.proposer import Draft, DraftRequest
 
-# Draft cache positions allocated at a time per sequence (grown by doubling past that).
-INITIAL_CACHE = 256
+# Draft cache positions and rows allocated at first (both grow by doubling).
+INITIAL_CACHE, INITIAL_ROWS = 256, 4
 
 
 @dataclass
 class _Sequence:
-    """One sequence's draft state: pairs ``base..filled-1`` are in the cache (at index j - base); ``pending`` holds
-    the target hidden states of positions ``filled..`` not fed yet; ``length`` its token count at the last propose."""
+    """One sequence's draft state: its row of the draft cache; pairs ``base..filled-1`` are in it (at index
+    j - base); ``pending`` holds the target hidden states of positions ``filled..`` not fed yet; ``length`` its token
+    count at the last propose."""
 
+    row: int
     base: int
     filled: int
     length: int = 0
     pending: list[Tensor] = field(default_factory=list)  # [m, H] chunks
-    k: Tensor | None = None  # [layers, 1, kv, capacity, hd]
-    v: Tensor | None = None
 
     @property
     def pending_count(self) -> int:
@@ -63,18 +64,22 @@ class EagleProposer:
     def __init__(self, draft: EagleDraft) -> None:
         self.draft = draft
         self._seqs: dict[str, _Sequence] = {}
+        self._free: list[int] = []
+        self.k: Tensor | None = None  # [layers, rows, kv, positions, hd], one row per sequence
+        self.v: Tensor | None = None
 
     def prefilled(self, request_ids: Sequence[str], hidden: Sequence[Tensor]) -> None:
         """The prompts' target hidden states, one [prompt_len, H] per request."""
         for rid, h in zip(request_ids, hidden, strict=True):
-            self._seqs[rid] = _Sequence(base=0, filled=0, length=int(h.shape[0]) + 1, pending=[h.detach()])
+            self._new(rid, 0).length = int(h.shape[0]) + 1
+            self._seqs[rid].pending.append(h.detach())
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         live = {r.request_id for r in requests}
         for rid in [rid for rid in self._seqs if rid not in live]:  # finished sequences
-            del self._seqs[rid]
+            self._free.append(self._seqs.pop(rid).row)
         with torch.inference_mode():
-            return [self._propose_one(r) for r in requests]
+            return self._propose(requests)
 
     def verified(self, request_ids: Sequence[str], accepted: Sequence[int], hidden: Tensor | None) -> None:
         if hidden is None:
@@ -86,53 +91,90 @@ class EagleProposer:
                                    f"pending != verify start {seq.length - 1}")
             seq.pending.append(hidden[i, : kept + 1].detach())
 
-    # -- one sequence -------------------------------------------------------------------------------------------
-    def _propose_one(self, request: DraftRequest) -> Draft:
-        n = len(request.token_ids)
-        seq = self._seqs.get(request.request_id)
-        if seq is None:  # no prompt hidden states: the draft context starts at the next verified position
-            seq = self._seqs[request.request_id] = _Sequence(base=n - 1, filled=n - 1)
-        seq.length = n
-        if not seq.pending or request.max_tokens <= 0:
-            return Draft([])
-        hidden = torch.cat(seq.pending)  # [m, H]: positions filled..n-2
-        tokens = list(request.token_ids[seq.filled + 1 : n])  # their pairs' tokens x_{j+1}
-        if len(tokens) != hidden.shape[0]:
-            raise RuntimeError(f"EAGLE draft state of {request.request_id}: {hidden.shape[0]} hidden states for "
-                               f"{len(tokens)} tokens")
-        out = self._run(seq, tokens, hidden, seq.filled - seq.base)
-        seq.filled, seq.pending = n - 1, []
-        drafts: list[int] = []
-        position = seq.filled - seq.base
-        last = out[-1:]  # [1, H]
-        while True:
-            drafts.append(int(torch.argmax(self.draft.logits(last[-1]))))
-            if len(drafts) == request.max_tokens:
-                return Draft(drafts)
-            last = self._run(seq, drafts[-1:], last, position)  # tentative: overwritten after verification
-            position += 1
+    # -- drafting ----------------------------------------------------------------------------------------------
+    def _new(self, rid: str, base: int) -> _Sequence:
+        if rid in self._seqs:
+            self._free.append(self._seqs[rid].row)
+        if not self._free:
+            self._grow(rows=max(INITIAL_ROWS, 2 * self._rows()))
+        seq = self._seqs[rid] = _Sequence(row=self._free.pop(), base=base, filled=base)
+        return seq
 
-    def _run(self, seq: _Sequence, tokens: list[int], hidden: Tensor, start: int) -> Tensor:
-        """Run pairs at cache index ``start..``; store their K/V; return the outputs [T, H]."""
-        t = len(tokens)
-        self._reserve(seq, start + t)
-        layers = range(len(self.draft.layers))
-        out, new_k, new_v = self.draft.forward_step(
-            torch.tensor([tokens]), hidden[None], torch.tensor([start]), [seq.k[i] for i in layers],
-            [seq.v[i] for i in layers], start)
-        rows, starts = torch.zeros(1, dtype=torch.long), torch.tensor([start])
-        store_kv(seq.k, rows, starts, new_k)
-        store_kv(seq.v, rows, starts, new_v)
-        return out[0]
+    def _propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """Catch up every sequence with pending pairs in one draft call (rows right padded), then draft all of them
+        together one token per call."""
+        drafts: list[list[int]] = [[] for _ in requests]
+        active, token_rows, hidden_rows = [], [], []
+        for i, request in enumerate(requests):
+            n = len(request.token_ids)
+            seq = self._seqs.get(request.request_id)
+            if seq is None:  # no prompt hidden states: the draft context starts at the next verified position
+                seq = self._new(request.request_id, n - 1)
+            seq.length = n
+            if not seq.pending or request.max_tokens <= 0:
+                continue
+            hidden = torch.cat(seq.pending)  # [m, H]: positions filled..n-2
+            tokens = list(request.token_ids[seq.filled + 1 : n])  # their pairs' tokens x_{j+1}
+            if len(tokens) != hidden.shape[0]:
+                raise RuntimeError(f"EAGLE draft state of {request.request_id}: {hidden.shape[0]} hidden states for "
+                                   f"{len(tokens)} tokens")
+            active.append(i)
+            token_rows.append(tokens)
+            hidden_rows.append(hidden)
+        if not active:
+            return [Draft([]) for _ in requests]
+        seqs = [self._seqs[requests[i].request_id] for i in active]
+        rows = torch.tensor([s.row for s in seqs])
+        lengths = torch.tensor([len(t) for t in token_rows])
+        width = int(lengths.max())
+        tokens = torch.tensor([t + [t[-1]] * (width - len(t)) for t in token_rows])  # padding: masked, overwritten
+        hidden = torch.stack([torch.cat((h, h[-1:].expand(width - h.shape[0], -1))) for h in hidden_rows])
+        starts = torch.tensor([s.filled - s.base for s in seqs])
+        out = self._run(rows, tokens, hidden, starts)  # [A, width, H]
+        last = out[torch.arange(len(seqs)), lengths - 1]  # [A, H]
+        positions = starts + lengths
+        for seq, request_i in zip(seqs, active, strict=True):
+            seq.filled, seq.pending = len(requests[request_i].token_ids) - 1, []
+        wanted = [requests[i].max_tokens for i in active]
+        for step in range(max(wanted)):
+            picked = torch.argmax(self.draft.logits(last), dim=-1).tolist()  # [A]
+            for a, i in enumerate(active):
+                if step < wanted[a]:
+                    drafts[i].append(picked[a])
+            if step + 1 == max(wanted):
+                break
+            # tentative positions: overwritten by the next catch-up once the target has verified them
+            last = self._run(rows, torch.tensor(picked)[:, None], last[:, None], positions)[:, 0]
+            positions = positions + 1
+        return [Draft(d) for d in drafts]
 
-    def _reserve(self, seq: _Sequence, positions: int) -> None:
-        capacity = 0 if seq.k is None else seq.k.shape[3]
-        if positions <= capacity:
+    def _run(self, rows: Tensor, tokens: Tensor, hidden: Tensor, starts: Tensor) -> Tensor:
+        """Run pairs [A, T] in cache ``rows`` from index ``starts``; store their K/V; return the outputs [A, T, H]."""
+        t = tokens.shape[1]
+        n_past = int(starts.max())
+        self._grow(positions=n_past + t)
+        k = self.k[:, rows, :, :n_past]  # [layers, A, kv, n_past, hd] (a copy: rows are scattered)
+        v = self.v[:, rows, :, :n_past]
+        out, new_k, new_v = self.draft.forward_step(tokens, hidden, starts, list(k), list(v), n_past)
+        store_kv(self.k, rows, starts, new_k)
+        store_kv(self.v, rows, starts, new_v)
+        return out
+
+    def _rows(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+    def _grow(self, *, rows: int = 0, positions: int = 0) -> None:
+        """Make the cache at least ``rows`` x ``positions`` (doubling), keeping what it holds."""
+        old_rows, old_positions = self._rows(), 0 if self.k is None else self.k.shape[3]
+        if rows <= old_rows and positions <= old_positions:
             return
+        new_rows, new_positions = max(rows, old_rows), old_positions
+        if positions > old_positions:
+            new_positions = max(INITIAL_CACHE, 2 * old_positions, positions)
         cfg = self.draft.config
-        size = max(INITIAL_CACHE, 2 * capacity, positions)
-        shape = (cfg.num_layers, 1, cfg.num_kv_heads, size, cfg.head_dim)
+        shape = (cfg.num_layers, new_rows, cfg.num_kv_heads, max(new_positions, INITIAL_CACHE), cfg.head_dim)
         k, v = (torch.zeros(shape, dtype=self.draft.fc.weight.dtype) for _ in range(2))
-        if seq.k is not None:
-            k[:, :, :, :capacity], v[:, :, :, :capacity] = seq.k, seq.v
-        seq.k, seq.v = k, v
+        if self.k is not None:
+            k[:, :old_rows, :, :old_positions], v[:, :old_rows, :, :old_positions] = self.k, self.v
+        self.k, self.v = k, v
+        self._free.extend(range(old_rows, new_rows))
