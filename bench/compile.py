@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import OUT_DIR, ROOT, save_bar_plot, save_results  # noqa: E402
+from _common import OUT_DIR, ROOT, neuronpack_argv, save_bar_plot, save_results, unpack  # noqa: E402
 
 RECIPE = "recipes/smollm2-135m-cpu.toml"
 
@@ -38,22 +38,17 @@ def ensure_model(work: Path) -> Path:
     return model
 
 
-def unpack(commit: str, dest: Path) -> Path:
-    dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
-
-
 def build(code: Path, model: Path, work: Path, label: str) -> dict:
     """One cold ``neuronpack compile`` of the demo recipe with the code in ``code``."""
-    env = {**os.environ, "PYTHONPATH": str(code), "TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{label}")}
-    argv = [sys.executable, "-m", "neuronpack", "compile", str(model), "--recipe", str(code / RECIPE),
+    prefix, code_env = neuronpack_argv(code)
+    env = {**os.environ, **code_env, "TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{label}")}
+    argv = [*prefix, "compile", str(model), "--recipe", str(code / RECIPE),
             "--out-root", str(work / f"root-{label}"), "--format", "json", "--quiet", "--force"]
     load_before = os.getloadavg()
     usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
+    # cwd outside any checkout: the build's own worker processes (python -m ...) must import ``code`` too
+    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, cwd=work)
     wall = time.perf_counter() - start
     usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)

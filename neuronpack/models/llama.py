@@ -25,7 +25,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +45,12 @@ class StepMasks:
 
     past: Tensor | None
     new: Tensor
+
+
+# (layer index, x, cos, sin, masks, k cache rows, v cache rows) -> (x, k, v); (hidden, logit_index) -> (logits, normed)
+RunLayer = Callable[[int, Tensor, Tensor, Tensor, StepMasks, "Tensor | None", "Tensor | None"],
+                    tuple[Tensor, Tensor, Tensor]]
+RunHead = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 class RMSNorm(nn.Module):
@@ -103,8 +109,8 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_past: Tensor | None,
                 v_past: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """x: [B, T, H]; cos/sin: [B, T, hd]; k_past/v_past: [B, kv, L, hd] cached keys/values (or None)
-        -> (output [B, T, H], the tokens' own k and v [B, kv, T, hd])."""
+        """x: [B, T, H]; cos/sin: [B, T, hd]; k_past/v_past: cache rows [B, kv, >= L, hd] of which the first L
+        (``masks.past.shape[-1]``) are read, or None -> (output [B, T, H], the tokens' own k and v [B, kv, T, hd])."""
         b, t, _ = x.shape
         kv, g, hd = self.num_kv, self.group, self.head_dim
         q = self.q_proj(x).view(b, t, kv, g, hd)  # query head j*g+i reads KV head j (HF repeat_kv order)
@@ -118,8 +124,9 @@ class Attention(nn.Module):
         if k_past is None:
             out = torch.softmax(scores, dim=-1).to(v.dtype) @ v
         else:  # one softmax over [cached keys, own keys]; the cache is read in place, never concatenated
+            n_past = masks.past.shape[-1]
+            k_past, v_past = k_past[:, :, :n_past], v_past[:, :, :n_past]
             past = ((q @ k_past.transpose(-1, -2)) * scale).float().masked_fill(~masks.past, float("-inf"))
-            n_past = past.shape[-1]
             probs = torch.softmax(torch.cat((past, scores), dim=-1), dim=-1).to(v.dtype)
             out = probs[..., :n_past] @ v_past + probs[..., n_past:] @ v
         out = out.view(b, kv, g, t, hd)  # [B, kv, g, T, hd]
@@ -179,52 +186,71 @@ class LlamaForCausalLM(nn.Module):
 
     # -- entry points -------------------------------------------------------------------------------------------
     def forward_step(self, tokens: Tensor, starts: Tensor, n_past: int, k_caches: Sequence[Tensor],
-                     v_caches: Sequence[Tensor], logit_index: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     v_caches: Sequence[Tensor], logit_index: Tensor, run_layer: RunLayer | None = None,
+                     run_head: RunHead | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """tokens [B, T] int64 at positions ``starts[i] + 0..T-1`` (starts [B] int64); row i attends to cached
         positions ``0..starts[i]-1`` among the first ``n_past`` of its cache row (k/v caches: per layer
         [B, kv, >= n_past, hd], read only) and causally to its own T tokens. logit_index [B, J] int64 picks the
         positions (0..T-1) whose logits are returned.
 
         Returns (logits [B, J, vocab] float32, final-normed hidden states [B, T, hidden] in the compute dtype,
-        keys and values of the T tokens [layers, B, kv, T, hd]: the caller stores them at their positions)."""
+        keys and values of the T tokens [layers, B, kv, T, hd]: the caller stores them at their positions).
+
+        ``run_layer(i, x, cos, sin, masks, k_rows, v_rows)`` and ``run_head(hidden, logit_index)`` replace the
+        decoder layers and the final norm + LM head (a runtime passes its compiled graphs); by default this model's
+        own modules run."""
         b, t = tokens.shape
         positions = starts.view(b, 1) + torch.arange(t, device=tokens.device)  # [B, T]
         keys = torch.arange(n_past, device=tokens.device)
         masks = StepMasks(past=(keys[None, :] < starts.view(b, 1))[:, None, None, :], new=self._causal_mask(t))
-        hidden, new_k, new_v = self._decode_layers(tokens, positions, masks, k_caches, v_caches, n_past)
-        normed = self.model.norm(hidden)
-        picked = normed.gather(1, logit_index[:, :, None].expand(b, logit_index.shape[1], normed.shape[-1]))
-        return self.lm_head(picked).float(), normed, torch.stack(new_k), torch.stack(new_v)
+        x = self.model.embed_tokens(tokens)  # [B, T, H]
+        cos, sin = rope_cos_sin(self.rope_inv_freq, positions, x.dtype)  # [B, T, hd]
+        run_layer = run_layer or self.run_layer
+        new_k, new_v = [], []
+        for i in range(len(self.model.layers)):
+            x, k, v = run_layer(i, x, cos, sin, masks, k_caches[i], v_caches[i])
+            new_k.append(k)
+            new_v.append(v)
+        logits, normed = (run_head or self.run_head)(x, logit_index)
+        return logits, normed, torch.stack(new_k), torch.stack(new_v)
 
     def forward_full(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> float32 logits [B, T, vocab] with causal attention and no cache."""
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device).expand(b, t)
         masks = StepMasks(past=None, new=self._causal_mask(t))
-        hidden, _, _ = self._decode_layers(tokens, positions, masks, None, None, 0)
-        return self.lm_head(self.model.norm(hidden)).float()
+        x = self.model.embed_tokens(tokens)
+        cos, sin = rope_cos_sin(self.rope_inv_freq, positions, x.dtype)
+        for i in range(len(self.model.layers)):
+            x, _, _ = self.run_layer(i, x, cos, sin, masks, None, None)
+        return self.lm_head(self.model.norm(x)).float()
 
-    # -- shared body --------------------------------------------------------------------------------------------
+    # -- the two pieces a runtime may replace with compiled graphs ----------------------------------------------
+    def run_layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_rows: Tensor | None,
+                  v_rows: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Decoder layer ``i``: -> (x [B, T, H], the tokens' k and v [B, kv, T, hd])."""
+        return self.model.layers[i](x, cos, sin, masks, k_rows, v_rows)
+
+    def run_head(self, hidden: Tensor, logit_index: Tensor) -> tuple[Tensor, Tensor]:
+        """hidden [B, T, H], logit_index [B, J] -> (float32 logits [B, J, vocab], final-normed hidden [B, T, H])."""
+        return lm_head_at(self.model.norm, self.lm_head, hidden, logit_index)
+
     def _causal_mask(self, t) -> Tensor:
         return causal_mask(t, self.config.queries_per_kv)
 
-    def _decode_layers(self, tokens, positions, masks: StepMasks, k_caches, v_caches, n_past):
-        x = self.model.embed_tokens(tokens)  # [B, T, H]
-        cos, sin = rope_cos_sin(self.rope_inv_freq, positions, x.dtype)  # [B, T, hd]
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.model.layers):
-            k_past = k_caches[i][:, :, :n_past] if k_caches is not None else None
-            v_past = v_caches[i][:, :, :n_past] if v_caches is not None else None
-            x, k, v = layer(x, cos, sin, masks, k_past, v_past)
-            new_k.append(k)
-            new_v.append(v)
-        return x, new_k, new_v
-
 
 def causal_mask(t, group: int) -> Tensor:
-    """bool [1, 1, g*T, T]: folded query row i*T + j (token j) may attend to the step's tokens 0..j."""
+    """bool [1, 1, group*T, T]: folded query row i*T + j (token j) may attend to the step's tokens 0..j."""
     token = torch.arange(t).repeat(group)  # [g*T]
     return (torch.arange(t)[None, :] <= token[:, None])[None, None]
+
+
+def lm_head_at(norm: nn.Module, lm_head: nn.Module, hidden: Tensor, logit_index: Tensor) -> tuple[Tensor, Tensor]:
+    """The final norm of every position, the LM head only at ``logit_index`` [B, J] (see ``run_head``)."""
+    normed = norm(hidden)
+    b, j = logit_index.shape
+    picked = normed.gather(1, logit_index[:, :, None].expand(b, j, normed.shape[-1]))
+    return lm_head(picked).float(), normed
 
 
 def store_kv(cache: Tensor, rows: Tensor, starts: Tensor, new: Tensor) -> None:

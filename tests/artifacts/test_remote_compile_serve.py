@@ -60,7 +60,7 @@ def test_compile_builds_on_a_remote_miss_and_pushes(s3_store, tiny_llama, tmp_pa
     built = json.loads(result.stdout)
     # CI logs: one line per stage start and end (not a terminal, so `auto` would print the same)
     assert "remote miss" in result.stderr
-    assert re.search(r"compile 1 graphs \(export, \d at a time\): started", result.stderr), result.stderr
+    assert re.search(r"compile 3 graphs \(export, \d at a time\): started", result.stderr), result.stderr
     assert f"push {built['key'][:12]}: done in" in result.stderr
     assert not built["cache_hit"] and not built["remote_hit"] and built["pushed"]["pushed"]
     listed = cli_json("ls", "--remote", s3_store)

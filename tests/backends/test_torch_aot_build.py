@@ -36,7 +36,7 @@ def test_artifact_layout(smollm_export):
             "weights/config.json"} <= names
     assert "neuronpack.json" not in names  # the pipeline writes the manifest
     assert info["compiler"] == "export"
-    assert set(info["bucket_seconds"]) == {"step"}  # one dynamic-shape graph for every step
+    assert set(info["bucket_seconds"]) == {"layer_decode", "layer_step", "head"}  # one layer kind: 3 graphs
 
 
 def test_neuron_config_fields(smollm_export):
@@ -47,6 +47,8 @@ def test_neuron_config_fields(smollm_export):
     assert config["context_encoding_buckets"] == [16, 64]
     assert config["token_generation_buckets"] == [64, 128]
     assert config["torch_dtype"] == "bfloat16" and config["compiler"] == "export"
+    assert config["graphs"] == {n: n for n in ("layer_decode", "layer_step", "head")}
+    assert config["layer_graphs"] == [0] * config["num_layers"]
     assert config["target"]["torch"] == torch.__version__
 
 
@@ -166,7 +168,7 @@ def test_prompt_lookup_is_recorded_for_the_runtime(tiny_llama, tmp_path):
 def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
     config = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "s"))
     assert "target" not in config
-    assert config["graphs"] == {"step": "step"}
+    assert "graphs" not in config  # named at build time, from the layers the checkpoint really has
     assert config["max_step_tokens"] == config["max_context_length"]  # no speculation: the longest prompt
     assert config["kv_cache_positions"] == 129  # seq_len + one spare position
     json.dumps(config)  # plain JSON: goes into the key

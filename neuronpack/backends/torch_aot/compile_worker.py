@@ -1,6 +1,6 @@
-"""One graph compiled in its own interpreter (see compile.py): ``python -m neuronpack.backends.torch_aot.compile_worker
-JOB_JSON`` writes ``{"files": [...], "seconds": s}`` to the job's result path, or exits non-zero with the error as
-its last output line."""
+"""Graphs compiled in their own interpreter (see compile.py): ``python -m neuronpack.backends.torch_aot.compile_worker
+JOB_JSON`` writes ``{name: {"files": [...], "seconds": s}}`` to the job's result path, or exits non-zero with the
+error as its last output line."""
 
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ def main(argv: list[str]) -> int:
     from neuronpack.backends.torch_aot.graphs import GraphLimits
 
     job = json.loads(argv[0])
-    torch.set_num_threads(1)  # one core per graph: the other worker has the other one
+    torch.set_num_threads(1)  # one core per worker: the other workers have the others
+    done = {}
     try:
-        _, files, seconds = compile_in_this_process(job["weights_dir"], job["config"], GraphLimits(**job["limits"]),
-                                                    job["kind"])
+        for name, files, seconds in compile_in_this_process(job["weights_dir"], job["config"],
+                                                            GraphLimits(**job["limits"]), job["names"]):
+            done[name] = {"files": [str(f) for f in files], "seconds": seconds}
     except Exception as exc:  # the parent turns the last line into one BuildError
         print(f"{type(exc).__name__}: {exc}".replace("\n", " ")[:400], flush=True)
         return 1
     with open(job["result"], "w") as out:
-        json.dump({"files": [str(f) for f in files], "seconds": seconds}, out)
+        json.dump(done, out)
     return 0
 
 

@@ -1,20 +1,24 @@
-"""The exported graph of the portable backend: one step graph, compiled once with dynamic shapes
-(``torch.export.Dim``), serving prefill, decode and speculative verification at every batch and length: a lone
-request costs a batch-1 step, not a full-batch one.
+"""The exported graphs of the portable backend: one decoder layer and the LM head, each compiled once with dynamic
+shapes (``torch.export.Dim``) and run by ``LlamaForCausalLM.forward_step`` in place of its own modules, for every
+layer, every kind of step (prefill, decode, speculative verification), every batch and every length.
 
-The graph reads the weights (constants named like the checkpoint tensors, under ``WEIGHT_PREFIX``) and the first
-rows of the per-layer KV caches ``[B, kv_heads, max_seq + 1, head_dim]`` (one spare position, see
-``cache_positions``), read only: it returns the new K/V and the runtime stores them (``store_kv``).
+Every layer of a model has the same code, so one compiled layer serves all of them: each call gets that layer's
+weights as inputs. This compiles in a fraction of the time a whole-model graph took (the model's layers were
+lowered and compiled one by one there) for the cost of one graph call per layer per step. No graph writes the
+KV cache: a layer reads its cache rows and returns the keys and values of the tokens it ran (``store_kv``).
 
-- ``step``: tokens [b, T], starts [b], key_positions [L], logit_index [b, J], k_caches, v_caches (views
-  ``cache[:b]``) -> (logits [b, J, vocab] float32, final-normed hidden [b, T, hidden], new keys and values
-  [layers, b, kv, T, hd]); b in 1..B rows, T in 1..max_tokens tokens per row (the longest prompt, or more when
-  verification needs it), L in 1..max_seq attended cache positions (``arange(L)``), J in 1..max_tokens logits per
-  row (1 for prefill and decode, T for verification).
+- ``layer_step``: x [b, T, H], cos/sin [b, T, hd], past mask [b, 1, 1, L], k/v cache rows [b, kv, S, hd] (views
+  ``cache[l, :b]``) -> (x [b, T, H], k, v [b, kv, T, hd]); b in 1..B rows, T in 1..max_tokens, L in 1..max_seq
+- ``layer_decode``: the same with T = 1 (decode steps: static shapes the compiler specialises, e.g. int8 GEMV)
+- ``head``: hidden [b, T, H], logit_index [b, J] -> (float32 logits [b, J, vocab], final-normed hidden [b, T, H])
+
+Layers whose tensors differ (a quantization ``skip`` keeps some float) get a layer graph pair per kind of layer:
+``layer_step.1`` and so on (``layer_groups``).
 
 Example::
 
-    program = export_graph(model, GraphLimits(batch_size=4, max_tokens=512, max_seq=1024), caches)
+    limits = GraphLimits(batch_size=4, max_tokens=512, max_seq=1024)
+    programs = {name: export_graph(model, name, limits) for name in graph_names(layer_groups(model))}
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from neuronpack.backends.torch_aot.layout import WEIGHT_PREFIX, cache_positions
+from neuronpack.backends.torch_aot.layout import HEAD, LAYER_DECODE, LAYER_STEP, cache_positions
 
 # torch's own pytree pickling trips its LeafSpec deprecation once per exported graph; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
@@ -44,17 +48,132 @@ class GraphLimits:
     max_seq: int  # cache length: attended positions per step, 1..max_seq
 
 
-class StepGraph(nn.Module):
-    """One step over rows 0..b-1: T tokens each from its own start, attending to ``key_positions.shape[0]`` cached
-    positions (see ``LlamaForCausalLM.forward_step``)."""
+class WeightsAsInputs(nn.Module):
+    """A module whose weights are the first argument (a dict), so the saved program holds none of them and one
+    program serves every layer. The module lives on the meta device and is hidden from module registration
+    (export lifts no parameters); ``functional_call`` swaps the given tensors in for each call."""
 
-    def __init__(self, lm: LlamaForCausalLM) -> None:
+    def __init__(self, module: nn.Module) -> None:
         super().__init__()
-        self.lm = lm
+        object.__setattr__(self, "_module", module)
 
-    def forward(self, tokens: Tensor, starts: Tensor, key_positions: Tensor, logit_index: Tensor,
-                k_caches: list[Tensor], v_caches: list[Tensor]):
-        return self.lm.forward_step(tokens, starts, key_positions.shape[0], k_caches, v_caches, logit_index)
+    def call(self, weights: dict[str, Tensor], *args):
+        return torch.func.functional_call(self._module, weights, args, tie_weights=False, strict=True)
+
+
+class LayerGraph(WeightsAsInputs):
+    """A decoder layer: (weights, x, cos, sin, past mask, k rows, v rows) -> (x, k, v)."""
+
+    def __init__(self, layer: nn.Module, group: int) -> None:
+        super().__init__(layer)
+        self.group = group  # queries per KV head
+
+    def forward(self, weights: dict[str, Tensor], x: Tensor, cos: Tensor, sin: Tensor, past: Tensor,
+                k_rows: Tensor, v_rows: Tensor):
+        from neuronpack.models.llama import StepMasks, causal_mask
+
+        masks = StepMasks(past=past, new=causal_mask(x.shape[1], self.group))
+        return self.call(weights, x, cos, sin, masks, k_rows, v_rows)
+
+
+class FinalHead(nn.Module):
+    """The final norm and the LM head (names ``norm.*``, ``lm_head.*``)."""
+
+    def __init__(self, norm: nn.Module, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.lm_head = norm, lm_head
+
+    def forward(self, hidden: Tensor, logit_index: Tensor):
+        from neuronpack.models.llama import lm_head_at
+
+        return lm_head_at(self.norm, self.lm_head, hidden, logit_index)
+
+
+class HeadGraph(WeightsAsInputs):
+    """(weights, hidden, logit_index) -> (logits, normed hidden)."""
+
+    def forward(self, weights: dict[str, Tensor], hidden: Tensor, logit_index: Tensor):
+        return self.call(weights, hidden, logit_index)
+
+
+def layer_weights(lm: LlamaForCausalLM, index: int) -> dict[str, Tensor]:
+    """Layer ``index``'s tensors by their name inside the layer (``self_attn.q_proj.weight``), graph input order."""
+    layer = lm.model.layers[index]
+    return {**dict(layer.named_parameters()), **dict(layer.named_buffers())}
+
+
+def head_weights(lm: LlamaForCausalLM) -> dict[str, Tensor]:
+    """The head graph's tensors (``norm.weight``, ``lm_head.weight`` (the embedding when tied), int8 scale)."""
+    head = FinalHead(lm.model.norm, lm.lm_head)
+    return {**dict(head.named_parameters(remove_duplicate=False)), **dict(head.named_buffers())}
+
+
+def layer_groups(lm: LlamaForCausalLM) -> list[int]:
+    """For each layer, the index of its kind: layers whose tensors have the same names, shapes and dtypes share
+    one graph (all of them, unless a quantization skip keeps some layers' linears float)."""
+    kinds: dict[tuple, int] = {}
+    groups = []
+    for i in range(len(lm.model.layers)):
+        signature = tuple((n, tuple(t.shape), t.dtype) for n, t in layer_weights(lm, i).items())
+        groups.append(kinds.setdefault(signature, len(kinds)))
+    return groups
+
+
+def graph_names(groups: list[int]) -> list[str]:
+    """Graph names of an artifact: ``layer_decode``/``layer_step`` (suffixed ``.g`` for layer kinds g > 0), ``head``."""
+    names = []
+    for g in sorted(set(groups)):
+        suffix = f".{g}" if g else ""
+        names += [LAYER_DECODE + suffix, LAYER_STEP + suffix]
+    return [*names, HEAD]
+
+
+def _example_size(limit: int) -> int:
+    # export specialises sizes 0 and 1: trace with 2 (or the limit when it is smaller) and declare 1..limit.
+    return min(2, limit)
+
+
+def _dim(name: str, limit: int):
+    return torch.export.Dim(name, min=1, max=limit) if limit > 1 else torch.export.Dim.STATIC
+
+
+def _graph_and_inputs(lm: LlamaForCausalLM, name: str, limits: GraphLimits):
+    """(module, example args, dynamic shapes) of graph ``name``."""
+    from neuronpack.models.llama import build_model
+
+    cfg = lm.config
+    dtype = lm.model.embed_tokens.weight.dtype
+    meta = build_model(cfg, dtype, _int8_prefixes(lm))  # structure only: weights are inputs
+    b, t = _example_size(limits.batch_size), _example_size(limits.max_tokens)
+    batch, tokens = _dim("batch", limits.batch_size), _dim("tokens", limits.max_tokens)
+    if name == HEAD:
+        weights = head_weights(lm)
+        hidden = torch.zeros(b, t, cfg.hidden_size, dtype=dtype)
+        index = torch.arange(t).expand(b, t).contiguous()
+        shapes = ({n: None for n in weights}, {0: batch, 1: tokens}, {0: batch, 1: _dim("logits", limits.max_tokens)})
+        return HeadGraph(FinalHead(meta.model.norm, meta.lm_head)), (weights, hidden, index), shapes
+    kind, _, group = name.partition(".")
+    index = layer_groups(lm).index(int(group or 0))
+    weights = layer_weights(lm, index)
+    if kind == LAYER_DECODE:
+        t, tokens = 1, torch.export.Dim.STATIC
+    x = torch.zeros(b, t, cfg.hidden_size, dtype=dtype)
+    rope = torch.zeros(b, t, cfg.head_dim, dtype=dtype)
+    n_past = _example_size(limits.max_seq)
+    past = torch.ones(b, 1, 1, n_past, dtype=torch.bool)
+    rows = torch.zeros(b, cfg.num_kv_heads, cache_positions(limits.max_seq), cfg.head_dim, dtype=dtype)
+    row = {0: batch}
+    args = (weights, x, rope, rope.clone(), past, rows, rows.clone())
+    shapes = ({n: None for n in weights}, {0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens},
+              {0: batch, 3: _dim("attend_len", limits.max_seq)}, row, row)
+    return LayerGraph(meta.model.layers[index], cfg.queries_per_kv), args, shapes
+
+
+def export_graph(lm: LlamaForCausalLM, name: str, limits: GraphLimits):
+    """torch.export graph ``name`` (see ``graph_names``) with its dynamic dimensions; weights are inputs."""
+    module, args, shapes = _graph_and_inputs(lm, name, limits)
+    with torch.no_grad():
+        return torch.export.export(module, args, strict=False, dynamic_shapes=shapes)
 
 
 def new_kv_cache(lm: LlamaForCausalLM, batch_size: int, max_seq: int, dtype: torch.dtype, device="cpu"):
@@ -63,73 +182,6 @@ def new_kv_cache(lm: LlamaForCausalLM, batch_size: int, max_seq: int, dtype: tor
     cfg = lm.config
     shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, cache_positions(max_seq), cfg.head_dim)
     return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-
-
-def _example_size(limit: int) -> int:
-    # export specialises sizes 0 and 1: trace with 2 (or the limit when it is smaller) and declare 1..limit.
-    return min(2, limit)
-
-
-def example_inputs(limits: GraphLimits, caches) -> tuple:
-    """Example arguments of the step graph; with ``dynamic_shapes(limits, caches)`` they define what compiles."""
-    k, v = caches
-    n, t = _example_size(limits.batch_size), _example_size(limits.max_tokens)
-    j = t
-    tokens = torch.zeros(n, t, dtype=torch.long)
-    logit_index = torch.arange(j).expand(n, j).contiguous()
-    key_positions = torch.arange(_example_size(limits.max_seq))
-    return tokens, torch.zeros(n, dtype=torch.long), key_positions, logit_index, [c[:n] for c in k], [c[:n] for c in v]
-
-
-def _dim(name: str, limit: int):
-    return torch.export.Dim(name, min=1, max=limit) if limit > 1 else torch.export.Dim.STATIC
-
-
-def dynamic_shapes(limits: GraphLimits, caches) -> tuple:
-    """The dynamic dimensions of ``example_inputs`` (a size limited to 1 is static)."""
-    layers = len(caches[0])
-    batch, tokens = _dim("batch", limits.batch_size), _dim("tokens", limits.max_tokens)
-    logits = _dim("logits", limits.max_tokens)
-    row = {0: batch}
-    rows = [row] * layers
-    key_positions = {0: _dim("attend_len", limits.max_seq)}
-    return {0: batch, 1: tokens}, row, key_positions, {0: batch, 1: logits}, rows, rows
-
-
-def export_graph(lm: LlamaForCausalLM, limits: GraphLimits, caches):
-    """torch.export the step graph with its dynamic dimensions."""
-    with torch.no_grad():
-        return torch.export.export(StepGraph(lm), example_inputs(limits, caches), strict=False,
-                                   dynamic_shapes=dynamic_shapes(limits, caches))
-
-
-class WeightsAsInputs(nn.Module):
-    """Export-only flavour: the weights are the first argument (a dict), so the saved program holds none of them.
-
-    The wrapped graph's model lives on the meta device and is hidden from module registration, so export lifts
-    no parameters; ``functional_call`` swaps the real tensors in for each call.
-    """
-
-    def __init__(self, graph: nn.Module) -> None:
-        super().__init__()
-        object.__setattr__(self, "_graph", graph)  # not a submodule: its (meta) tensors must not be saved
-
-    def forward(self, weights: dict[str, Tensor], *args):
-        return torch.func.functional_call(self._graph, weights, args, tie_weights=False, strict=True)
-
-
-def export_weightless_graph(lm: LlamaForCausalLM, limits: GraphLimits, caches):
-    """torch.export the step graph with weights as inputs (keys ``lm.<checkpoint name>``); see ``WeightsAsInputs``."""
-    from neuronpack.models.llama import build_model
-    from neuronpack.models.loading import model_tensors
-
-    meta = build_model(lm.config, lm.model.embed_tokens.weight.dtype, _int8_prefixes(lm))
-    weights = {WEIGHT_PREFIX + name: t for name, t in model_tensors(lm).items()}
-    args = (weights, *example_inputs(limits, caches))
-    shapes = ({name: None for name in weights}, dynamic_shapes(limits, caches))  # (weights, *args)
-    with torch.no_grad():
-        return torch.export.export(WeightsAsInputs(StepGraph(meta)), args, strict=False,
-                                   dynamic_shapes=shapes)
 
 
 def _int8_prefixes(lm: LlamaForCausalLM) -> frozenset[str]:

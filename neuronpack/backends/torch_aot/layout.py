@@ -1,28 +1,25 @@
 """Names shared by the build and load sides of a portable artifact (torch-free).
 
-An artifact holds one step graph compiled with dynamic shapes (see graphs.py) for prefill, decode and verification;
-the bucket plan bounds it (largest context bucket = longest prompt, seq_len = longest sequence) instead of
-multiplying graphs.
+An artifact holds a decoder-layer graph (two: any step, and decode) and a head graph, compiled with dynamic shapes
+(see graphs.py) for prefill, decode and verification; the bucket plan bounds them (largest context bucket = longest
+prompt, seq_len = longest sequence) instead of multiplying graphs.
 
 Example::
 
-    GRAPH_KINDS                               # ("step",): the names in neuron_config and graphs.pt2
+    LAYER_STEP, LAYER_DECODE, HEAD            # graph names in neuron_config.json "graphs" and in graphs.pt2
 """
 
 from __future__ import annotations
 
 FORMAT = "neuronpack-torch"
-# 1: one static graph per bucket; 2: one dynamic graph per kind, decode over active rows only; 3: one functional
-# step graph (it returns the new K/V instead of writing the cache) for prefill, decode and verification
+# 1: one static graph per bucket; 2: one dynamic graph per kind, decode over active rows only; 3: functional
+# per-layer graphs (weights as inputs, the new K/V returned, not written) + a head graph, for every kind of step
 FORMAT_VERSION = 3
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")
 NEURON_CONFIG = "neuron_config.json"
-STEP = "step"
-GRAPH_KINDS = (STEP,)
-# The graph wrappers hold the model as ``lm``: checkpoint tensor ``x`` is the graph constant ``lm.x``.
-WEIGHT_PREFIX = "lm."
+LAYER_STEP, LAYER_DECODE, HEAD = "layer_step", "layer_decode", "head"
 
 
 def cache_positions(seq_len: int) -> int:

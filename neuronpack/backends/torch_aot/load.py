@@ -80,7 +80,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     import torch
 
     from neuronpack.checkpoint import open_checkpoint
-    from neuronpack.models.loading import load_model, model_tensors
+    from neuronpack.models.loading import load_model
 
     artifact_dir = Path(artifact_dir)
     config = read_neuron_config(artifact_dir)
@@ -92,19 +92,22 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(artifact_dir / WEIGHTS_DIR), dtype, max_seq_len=config["seq_len"],
                        reporter=reporter)
-    weights = {L.WEIGHT_PREFIX + name: t for name, t in model_tensors(model).items()}
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
-        runners = _load_runners(artifact_dir / GRAPHS_FILE, config, weights, task)
-    return CompiledLM(config, runners, weights, _eos_token_ids(artifact_dir), lm_head=model.lm_head)
+        runners = _load_runners(artifact_dir / GRAPHS_FILE, config, task)
+    return CompiledLM(config, model, runners, _eos_token_ids(artifact_dir))
 
 
 class CompiledLM:
-    """The compiled graphs plus the KV cache they share. Slots ``0..batch_size-1`` are logical: ``RowMap`` keeps
-    the active ones packed into the first cache rows, so a step over n slots runs the graph at batch n."""
+    """The loaded model, its compiled graphs and the KV cache they share. Slots ``0..batch_size-1`` are logical:
+    ``RowMap`` keeps the active ones packed into the first cache rows, so a step over n slots runs at batch n.
 
-    def __init__(self, config: dict[str, Any], runners: dict[str, Callable], weights: dict, eos: tuple[int, ...],
-                 lm_head: Callable | None = None):
+    A step is ``LlamaForCausalLM.forward_step`` of the loaded model (its embedding, rotary tables and masks run
+    eagerly: a few small ops) with the compiled layer and head graphs in place of its modules."""
+
+    def __init__(self, config: dict[str, Any], model, runners: dict[str, Callable], eos: tuple[int, ...]):
         import torch
+
+        from neuronpack.backends.torch_aot.graphs import head_weights, layer_weights
 
         self.config = config
         self.batch_size: int = config["batch_size"]
@@ -115,23 +118,39 @@ class CompiledLM:
         self.eos_token_ids: tuple[int, ...] = eos
         self.compiler: str = config["compiler"]
         self.dtype = getattr(torch, config["torch_dtype"])
-        self._step = runners[L.STEP]
-        self._weights = weights  # kept alive: AOTInductor holds raw pointers to these (user_managed)
-        # The step graph also returns the normed hidden states of every position; the LM head (the model's own
-        # module, sharing the weights above) turns them into logits only when asked (prompt logprobs).
-        self._lm_head = lm_head
         # Tokens per row one verify step may run (the longest prompt, at least speculation length + 1).
         self.max_verify_tokens: int = config["max_step_tokens"]
+        self._model = model  # its tensors are the graphs' weight inputs (AOTInductor holds no copy)
+        self._lm_head = model.lm_head  # prompt logits: the head over every prompt row, only when asked
+        groups = config["layer_graphs"]
+        suffix = [f".{g}" if g else "" for g in groups]
+        self._layer_graphs = [(runners[L.LAYER_DECODE + s], runners[L.LAYER_STEP + s]) for s in suffix]
+        self._layer_inputs = [layer_weights(model, i) for i in range(len(groups))]
+        self._head = runners[L.HEAD]
+        self._head_inputs = head_weights(model)
         shape = (config["num_layers"], self.batch_size, config["num_kv_heads"], config["kv_cache_positions"],
                  config["head_dim"])
-        self.k_cache = torch.zeros(shape, dtype=self.dtype)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype)
-        # Per-layer views of the first n rows for every n (contiguous), and key positions 0..max_seq-1, built once.
+        self.k_cache = _untouched_zeros(shape, self.dtype)
+        self.v_cache = _untouched_zeros(shape, self.dtype)
+        # Per-layer views of the first n rows for every n (contiguous), built once.
         layers = range(config["num_layers"])
         self._row_views = [([self.k_cache[i, :n] for i in layers], [self.v_cache[i, :n] for i in layers])
                            for n in range(self.batch_size + 1)]
-        self._key_positions = torch.arange(self.max_seq_len)
         self._rows = RowMap(self.batch_size)
+
+    def _run_layer(self, i: int, x, cos, sin, masks, k_rows, v_rows):
+        decode, step = self._layer_graphs[i]
+        graph = decode if x.shape[1] == 1 else step
+        return graph(self._layer_inputs[i], x, cos, sin, masks.past, k_rows, v_rows)
+
+    def _run_head(self, hidden, logit_index):
+        return self._head(self._head_inputs, hidden, logit_index)
+
+    def _step(self, tokens, starts, n_past: int, logit_index, n_rows: int):
+        """One ``forward_step`` over cache rows 0..n_rows-1 -> (logits, hidden, new K, new V)."""
+        k, v = self._row_views[n_rows]
+        return self._model.forward_step(tokens, starts, n_past, k, v, logit_index, run_layer=self._run_layer,
+                                        run_head=self._run_head)
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], return_hidden: bool = False):
         """Write each prompt's KV into its slot (positions 0..len-1) in one graph call; return float32 logits
@@ -168,8 +187,8 @@ class CompiledLM:
         last = torch.tensor([[len(p) - 1] for p in prompts])
         rows = self._rows.rows(slots)
         starts = torch.zeros(len(prompts), dtype=torch.long)
-        k, v = self._row_views[len(prompts)]  # read, all masked: nothing lies below position 0
-        logits, hidden, new_k, new_v = self._step(tokens, starts, self._key_positions[:1], last, k, v)
+        # Rows 0..n-1 are read, all masked (nothing lies below position 0); the KV goes to the prompts' own rows.
+        logits, hidden, new_k, new_v = self._step(tokens, starts, 1, last, len(prompts))
         self._store(torch.tensor(rows), starts, new_k, new_v)
         for row in rows:
             self._rows.wrote(row, width)
@@ -223,9 +242,8 @@ class CompiledLM:
             starts = torch.empty_like(starts).index_copy_(0, order, starts)
             logit_index = torch.empty_like(logit_index).index_copy_(0, order, logit_index)
         n_past = max(1, int(starts.max()))  # cached positions any row reads (at least 1: a dimension of 0 fails)
-        k, v = self._row_views[n]
         with torch.inference_mode():
-            logits, hidden, new_k, new_v = self._step(tokens, starts, self._key_positions[:n_past], logit_index, k, v)
+            logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, n)
             self._store(torch.arange(n), starts, new_k, new_v)
         width = tokens.shape[1]
         for row, start in zip(range(n), starts.tolist(), strict=True):
@@ -293,23 +311,34 @@ class CompiledLM:
         return tokens, positions
 
 
-def _load_runners(package: Path, config: dict, weights: dict, task) -> dict[str, Callable]:
+def _untouched_zeros(shape: tuple[int, ...], dtype):
+    """A zero tensor backed by a private anonymous mapping: pages become resident only when written, so a KV cache
+    costs the memory of the positions sequences really reach, not of every slot at full length (torch.zeros writes
+    every page). Never written positions are never read unmasked either way."""
+    import math
+    import mmap
+
+    import torch
+
+    nbytes = max(1, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)
+
+
+def _load_runners(package: Path, config: dict, task) -> dict[str, Callable]:
+    """name -> ``run(weights: dict[str, Tensor], *args) -> tuple`` for every graph of the artifact (the weights in
+    the graph's input order: ``layer_weights`` / ``head_weights``)."""
     runners = {}
     if config["compiler"] == "aoti":
         import torch
 
         for name, model_name in config["graphs"].items():
             # The C++ loader directly: torch._inductor's Python wrapper would import dynamo and probe the
-            # compiler's vector ISA (seconds), and re-read every model of the package for each bucket.
+            # compiler's vector ISA (seconds), and re-read every model of the package for each graph.
             loader = torch._C._aoti.AOTIModelPackageLoader(str(package), model_name, False, 1, -1)
-            needed = loader.get_constant_fqns()
-            missing = [n for n in needed if n not in weights]
-            if missing:
-                raise ArtifactError(f"graph {name} needs tensors missing from weights/: {missing[:3]}",
-                                    where=str(package), fix="recompile the artifact")
-            # Every constant (incl. buffers like rope_inv_freq) must be supplied: a missing one crashes later.
-            # Arguments: map, use_inactive, check_full_update, user_managed (no copy: we keep them alive).
-            loader.load_constants({n: weights[n] for n in needed}, False, True, True)
+            if loader.get_constant_fqns():  # weights are inputs: a graph holding constants is not ours
+                raise ArtifactError(f"graph {name} expects constants {loader.get_constant_fqns()[:3]}",
+                                    where=str(package), fix="recompile the artifact (neuronpack compile --force)")
             runners[name] = _boxed(loader)
             task.advance()
         return runners
@@ -317,24 +346,24 @@ def _load_runners(package: Path, config: dict, weights: dict, task) -> dict[str,
 
     programs = load_pt2(str(package)).exported_programs
     for name, model_name in config["graphs"].items():
-        module = programs[model_name].module()
-        runners[name] = _with_weights(module, weights)
+        runners[name] = _exported(programs[model_name])
         task.advance()
     return runners
 
 
 def _boxed(loader) -> Callable:
-    # Skip AOTICompiledModel.__call__'s per-call pytree flattening: inputs are already flat tensors.
-    def run(*inputs):  # (..., k_caches, v_caches) -> flat [..., k0, k1, ..., v0, v1, ...]
-        out = loader.boxed_run([*inputs[:-2], *inputs[-2], *inputs[-1]])
-        return out[0] if len(out) == 1 else tuple(out)
+    # Skip AOTICompiledModel.__call__'s per-call pytree flattening: the inputs are flat tensors already.
+    def run(weights: dict, *args):
+        return tuple(loader.boxed_run([*weights.values(), *args]))
 
     return run
 
 
-def _with_weights(module, weights: dict) -> Callable:
-    def run(*inputs):
-        return module(weights, *inputs)
+def _exported(program) -> Callable:
+    module = program.module()
+
+    def run(weights: dict, *args):
+        return tuple(module(weights, *args))
 
     return run
 
