@@ -63,6 +63,7 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/compile.py --model $(DEMO_MODEL)
 	$(PY) bench/quantize.py
 	$(PY) bench/eagle.py
+	$(PY) bench/lora.py --model $(DEMO_MODEL)
 	$(PY) bench/remote.py
 	$(PY) bench/speculation.py --model $(DEMO_MODEL)
 

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -118,8 +119,17 @@ class SpeculationSection(_Section):
 
 
 class LoraAdapter(_Section):
-    name: str = Field(min_length=1)
-    path: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=128)
+    path: str = Field(min_length=1)  # a local PEFT adapter directory or a hub id (org/name[@revision])
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # served as a model name and stored as lora/<name>/ inside the artifact: no path separators
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+            raise ValueError(f"adapter name {value!r} must be letters, digits, '.', '_' or '-' (no '/'), "
+                             "starting with a letter or digit")
+        return value
 
 
 # vLLM accepts --max-lora-rank only from this set (LoRAConfig); another rank could be compiled but never served
@@ -131,6 +141,15 @@ class LoraSection(_Section):
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     max_rank: int = 16
     max_loras: int = Field(1, ge=1, le=64)
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_names(cls, value: list[LoraAdapter]) -> list[LoraAdapter]:
+        names = [a.name for a in value]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"adapter name {twice[0]!r} is given twice: names must be unique")
+        return value
 
     @field_validator("max_rank")
     @classmethod

@@ -34,3 +34,23 @@ def make_checkpoint(tmp_path):
         return make_tiny_checkpoint(tmp_path / f"{arch}-{next(counter)}", arch=arch, **kwargs)
 
     return _make
+
+
+@pytest.fixture(scope="session")
+def lora_artifact(tmp_path_factory, tiny_llama):
+    """One AOTInductor artifact of the tiny serving recipe with two PEFT adapters ("sql": rank 8 on q/k/v/o; "chat":
+    rank 4 rsLoRA on v/o/up of layer 1), compiled through the pipeline; shared by every LoRA test.
+    Returns (artifact dir, {adapter name: adapter dir})."""
+    from tests.lora_adapters import make_peft_adapter
+    from tests.runtime.serving import build_artifact
+
+    root = tmp_path_factory.mktemp("lora-artifact")
+    adapters = {
+        "sql": make_peft_adapter(tiny_llama, root / "adapters" / "sql", rank=8, alpha=16, seed=1),
+        "chat": make_peft_adapter(tiny_llama, root / "adapters" / "chat", rank=4, alpha=8, seed=2, use_rslora=True,
+                                  target_modules=("v_proj", "o_proj", "up_proj"), layers=[1]),
+    }
+    lora = ('lora.adapters=[' + ", ".join(f'{{name="{n}", path="{p}"}}' for n, p in adapters.items()) + "]")
+    overrides = ["compiler=aoti", lora, "lora.max_rank=8", "lora.max_loras=2",
+                 'lora.target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"]']
+    return build_artifact(tiny_llama, root / "root", overrides), adapters

@@ -74,15 +74,14 @@ def main() -> int:
 def _make_cases(work: Path, src: Path) -> list[dict]:
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "convert")]
     from eagle_fixtures import make_eagle1_draft
+    from lora_adapters import make_peft_adapter
     from tiny_models import make_tiny_checkpoint
 
     llama = make_tiny_checkpoint(work / "llama")
     vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
     draft = make_eagle1_draft(work / "eagle", hidden=64, vocab=vocab, layout="safetensors")
     mllama = _tiny_mllama(llama, work / "mllama")
-    adapter = work / "adapters" / "sql"
-    adapter.mkdir(parents=True)
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "target_modules": ["q_proj", "v_proj"]}))
+    adapter = make_peft_adapter(llama, work / "adapters" / "sql", rank=8, target_modules=("q_proj", "v_proj"))
     cases = []
     for recipe in sorted((ROOT / "recipes").glob("*.toml")):
         text = recipe.read_text()

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +75,14 @@ def compile_inputs(recipe: Recipe, plan: BucketPlan, framework: str) -> dict[str
     return data
 
 
-def lora_identity(lora: LoraSection) -> dict[str, Any]:
-    """adapter name -> its files by content (a directory), or the reference as written (a hub id)."""
-    return {
-        a.name: directory_identity(Path(a.path)) if Path(a.path).is_dir() else a.path
-        for a in lora.adapters
-    }
+def lora_identity(lora: LoraSection, dirs: Mapping[str, Path] | None = None) -> dict[str, Any]:
+    """adapter name -> its files by content: the resolved directory in ``dirs`` (a hub id's snapshot), else the
+    recipe's path when it is a directory, else the reference as written."""
+    out: dict[str, Any] = {}
+    for a in lora.adapters:
+        path = Path((dirs or {}).get(a.name) or a.path)
+        out[a.name] = directory_identity(path) if path.is_dir() else a.path
+    return out
 
 
 def key_inputs(
@@ -91,10 +94,11 @@ def key_inputs(
     plan: BucketPlan,
     model_dir: Path,
     draft_dir: Path | None = None,
+    lora_dirs: Mapping[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Every input of the key, in full (also recorded in the manifest): toolchain, target, the compile
     configuration, and every checkpoint the build reads by content (the model, the speculation draft as given, the
-    LoRA adapters)."""
+    LoRA adapters: ``lora_dirs`` maps each name to its resolved directory, whose every byte is keyed)."""
     inputs: dict[str, Any] = {
         "key_schema": KEY_SCHEMA,
         "framework": framework,
@@ -107,7 +111,7 @@ def key_inputs(
     if draft_dir is not None:
         inputs["draft"] = model_identity(draft_dir)
     if recipe.lora:
-        inputs["lora"] = lora_identity(recipe.lora)
+        inputs["lora"] = lora_identity(recipe.lora, lora_dirs)
     return inputs
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +30,14 @@ class BuildRequest:
     reporter: Reporter = field(default_factory=NullReporter)
     draft_dir: Path | None = None  # resolved speculation draft (converted EAGLE draft for kind "eagle")
     source_model_dir: Path | None = None  # the checkpoint as given, before offline quantization
+    lora_dirs: Mapping[str, Path] = field(default_factory=dict)  # adapter name -> resolved local directory
+
+    def adapter_dirs(self) -> dict[str, Path]:
+        """Every recipe adapter's local directory (resolved by the pipeline; the recipe's path when not given)."""
+        lora = self.recipe.lora
+        if lora is None:
+            return {}
+        return {a.name: Path(self.lora_dirs.get(a.name) or Path(a.path).expanduser()) for a in lora.adapters}
 
 
 class Backend(Protocol):

@@ -37,6 +37,7 @@ from neuronpack.backends.neuron_common import (
     working_directory,
 )
 from neuronpack.backends.neuron_packages import sdk_availability, versions_of
+from neuronpack.checkpoint.lora import copy_adapters, lora_path
 from neuronpack.errors import ArtifactError, BuildError, RecipeError, UnsupportedModelError
 from neuronpack.recipe import Recipe
 
@@ -55,7 +56,6 @@ MODEL_CLASSES: dict[str, str] = {
 }
 MULTIMODAL = ("MllamaForConditionalGeneration",)
 EAGLE3_MIN_NXDI = (0, 7)  # NeuronConfig.is_eagle3 exists from NxDI 0.7 on; older releases drop it silently
-LORA_DIR = "lora"  # adapters copied into the artifact; neuron_config.json names them relative to the artifact
 SAMPLING_FIELDS = ("do_sample", "top_k", "top_p", "temperature", "dynamic", "deterministic", "global_topk")
 # The NeuronConfig fields an EAGLE draft conversion decides (eagle_nxd_hints also returns config-only keys)
 EAGLE_FIELDS = ("enable_eagle_speculation", "enable_fused_speculation", "enable_eagle_draft_input_norm", "is_eagle3")
@@ -287,28 +287,11 @@ def nxd_module_names(modules: list[str], *, fused_qkv: bool) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def lora_path(name: str) -> str:
-    """Where an adapter lives inside the artifact, relative to it (what neuron_config.json records)."""
-    return f"{LORA_DIR}/{name}"
-
-
 def copy_lora_adapters(request: BuildRequest) -> None:
     """Copy every recipe adapter into ``staging/lora/<name>/`` so the artifact carries them (NxDI re-checks each
     lora_ckpt_paths entry whenever neuron_config.json is loaded; build-time paths would be gone on the server)."""
-    lora = request.recipe.lora
-    if lora is None:
-        return
-    for adapter in lora.adapters:
-        source = Path(adapter.path).expanduser()
-        if not source.exists():
-            raise BuildError(f"LoRA adapter {adapter.name!r} not found", where=str(source),
-                             fix="point lora.adapters[].path at a local PEFT adapter directory")
-        dest = request.staging / lora_path(adapter.name)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, dest)
-        else:
-            shutil.copy2(source, dest)
+    dirs = request.adapter_dirs()
+    copy_adapters(dirs, request.staging, {name: lora_path(name) for name in dirs})
 
 
 def check_lora_adapters(artifact_dir: Path, neuron_config: dict) -> None:

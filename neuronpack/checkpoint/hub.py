@@ -31,12 +31,13 @@ _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 _TRUE = ("1", "on", "yes", "true")
 
 
-def resolve_model(source: str | Path, *, reporter: Reporter | None = None) -> Path:
+def resolve_model(source: str | Path, *, reporter: Reporter | None = None, marker: str = "config.json") -> Path:
     """Resolve MODEL to an absolute local directory.
 
     An existing directory is returned as-is (absolute); a ``.gguf`` file is refused with the import-gguf command to
     run first; anything else is a hub id ``org/name[@revision]`` fetched through ``huggingface_hub`` (cache first,
-    ``HF_HUB_OFFLINE=1`` honoured). Offline-and-not-cached or any network failure -> ModelNotFoundError.
+    ``HF_HUB_OFFLINE=1`` honoured). Offline-and-not-cached or any network failure -> ModelNotFoundError. A hub
+    snapshot must hold ``marker`` (``adapter_config.json`` when resolving a LoRA adapter).
 
     Example::
 
@@ -62,7 +63,7 @@ def resolve_model(source: str | Path, *, reporter: Reporter | None = None) -> Pa
         raise ModelNotFoundError(
             "no such local directory", where=text, fix="check the path, or pass a hub id like org/name[@revision]"
         )
-    return _snapshot(repo_id, revision, reporter)
+    return _snapshot(repo_id, revision, reporter, marker)
 
 
 def hub_offline() -> bool:
@@ -82,7 +83,7 @@ def _looks_like_repo_id(text: str, repo_id: str) -> bool:
     return bool(_REPO_ID.match(repo_id)) and ".." not in repo_id
 
 
-def _snapshot(repo_id: str, revision: str | None, reporter: Reporter) -> Path:
+def _snapshot(repo_id: str, revision: str | None, reporter: Reporter, marker: str) -> Path:
     from huggingface_hub import snapshot_download
 
     offline = hub_offline()
@@ -103,10 +104,11 @@ def _snapshot(repo_id: str, revision: str | None, reporter: Reporter) -> Path:
     except Exception as exc:  # noqa: BLE001 - every hub/network failure becomes one clear line
         raise _hub_error(exc, where, offline) from None
     folder_path = Path(str(folder))
-    if not (folder_path / "config.json").is_file():
+    if not (folder_path / marker).is_file():
         raise ModelNotFoundError(
-            "the hub snapshot has no config.json", where=f"{where} -> {folder_path}",
-            fix="is this a transformers model repository? pass a local checkpoint directory instead",
+            f"the hub snapshot has no {marker}", where=f"{where} -> {folder_path}",
+            fix="is this the right kind of repository (a transformers model, a PEFT adapter)? pass a local "
+                "directory instead",
         )
     return folder_path.absolute()
 

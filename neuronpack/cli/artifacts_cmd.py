@@ -68,6 +68,7 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("max model len", str(m.serve.max_model_len)),
         ("quantization", str(section.get("quantization"))),
         ("speculation", str(section.get("speculation"))),
+        ("lora", _lora_line(recipe.lora)),
         ("files", f"{len(m.files)} ({_size(m.total_size)})"),
         ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.timings.items())),
         ("created", str(m.created_at)),
@@ -76,6 +77,16 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
     for field, value in rows:
         table.add_row(field, cell(value))
     print_result(output_format, None, table)
+
+
+def _lora_line(lora) -> str:
+    from neuronpack.checkpoint.lora import lora_path
+
+    if lora is None:
+        return "None"
+    adapters = ", ".join(f"{a.name} ({lora_path(a.name)})" for a in lora.adapters)
+    return (f"{adapters}; max_loras {lora.max_loras}, max_rank {lora.max_rank}, "
+            f"{'/'.join(lora.target_modules)}")
 
 
 def _accuracy_line(accuracy: dict | None) -> str:

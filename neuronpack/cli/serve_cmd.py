@@ -15,6 +15,7 @@ import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
 from neuronpack.cli._options import EndpointOpt, FormatOpt, QuietOpt, RootOpt, SetOpt
+from neuronpack.errors import ServeError
 from neuronpack.runtime.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_WAITING,
@@ -119,6 +120,9 @@ def generate_command(
     seed: Annotated[int | None, typer.Option("--seed", help="seed for reproducible sampling")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="stop string (repeatable)")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="wrap the prompt with the model's chat template")] = False,
+    lora: Annotated[
+        str | None, typer.Option("--lora", help="apply this LoRA adapter of the artifact (a name in its [lora])")
+    ] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="torch CPU threads")] = None,
     speculation: Annotated[bool, typer.Option(
         "--speculation/--no-speculation",
@@ -136,6 +140,7 @@ def generate_command(
     reporter = RichReporter(quiet=quiet)
     path = resolve_serving_artifact(artifact_dir, reporter=reporter)
     loaded = load_engine(path, num_threads=threads, reporter=reporter, speculation=speculation)
+    adapter = _adapter_slot(loaded, lora, path)
     tokenizer = loaded.engine.tokenizer
     ids = tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else tokenizer.encode(prompt)
     request = GenerationRequest(
@@ -143,12 +148,13 @@ def generate_command(
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         max_tokens=max_tokens,
         stop=tuple(stop or ()),
+        adapter=adapter,
     )
     result = loaded.engine.generate(request)
     timings = {"load_s": round(loaded.load_seconds, 4), **{k: round(v, 4) for k, v in result.timings.items()}}
     data = {"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
             "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "model": loaded.served_model_name, "timings": timings}
+            "model": lora or loaded.served_model_name, "timings": timings}
     if result.speculation is not None:
         data["speculation"] = {"kind": loaded.engine.speculation.kind, **result.speculation}
     print_result(output_format, data, result.text)
@@ -159,6 +165,20 @@ def generate_command(
                 if spec and spec["tokens_per_step"] else "")
     reporter.info(f"[{result.completion_tokens} tokens, finish_reason={result.finish_reason}, "
                   f"{result.timings['tokens_per_s']:.1f} tokens/s{accepted}, load {loaded.load_seconds:.1f} s]")
+
+
+def _adapter_slot(loaded, lora: str | None, path: Path) -> int:
+    """--lora NAME -> the engine's adapter index (0: none)."""
+    if lora is None:
+        return 0
+    served = loaded.served_models()
+    slot = served.adapter_slot(lora)
+    if slot is None:
+        names = list(served.adapter_names)
+        raise ServeError(f"no LoRA adapter {lora!r} in this artifact", where=str(path),
+                         fix=f"pass one of: {', '.join(names)}" if names else
+                         "this artifact was compiled without [lora] (see docs/lora.md)")
+    return slot
 
 
 class _ServeLimits(NamedTuple):
@@ -186,7 +206,8 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     release_free_memory()  # the model's construction freed its temporary tensors
     name = loaded.served_model_name
     app = create_app(loaded.engine, served_model_name=name, api_key=api_key,
-                     model_info={"root": str(path)}, limits=ServerLimits(max_body_bytes=limits.max_body_bytes))
+                     model_info={"root": str(path)}, limits=ServerLimits(max_body_bytes=limits.max_body_bytes),
+                     adapter_roots=dict(loaded.served_models().roots))
     engine = loaded.engine
     reporter.info(f"loaded {name} in {loaded.load_seconds:.1f} s (batch {engine.scheduler.batch_size}, "
                   f"max model length {engine.max_model_len}, largest prompt {engine.max_prompt_len})")

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from neuronpack.models.config import ModelConfig
+from neuronpack.models.lora import lora_mask, project
 from neuronpack.models.quant import Int8Linear
 
 
@@ -108,14 +109,15 @@ class Attention(nn.Module):
         self.o_proj = make_linear(cfg.num_heads * hd, h, cfg.o_bias, f"{prefix}.o_proj" in int8)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_past: Tensor | None,
-                v_past: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+                v_past: Tensor | None, lora: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x: [B, T, H]; cos/sin: [B, T, hd]; k_past/v_past: cache rows [B, kv, >= L, hd] of which the first L
-        (``masks.past.shape[-1]``) are read, or None -> (output [B, T, H], the tokens' own k and v [B, kv, T, hd])."""
+        (``masks.past.shape[-1]``) are read, or None; lora: [B, 1, W] per-row adapter mask (models/lora.py) or None
+        -> (output [B, T, H], the tokens' own k and v [B, kv, T, hd])."""
         b, t, _ = x.shape
         kv, g, hd = self.num_kv, self.group, self.head_dim
-        q = self.q_proj(x).view(b, t, kv, g, hd)  # query head j*g+i reads KV head j (HF repeat_kv order)
-        k = self.k_proj(x).view(b, t, kv, hd)
-        v = self.v_proj(x).view(b, t, kv, hd).transpose(1, 2)  # [B, kv, T, hd]
+        q = project(self.q_proj, x, lora).view(b, t, kv, g, hd)  # query head j*g+i reads KV head j (HF order)
+        k = project(self.k_proj, x, lora).view(b, t, kv, hd)
+        v = project(self.v_proj, x, lora).view(b, t, kv, hd).transpose(1, 2)  # [B, kv, T, hd]
         q = apply_rope(q, cos[:, :, None, None, :], sin[:, :, None, None, :])
         k = apply_rope(k, cos[:, :, None, :], sin[:, :, None, :]).transpose(1, 2)  # [B, kv, T, hd]
         q = q.permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)  # fold: [B, kv, g*T, hd]
@@ -130,7 +132,7 @@ class Attention(nn.Module):
             probs = torch.softmax(torch.cat((past, scores), dim=-1), dim=-1).to(v.dtype)
             out = probs[..., :n_past] @ v_past + probs[..., n_past:] @ v
         out = out.view(b, kv, g, t, hd)  # [B, kv, g, T, hd]
-        return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, t, kv * g * hd)), k, v
+        return project(self.o_proj, out.permute(0, 3, 1, 2, 4).reshape(b, t, kv * g * hd), lora), k, v
 
 
 class MLP(nn.Module):
@@ -141,8 +143,9 @@ class MLP(nn.Module):
         self.up_proj = make_linear(h, i, bias, f"{prefix}.up_proj" in int8)
         self.down_proj = make_linear(i, h, bias, f"{prefix}.down_proj" in int8)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: Tensor, lora: Tensor | None = None) -> Tensor:
+        gate, up = project(self.gate_proj, x, lora), project(self.up_proj, x, lora)
+        return project(self.down_proj, F.silu(gate) * up, lora)
 
 
 class DecoderLayer(nn.Module):
@@ -155,10 +158,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_past: Tensor | None,
-                v_past: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        attn, k, v = self.self_attn(self.input_layernorm(x), cos, sin, masks, k_past, v_past)
+                v_past: Tensor | None, lora: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        attn, k, v = self.self_attn(self.input_layernorm(x), cos, sin, masks, k_past, v_past, lora)
         x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+        return x + self.mlp(self.post_attention_layernorm(x), lora), k, v
 
 
 class Decoder(nn.Module):
@@ -179,6 +182,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, False, "lm_head" in int8)
         # Non-persistent in HF; here a plain buffer so AOTInductor treats it as a constant we supply at load.
         self.register_buffer("rope_inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.lora_layout = None  # a LoraLayout once models.lora.attach_lora gave the linears adapter stacks
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -187,11 +191,13 @@ class LlamaForCausalLM(nn.Module):
     # -- entry points -------------------------------------------------------------------------------------------
     def forward_step(self, tokens: Tensor, starts: Tensor, n_past: int, k_caches: Sequence[Tensor],
                      v_caches: Sequence[Tensor], logit_index: Tensor, run_layer: RunLayer | None = None,
-                     run_head: RunHead | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     run_head: RunHead | None = None, adapters: Tensor | None = None
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """tokens [B, T] int64 at positions ``starts[i] + 0..T-1`` (starts [B] int64); row i attends to cached
         positions ``0..starts[i]-1`` among the first ``n_past`` of its cache row (k/v caches: per layer
         [B, kv, >= n_past, hd], read only) and causally to its own T tokens. logit_index [B, J] int64 picks the
-        positions (0..T-1) whose logits are returned.
+        positions (0..T-1) whose logits are returned. adapters [B] int64: each row's LoRA adapter slot (0: none;
+        only for a model given adapters by ``models.lora.attach_lora``).
 
         Returns (logits [B, J, vocab] float32, final-normed hidden states [B, T, hidden] in the compute dtype,
         keys and values of the T tokens [layers, B, kv, T, hd]: the caller stores them at their positions).
@@ -205,10 +211,12 @@ class LlamaForCausalLM(nn.Module):
         masks = StepMasks(past=(keys[None, :] < starts.view(b, 1))[:, None, None, :], new=self._causal_mask(t))
         x = self.model.embed_tokens(tokens)  # [B, T, H]
         cos, sin = rope_cos_sin(self.rope_inv_freq, positions, x.dtype)  # [B, T, hd]
+        # LoRA: each row's adapter as a mask over the stacked adapter columns [B, 1, W], one more layer argument
+        lora = () if adapters is None else (lora_mask(adapters, self.lora_layout, x.dtype),)
         run_layer = run_layer or self.run_layer
         new_k, new_v = [], []
         for i in range(len(self.model.layers)):
-            x, k, v = run_layer(i, x, cos, sin, masks, k_caches[i], v_caches[i])
+            x, k, v = run_layer(i, x, cos, sin, masks, k_caches[i], v_caches[i], *lora)
             new_k.append(k)
             new_v.append(v)
         logits, normed = (run_head or self.run_head)(x, logit_index)
@@ -227,9 +235,10 @@ class LlamaForCausalLM(nn.Module):
 
     # -- the two pieces a runtime may replace with compiled graphs ----------------------------------------------
     def run_layer(self, i: int, x: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_rows: Tensor | None,
-                  v_rows: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Decoder layer ``i``: -> (x [B, T, H], the tokens' k and v [B, kv, T, hd])."""
-        return self.model.layers[i](x, cos, sin, masks, k_rows, v_rows)
+                  v_rows: Tensor | None, lora: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Decoder layer ``i``: -> (x [B, T, H], the tokens' k and v [B, kv, T, hd]). ``lora``: the per-row adapter
+        mask (only passed when the step has adapters)."""
+        return self.model.layers[i](x, cos, sin, masks, k_rows, v_rows, lora)
 
     def run_head(self, hidden: Tensor, logit_index: Tensor) -> tuple[Tensor, Tensor]:
         """hidden [B, T, H], logit_index [B, J] -> (float32 logits [B, J, vocab], final-normed hidden [B, T, H])."""

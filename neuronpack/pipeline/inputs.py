@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuronpack.backends.base import Backend
@@ -23,6 +23,7 @@ class ResolvedInputs:
     model_dir: Path  # the checkpoint as given (before quantization)
     draft_dir: Path | None  # the speculation draft as given (before EAGLE conversion)
     plan: BucketPlan
+    lora_dirs: Mapping[str, Path] = field(default_factory=dict)  # adapter name -> local dir (validated)
 
 
 def resolve_inputs(
@@ -51,6 +52,7 @@ def resolve_inputs(
     model_dir = resolve_model(source, reporter=reporter)
     spec = recipe.speculation
     draft_dir = resolve_model(spec.draft, reporter=reporter) if spec and spec.draft else None
+    lora_dirs = resolve_lora_adapters(recipe, reporter)
     return ResolvedInputs(
         recipe=recipe,
         recipe_path=recipe_path,
@@ -60,4 +62,20 @@ def resolve_inputs(
         model_dir=model_dir,
         draft_dir=draft_dir,
         plan=recipe.bucket_plan(),
+        lora_dirs=lora_dirs,
     )
+
+
+def resolve_lora_adapters(recipe: Recipe, reporter: Reporter) -> dict[str, Path]:
+    """Each ``[lora]`` adapter resolved like MODEL (a local directory or a cached hub id) and validated against the
+    recipe (PEFT LoRA options the graphs can apply, target_modules, max_rank): adapter name -> directory."""
+    from neuronpack.checkpoint.lora import read_adapter, resolve_adapter
+
+    if recipe.lora is None:
+        return {}
+    dirs = {}
+    for adapter in recipe.lora.adapters:
+        path = resolve_adapter(adapter.path, reporter=reporter)
+        read_adapter(adapter.name, path, target_modules=recipe.lora.target_modules, max_rank=recipe.lora.max_rank)
+        dirs[adapter.name] = path
+    return dirs

@@ -36,7 +36,8 @@ class BuildPlan:
     def request(self, staging: Path, reporter: Reporter) -> BuildRequest:
         i = self.inputs
         return BuildRequest(model_dir=self.model_dir, recipe=i.recipe, plan=i.plan, staging=staging,
-                            reporter=reporter, draft_dir=self.draft_dir, source_model_dir=i.model_dir)
+                            reporter=reporter, draft_dir=self.draft_dir, source_model_dir=i.model_dir,
+                            lora_dirs=i.lora_dirs)
 
     def compile_config(self, reporter: Reporter) -> dict[str, Any]:
         """The configuration the backend compiles with (the same for --dry-run and the build)."""
@@ -74,6 +75,7 @@ def plan_build(inputs: ResolvedInputs, *, out_root: Path | None, dest: Path | No
         plan=inputs.plan,
         model_dir=inputs.model_dir,
         draft_dir=inputs.draft_dir,
+        lora_dirs=inputs.lora_dirs,
     )
     key = compute_key(ki)
     store = artifacts_root(out_root)

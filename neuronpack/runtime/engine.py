@@ -82,15 +82,19 @@ class CompiledModel(Protocol):
     vocab_size: int
     eos_token_ids: tuple[int, ...]
 
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], return_hidden: bool = False): ...
+    adapter_names: tuple[str, ...]  # LoRA adapters (index k is adapter_names[k - 1]); models without: ()
 
-    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                adapters: Sequence[int] | None = None, return_hidden: bool = False): ...
+
+    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None,
+               adapters: Sequence[int] | None = None) -> Tensor: ...
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
         ...
 
-    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> Tensor:
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> Tensor:
         """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
         ...
 
@@ -109,6 +113,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     prompt_logprobs: int | None = None
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex}")
+    adapter: int = 0  # LoRA adapter: 0 the base model, k the artifact's k-th adapter (runtime/adapters.py: by name)
 
 
 @dataclass
@@ -157,6 +162,7 @@ class RequestState:
     last_token_at: float | None = None
     prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
     forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
+    adapter: int = 0  # LoRA adapter index (0: none)
     spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
 
     @property
@@ -200,6 +206,7 @@ class Engine:
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
         self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -241,6 +248,9 @@ class Engine:
                 f"token id {bad[0]} is outside the vocabulary (0..{self.model.vocab_size - 1})", param="prompt"
             )
         _check_sampling(request.sampling)
+        if not 0 <= request.adapter <= len(self.adapter_names):
+            raise InvalidRequestError(f"LoRA adapter {request.adapter} does not exist (this model has "
+                                      f"{len(self.adapter_names)})", param="model")
         for name, value in (("logprobs", request.sampling.logprobs), ("prompt_logprobs", request.prompt_logprobs)):
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", param=name)
@@ -266,8 +276,8 @@ class Engine:
         if len(requests) > self.model.batch_size:
             raise InvalidRequestError(f"{len(requests)} parallel samples of one prompt do not fit the batch of "
                                       f"{self.model.batch_size} this artifact was compiled for", param="n")
-        if len({r.prompt_ids for r in requests}) != 1 or len({r.prompt_logprobs for r in requests}) != 1:
-            raise ValueError("forked requests must share their prompt and prompt_logprobs")
+        if len({(r.prompt_ids, r.prompt_logprobs, r.adapter) for r in requests}) != 1:
+            raise ValueError("forked requests must share their prompt, prompt_logprobs and adapter")
         seqs = [self._sequence(r, sink) for r, sink in zip(requests, sinks, strict=True)]
         seqs[0].forks = seqs[1:]
         self._admit(len(seqs))
@@ -292,7 +302,7 @@ class Engine:
         sampler = RowSampler(request.sampling.resolve(self.global_topk))
         spec = SpecStats.new(self.speculation.length) if self.speculation else None
         return RequestState(request.request_id, prompt, sampler, output, sink,
-                            prompt_logprobs=request.prompt_logprobs, spec=spec)
+                            prompt_logprobs=request.prompt_logprobs, spec=spec, adapter=request.adapter)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its slot is freed before the next model call."""
@@ -443,7 +453,9 @@ class Engine:
             try:
                 prompt_lp = None
                 if seq.prompt_logprobs is not None:
-                    all_logits = self.model.prompt_logits(seq.prompt_ids, seq.slot)  # [T, vocab], KV written
+                    adapter = {"adapter": seq.adapter} if self.adapter_names else {}
+                    # [T, vocab], KV written
+                    all_logits = self.model.prompt_logits(seq.prompt_ids, seq.slot, **adapter)
                     prompt_lp = prompt_logprobs(all_logits, seq.prompt_ids, seq.prompt_logprobs)
                     logits = all_logits[-1:]
                 else:
@@ -471,8 +483,8 @@ class Engine:
         slots, prompts = [s.slot for s in seqs], [s.prompt_ids for s in seqs]
         proposer = self.speculator.proposer if self.speculator is not None else None
         if proposer is None or not proposer.needs_hidden_states:
-            return self.model.prefill(slots, prompts)
-        logits, hidden = self.model.prefill(slots, prompts, return_hidden=True)
+            return self.model.prefill(slots, prompts, **self._adapter_kw(seqs))
+        logits, hidden = self.model.prefill(slots, prompts, return_hidden=True)  # speculation excludes LoRA
         proposer.prefilled([s.request_id for s in seqs], [hidden[i, : len(p)] for i, p in enumerate(prompts)])
         return logits
 
@@ -491,6 +503,10 @@ class Engine:
                                                error=f"prefill failed: {type(exc).__name__}: {exc}")
             return {}
         return {id(seq): logits[i : i + 1] for i, seq in enumerate(seqs)}
+
+    def _adapter_kw(self, seqs: Sequence[RequestState]) -> dict[str, Any]:
+        """The LoRA argument of a model call: every row's adapter (nothing for models without adapters)."""
+        return {"adapters": [s.adapter for s in seqs]} if self.adapter_names else {}
 
     def _decode(self) -> None:
         """One decode step over the running sequences: one token each, or with speculation a draft-then-verify step
@@ -513,7 +529,7 @@ class Engine:
 
         slots, tokens, positions = self.scheduler.decode_inputs()
         # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
-        logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots)
+        logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots, **self._adapter_kw(running))
         next_tokens, entries = sample(logits, [s.sampler for s in running])
         return [Accepted([token], 0, 0, None if entry is None else [entry])
                 for token, entry in zip(next_tokens.tolist(), entries, strict=True)]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter, Reporter
+from neuronpack.runtime.adapters import ServedModels
 from neuronpack.runtime.engine import Engine, EngineLimits
 from neuronpack.runtime.speculation.config import SpeculationConfig
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
@@ -31,6 +32,16 @@ class LoadedEngine:
     manifest: Manifest
     served_model_name: str
     load_seconds: float
+    artifact_dir: Path | None = None
+
+    def served_models(self) -> ServedModels:
+        """The names this engine answers to: the served model name, then each LoRA adapter (``root`` its copy
+        inside the artifact)."""
+        from neuronpack.checkpoint.lora import lora_path
+
+        names = self.engine.adapter_names
+        roots = {n: str(self.artifact_dir / lora_path(n)) for n in names} if self.artifact_dir else {}
+        return ServedModels([self.served_model_name], names, roots=roots)
 
 
 def served_model_name(manifest: Manifest, artifact_dir: Path) -> str:
@@ -79,7 +90,8 @@ def load_engine(
         limits=limits,
         speculation=SpeculationConfig.from_dict(recorded, artifact_dir) if recorded and speculation else None,
     )
-    return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started)
+    return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started,
+                        artifact_dir)
 
 
 def configure_threads(num_threads: int | None = None) -> int:

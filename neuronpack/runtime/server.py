@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from neuronpack.errors import InvalidRequestError, ServeError, ServerBusyError
 from neuronpack.runtime import openai_responses as resp
 from neuronpack.runtime import openai_schema as oa
+from neuronpack.runtime.adapters import ServedModels
 from neuronpack.runtime.engine import Engine, GenerationRequest, StepOutput
 from neuronpack.runtime.http_limits import BodySizeLimit, ServerLimits, serve_gracefully
 from neuronpack.runtime.limits import DEFAULT_SHUTDOWN_GRACE, RETRY_AFTER_SECONDS
@@ -71,15 +72,19 @@ def create_app(
     manage_engine: bool = True,
     model_info: dict[str, Any] | None = None,
     limits: ServerLimits | None = None,
+    adapter_roots: dict[str, str] | None = None,
 ) -> FastAPI:
     """The FastAPI app for ``engine``. With ``manage_engine`` the app starts the engine thread on startup and stops it
     on shutdown. ``served_model_name`` (one or several names) is what requests must put in ``model``; the published
-    OpenAPI document declares them. ``limits`` caps the request body (the engine's own limits bound the queue).
+    OpenAPI document declares them. The engine's LoRA adapters are served under their own names too (vLLM's
+    ``--lora-modules``; ``adapter_roots`` says where each lives, for ``/v1/models``): a request's ``model`` picks
+    one. ``limits`` caps the request body (the engine's own limits bound the queue).
 
     Example: ``TestClient(create_app(engine, served_model_name="tiny")).get("/v1/models").json()["data"][0]["id"]``
     is ``"tiny"``.
     """
-    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+    base = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+    served = ServedModels(base, engine.adapter_names, roots=adapter_roots or {})
     # Chat templates (and memory releases) run on a few threads of the app's own rather than one pooled thread per
     # concurrent request: every thread that allocates gets a malloc arena whose freed memory stays resident
     # (bench/serve_memory.py).
@@ -108,7 +113,7 @@ def create_app(
             engine.metrics.rejected.labels(reason="body_too_large").inc()
 
         app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes, on_reject=count_rejection)
-    declare_served_models(app, names, with_api_key=bool(api_key))
+    declare_served_models(app, served.names, with_api_key=bool(api_key))
     created = int(time.time())
 
     @app.get("/health")
@@ -121,21 +126,17 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "neuronpack",
-             "max_model_len": engine.max_model_len, **(model_info or {})}
-            for name in names
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list",
+                "data": served.cards(created=created, max_model_len=engine.max_model_len, base_info=model_info)}
 
     @app.post("/v1/completions")
     async def completions(body: oa.CompletionRequest, request: Request) -> Response:
-        _check_request(body, names)
+        adapter = _check_request(body, served)
         body.refuse_unsupported()
         prompts = body.prompts()
         prompt_ids = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        gen_requests = [_generation_request(body, ids, body.max_tokens, index=i, prompt_logprobs=body.prompt_logprobs)
-                        for ids in prompt_ids for i in range(body.n)]
+        gen_requests = [_generation_request(body, ids, body.max_tokens, index=i, prompt_logprobs=body.prompt_logprobs,
+                                            adapter=adapter) for ids in prompt_ids for i in range(body.n)]
         request_id = f"cmpl-{uuid.uuid4().hex}"
         group = RequestGroup(engine, gen_requests, n=body.n)  # validates every prompt first: 400 before any stream
         # Decoded only once validated (schemathesis: echo with a token id outside the vocabulary was a 500).
@@ -153,12 +154,12 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, request: Request) -> Response:
-        _check_request(body, names)
+        adapter = _check_request(body, served)
         body.refuse_unsupported()
         messages = [m.as_template_dict() for m in body.messages]
         prompt_ids = await asyncio.get_running_loop().run_in_executor(blocking_pool, engine.tokenizer.encode_chat,
                                                                       messages)
-        gen_requests = [_generation_request(body, prompt_ids, body.completion_limit, index=i)
+        gen_requests = [_generation_request(body, prompt_ids, body.completion_limit, index=i, adapter=adapter)
                         for i in range(body.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         group = RequestGroup(engine, gen_requests, n=body.n)
@@ -186,12 +187,15 @@ def run_server(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_l
 # ---- request building ----------------------------------------------------------------------------------------
 
 
-def _check_request(body: Any, names: list[str]) -> None:
-    """Text the tokenizer can encode (no lone UTF-16 surrogate anywhere), then a served model name."""
+def _check_request(body: Any, served: ServedModels) -> int:
+    """Text the tokenizer can encode (no lone UTF-16 surrogate anywhere), then a served model name; returns its
+    adapter slot (0: the base model)."""
     _refuse_lone_surrogates(body.model_dump(exclude_none=True), "")
-    if body.model not in names:
-        raise _HTTPError(404, f"The model `{body.model}` does not exist. Served models: {', '.join(names)}",
+    adapter = served.adapter_slot(body.model)
+    if adapter is None:
+        raise _HTTPError(404, f"The model `{body.model}` does not exist. Served models: {', '.join(served.names)}",
                          "invalid_request_error", param="model", code="model_not_found")
+    return adapter
 
 
 def _refuse_lone_surrogates(value: Any, where: str) -> None:
@@ -214,8 +218,9 @@ def _refuse_lone_surrogates(value: Any, where: str) -> None:
 
 
 def _generation_request(body: Any, prompt_ids: list[int], max_tokens: int | None, *, index: int = 0,
-                        prompt_logprobs: int | None = None) -> GenerationRequest:
+                        prompt_logprobs: int | None = None, adapter: int = 0) -> GenerationRequest:
     return GenerationRequest(
+        adapter=adapter,
         prompt_ids=tuple(prompt_ids),
         sampling=body.sampling_params(index),
         max_tokens=max_tokens,

@@ -135,7 +135,8 @@ def test_torch_version_mismatch_is_refused(smollm_export, tmp_path):
 
 @pytest.mark.parametrize(("recipe", "what"), [
     ({"speculation": {"kind": "draft", "draft": "d"}}, "speculation"),
-    ({"lora": {"adapters": [{"name": "a", "path": "p"}]}}, "lora"),
+    ({"lora": {"adapters": [{"name": "a", "path": "p"}, {"name": "b", "path": "p"}]}}, "lora.max_loras = 2"),
+    ({"lora": {"adapters": [{"name": "a", "path": "p"}], "target_modules": ["lm_head"]}}, "lm_head"),
     ({"target": {"tp_degree": 2, "seq_len": 128}}, "tp_degree"),
     ({"target": {"instance": "trn1", "seq_len": 128}}, "instance"),
 ])
@@ -172,3 +173,12 @@ def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
     assert config["max_step_tokens"] == config["max_context_length"]  # no speculation: the longest prompt
     assert config["kv_cache_positions"] == 129  # seq_len + one spare position
     json.dumps(config)  # plain JSON: goes into the key
+
+
+def test_an_adapter_path_in_neuron_config_that_leaves_the_artifact_is_refused(tmp_path):
+    from neuronpack.backends.torch_aot.lora import attach_artifact_lora
+
+    section = {"max_loras": 1, "max_rank": 8, "target_modules": ["q_proj"],
+               "adapters": [{"name": "sql", "path": "../outside", "rank": 8}]}
+    with pytest.raises(ArtifactError, match="escapes the artifact"):
+        attach_artifact_lora(None, {"lora": section}, tmp_path)  # refused before the model is touched

@@ -38,12 +38,10 @@ def _request(recipe, model_dir: Path, staging: Path, draft_dir: Path | None = No
                         draft_dir=draft_dir)
 
 
-def _adapter(root: Path, name: str) -> Path:
-    path = root / name
-    path.mkdir(parents=True)
-    (path / "adapter_config.json").write_text(json.dumps({"r": 8, "target_modules": ["q_proj"]}))
-    (path / "adapter_model.safetensors").write_bytes(b"\0" * 16)
-    return path
+def _adapter(root: Path, name: str, model_dir: Path) -> Path:
+    from tests.lora_adapters import make_peft_adapter
+
+    return make_peft_adapter(model_dir, root / name, rank=8, target_modules=("q_proj",))
 
 
 def test_lora_artifact_carries_its_adapters_and_reloads_after_they_are_gone(tiny_llama, tmp_path, nxd_sdk,
@@ -51,7 +49,7 @@ def test_lora_artifact_carries_its_adapters_and_reloads_after_they_are_gone(tiny
     from neuronpack.pipeline import compile_model
 
     adapters = tmp_path / "adapters"
-    sql = _adapter(adapters, "sql")
+    sql = _adapter(adapters, "sql", tiny_llama)
     recipe = tmp_path / "lora.toml"
     recipe.write_text(f'[lora]\nmax_rank = 16\nadapters = [{{name = "sql", path = "{sql}"}}]\n')
     art = compile_model(str(tiny_llama), recipe=recipe, overrides=TINY, out_root=tmp_path / "root").path

@@ -5,6 +5,7 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
     graphs.pt2           AOTInductor package (layer and head graphs, weights are their inputs) or exported programs
     weights/             model.safetensors (+ shards/index) in the recipe dtype, and a copy of config.json
     draft/               [speculation] kind = "eagle": the converted EAGLE draft (runs eagerly at serve time)
+    lora/<name>/         with [lora]: each PEFT adapter as given (stacked into the layers' lora_A / lora_B at load)
     neuron_config.json   batch, lengths, buckets, dtype, compiler, target: what the loader needs
     config.json, tokenizer files, generation_config.json
 
@@ -24,6 +25,12 @@ from typing import TYPE_CHECKING, Any
 from neuronpack.backends.torch_aot import layout as L
 from neuronpack.backends.torch_aot.compile import compile_graphs
 from neuronpack.backends.torch_aot.layout import DRAFT_DIR, FORMAT, FORMAT_VERSION, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.lora import (
+    attach_artifact_lora,
+    check_lora_recipe,
+    copy_artifact_adapters,
+    lora_section,
+)
 from neuronpack.backends.torch_aot.target import current_target, effective_compiler
 from neuronpack.errors import CheckpointError, RecipeError
 from neuronpack.models.config import ModelConfig
@@ -75,6 +82,7 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "max_step_tokens": max(plan.max_context_length, (recipe.speculation.length + 1) if recipe.speculation else 1),
         "speculation": speculation_config(recipe, dtype),  # what the runtime speculates with (None: it does not)
         "target": current_target(compiler, recipe.instance_for("torch")),
+        "lora": lora_section(recipe.lora, request.adapter_dirs()),
     }
 
 
@@ -96,7 +104,6 @@ def check_recipe(recipe) -> None:
         (recipe.speculation is not None and recipe.speculation.kind == "draft",
          'speculation kind "draft"',
          'set [speculation] kind = "eagle" or "prompt_lookup", or use framework nxd for draft-model speculation'),
-        (recipe.lora is not None, "lora", "remove [lora] or use framework nxd"),
         (recipe.target.tp_degree != 1, "target.tp_degree > 1", "set target.tp_degree = 1 for the torch backend"),
         (bool(recipe.quantization and recipe.quantization.kv_cache), "quantization.kv_cache",
          "set quantization.kv_cache = false for the torch backend"),
@@ -106,6 +113,7 @@ def check_recipe(recipe) -> None:
     for bad, what, fix in unsupported:
         if bad:
             raise RecipeError(f"{what} is not supported by the torch backend", where="recipe", fix=fix)
+    check_lora_recipe(recipe.lora)
 
 
 def read_hf_config(model_dir: Path) -> dict[str, Any]:
@@ -139,6 +147,8 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     write_weights(model, request.model_dir, staging / WEIGHTS_DIR, reporter)
     shutil.copy2(Path(request.model_dir) / "config.json", staging / "config.json")
     copy_aux_files(request.model_dir, staging)
+    copy_artifact_adapters(config, request.adapter_dirs(), staging)
+    attach_artifact_lora(model, config, staging)  # after write_weights: the artifact keeps the PEFT copies only
     seconds = compile_graphs(model, request.plan, config, staging, reporter)
     (staging / NEURON_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {"bucket_seconds": seconds, "compiler": config["compiler"]}

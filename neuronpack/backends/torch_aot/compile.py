@@ -124,11 +124,13 @@ def compile_in_this_process(weights_dir: Path, config: dict, limits, names: list
     """The worker's job: reload the staged weights, compile ``names``; yield (name, files, seconds) for each."""
     import torch
 
+    from neuronpack.backends.torch_aot.lora import attach_artifact_lora
     from neuronpack.checkpoint import open_checkpoint
     from neuronpack.models.loading import load_model
 
     model = load_model(open_checkpoint(Path(weights_dir)), getattr(torch, config["torch_dtype"]),
                        max_seq_len=limits.max_seq)
+    attach_artifact_lora(model, config, Path(weights_dir).parent)  # the staging dir: its lora/ copies
     for name in names:
         yield _compile_timed(model, name, limits, config)
 

@@ -15,6 +15,9 @@ KV cache: a layer reads its cache rows and returns the keys and values of the to
 Layers whose tensors differ (a quantization ``skip`` keeps some float) get a layer graph pair per kind of layer:
 ``layer_step.1`` and so on (``layer_groups``).
 
+With LoRA (``[lora]``) a layer's tensors include its ``lora_A`` / ``lora_B`` stacks and both layer graphs take one
+more input, the per-row adapter mask [b, 1, max_loras * max_rank] (``LoraLayerGraph``; see models/lora.py).
+
 Example::
 
     limits = GraphLimits(batch_size=4, max_tokens=512, max_seq=1024)
@@ -74,6 +77,17 @@ class LayerGraph(WeightsAsInputs):
 
         masks = StepMasks(past=past, new=causal_mask(x.shape[1], self.group))
         return self.call(weights, x, cos, sin, masks, k_rows, v_rows)
+
+
+class LoraLayerGraph(LayerGraph):
+    """A decoder layer with LoRA: (weights, x, cos, sin, past mask, k rows, v rows, adapter mask) -> (x, k, v)."""
+
+    def forward(self, weights: dict[str, Tensor], x: Tensor, cos: Tensor, sin: Tensor, past: Tensor,
+                k_rows: Tensor, v_rows: Tensor, lora: Tensor):
+        from neuronpack.models.llama import StepMasks, causal_mask
+
+        masks = StepMasks(past=past, new=causal_mask(x.shape[1], self.group))
+        return self.call(weights, x, cos, sin, masks, k_rows, v_rows, lora)
 
 
 class FinalHead(nn.Module):
@@ -144,6 +158,10 @@ def _graph_and_inputs(lm: LlamaForCausalLM, name: str, limits: GraphLimits):
     cfg = lm.config
     dtype = lm.model.embed_tokens.weight.dtype
     meta = build_model(cfg, dtype, _int8_prefixes(lm))  # structure only: weights are inputs
+    if lm.lora_layout is not None:
+        from neuronpack.models.lora import attach_lora
+
+        attach_lora(meta, lm.lora_layout, device="meta")
     b, t = _example_size(limits.batch_size), _example_size(limits.max_tokens)
     batch, tokens = _dim("batch", limits.batch_size), _dim("tokens", limits.max_tokens)
     if name == HEAD:
@@ -166,6 +184,9 @@ def _graph_and_inputs(lm: LlamaForCausalLM, name: str, limits: GraphLimits):
     args = (weights, x, rope, rope.clone(), past, rows, rows.clone())
     shapes = ({n: None for n in weights}, {0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens},
               {0: batch, 3: _dim("attend_len", limits.max_seq)}, row, row)
+    if lm.lora_layout is not None:  # the per-row adapter mask
+        args += (torch.zeros(b, 1, lm.lora_layout.width, dtype=dtype),)
+        return LoraLayerGraph(meta.model.layers[index], cfg.queries_per_kv), args, (*shapes, row)
     return LayerGraph(meta.model.layers[index], cfg.queries_per_kv), args, shapes
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.torch_aot import layout as L
 from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.lora import adapter_names, attach_artifact_lora
 from neuronpack.backends.torch_aot.rows import RowMap
 from neuronpack.backends.torch_aot.target import current_target, target_mismatch
 from neuronpack.errors import ArtifactError, BucketError
@@ -92,6 +93,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(artifact_dir / WEIGHTS_DIR), dtype, max_seq_len=config["seq_len"],
                        reporter=reporter)
+    attach_artifact_lora(model, config, artifact_dir)  # the lora_A / lora_B stacks, from lora/<name>/
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
         runners = _load_runners(artifact_dir / GRAPHS_FILE, config, task)
     return CompiledLM(config, model, runners, _eos_token_ids(artifact_dir))
@@ -137,34 +139,40 @@ class CompiledLM:
         self._row_views = [([self.k_cache[i, :n] for i in layers], [self.v_cache[i, :n] for i in layers])
                            for n in range(self.batch_size + 1)]
         self._rows = RowMap(self.batch_size)
+        # LoRA: adapter index k (1-based) is adapter_names[k - 1]; a LoRA artifact's graph takes one index per row
+        self.adapter_names: tuple[str, ...] = adapter_names(config)
+        self._lora = bool(config.get("lora"))
 
-    def _run_layer(self, i: int, x, cos, sin, masks, k_rows, v_rows):
+    def _run_layer(self, i: int, x, cos, sin, masks, k_rows, v_rows, *lora):
         decode, step = self._layer_graphs[i]
         graph = decode if x.shape[1] == 1 else step
-        return graph(self._layer_inputs[i], x, cos, sin, masks.past, k_rows, v_rows)
+        return graph(self._layer_inputs[i], x, cos, sin, masks.past, k_rows, v_rows, *lora)
 
     def _run_head(self, hidden, logit_index):
         return self._head(self._head_inputs, hidden, logit_index)
 
-    def _step(self, tokens, starts, n_past: int, logit_index, n_rows: int):
-        """One ``forward_step`` over cache rows 0..n_rows-1 -> (logits, hidden, new K, new V)."""
+    def _step(self, tokens, starts, n_past: int, logit_index, n_rows: int, adapters=None):
+        """One ``forward_step`` over cache rows 0..n_rows-1 -> (logits, hidden, new K, new V); ``adapters``: the
+        rows' LoRA indices as a tensor (LoRA artifacts only)."""
         k, v = self._row_views[n_rows]
         return self._model.forward_step(tokens, starts, n_past, k, v, logit_index, run_layer=self._run_layer,
-                                        run_head=self._run_head)
+                                        run_head=self._run_head, adapters=adapters)
 
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], return_hidden: bool = False):
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                adapters: Sequence[int] | None = None, return_hidden: bool = False):
         """Write each prompt's KV into its slot (positions 0..len-1) in one graph call; return float32 logits
         [len(slots), vocab] of each prompt's last token, with ``return_hidden`` also the final-normed hidden states
         [len(slots), longest prompt, hidden] (row i valid up to its prompt's length; what EAGLE drafts read).
-        A prompt longer than the largest context bucket -> BucketError."""
+        ``adapters``: each prompt's LoRA adapter index (0 or None: the base model). A prompt longer than the largest
+        context bucket -> BucketError."""
         import torch
 
         self._check_prefill(slots, prompts)
         with torch.inference_mode():
-            logits, hidden = self._run_prefill(slots, prompts)
+            logits, hidden = self._run_prefill(slots, prompts, adapters)
         return (logits[:, 0], hidden) if return_hidden else logits[:, 0]
 
-    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0) -> torch.Tensor:
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> torch.Tensor:
         """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last
         row is what ``prefill`` returns). One graph pass: like ``prefill`` it writes the prompt's KV into ``slot``,
         so decoding can continue from position len(token_ids)."""
@@ -172,10 +180,10 @@ class CompiledLM:
 
         self._check_prefill([slot], [token_ids])
         with torch.inference_mode():
-            _, hidden = self._run_prefill([slot], [token_ids])
+            _, hidden = self._run_prefill([slot], [token_ids], [adapter])
             return self._lm_head(hidden[0, : len(token_ids)]).float()
 
-    def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]):
+    def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], adapters=None):
         """One step-graph call for every prompt, right padded to the longest (later steps mask the padding by
         position). The graph reads no cache (every start is 0) and the prompts' KV go to their own rows."""
         import torch
@@ -188,29 +196,34 @@ class CompiledLM:
         rows = self._rows.rows(slots)
         starts = torch.zeros(len(prompts), dtype=torch.long)
         # Rows 0..n-1 are read, all masked (nothing lies below position 0); the KV goes to the prompts' own rows.
-        logits, hidden, new_k, new_v = self._step(tokens, starts, 1, last, len(prompts))
+        lora = self._adapter_input(adapters, len(prompts))
+        logits, hidden, new_k, new_v = self._step(tokens, starts, 1, last, len(prompts), *lora)
         self._store(torch.tensor(rows), starts, new_k, new_v)
         for row in rows:
             self._rows.wrote(row, width)
         return logits, hidden
 
-    def decode(self, tokens, positions, slots: Sequence[int] | None = None) -> torch.Tensor:
+    def decode(self, tokens, positions, slots: Sequence[int] | None = None,
+               adapters: Sequence[int] | None = None) -> torch.Tensor:
         """One step for ``slots`` (default: every slot): tokens and positions int64, one per slot, in slot order;
         returns float32 logits [len(slots), vocab] in the same order. Only the given slots run (the graph's
-        batch is len(slots)), each attending to its cached positions below its own."""
+        batch is len(slots)), each attending to its cached positions below its own. ``adapters``: each slot's
+        LoRA adapter index (0 or None: the base model)."""
         import torch
 
         slots = list(range(self.batch_size)) if slots is None else list(slots)
         tokens, positions = self._check_decode(tokens, positions, slots)
-        logits, _ = self._run_rows(slots, tokens.view(-1, 1), positions, torch.zeros(len(slots), 1, dtype=torch.long))
+        logits, _ = self._run_rows(slots, tokens.view(-1, 1), positions, torch.zeros(len(slots), 1, dtype=torch.long),
+                                   adapters)
         return logits[:, 0]
 
     def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
-               return_hidden: bool = False):
+               return_hidden: bool = False, adapters: Sequence[int] | None = None):
         """Run T tokens per slot in one step (speculative verification): row i's tokens at positions
         ``starts[i]..starts[i]+T-1``; their KV is written. Returns float32 logits [n, T, vocab] (``[i, j]`` scores
         the token after ``token_rows[i][j]``), with ``return_hidden`` also the final-normed hidden states
-        [n, T, hidden]. Positions past what the caller keeps are harmless: later steps overwrite them."""
+        [n, T, hidden]. Positions past what the caller keeps are harmless: later steps overwrite them.
+        ``adapters``: each slot's LoRA adapter index (0 or None: the base model)."""
         import torch
 
         slots = list(slots)
@@ -225,14 +238,30 @@ class CompiledLM:
         positions = torch.as_tensor(list(starts), dtype=torch.long)
         self._check_decode(tokens[:, 0], positions + (width - 1), slots)
         index = torch.arange(width).expand(len(slots), width)
-        logits, hidden = self._run_rows(slots, tokens, positions, index)
+        logits, hidden = self._run_rows(slots, tokens, positions, index, adapters)
         return (logits, hidden) if return_hidden else logits
 
-    def _run_rows(self, slots: list[int], tokens, starts, logit_index):
+    def _adapter_input(self, adapters: Sequence[int] | None, n: int) -> tuple:
+        """The step graph's adapters argument: () for an artifact without LoRA, else one int64 index per row."""
+        import torch
+
+        if adapters is not None:
+            adapters = [int(a) for a in adapters]
+            if len(adapters) != n:
+                raise ValueError(f"{n} rows need {n} adapter indices, got {len(adapters)}")
+            if not all(0 <= a <= len(self.adapter_names) for a in adapters):
+                raise ValueError(f"adapter indices {adapters} must be in 0..{len(self.adapter_names)} (0: none; "
+                                 f"this artifact's adapters: {', '.join(self.adapter_names) or 'none'})")
+        if not self._lora:
+            return ()
+        return (torch.tensor(adapters if adapters is not None else [0] * n, dtype=torch.long),)
+
+    def _run_rows(self, slots: list[int], tokens, starts, logit_index, adapters=None):
         """Pack ``slots`` into rows 0..n-1, run one step over them, store the new KV; outputs in slot order."""
         import torch
 
         n = len(slots)
+        lora = self._adapter_input(adapters, n)
         self._pack(slots)
         rows = self._rows.rows(slots)
         permuted = rows != list(range(n))
@@ -241,9 +270,10 @@ class CompiledLM:
             tokens = torch.empty_like(tokens).index_copy_(0, order, tokens)
             starts = torch.empty_like(starts).index_copy_(0, order, starts)
             logit_index = torch.empty_like(logit_index).index_copy_(0, order, logit_index)
+            lora = tuple(torch.empty_like(a).index_copy_(0, order, a) for a in lora)
         n_past = max(1, int(starts.max()))  # cached positions any row reads (at least 1: a dimension of 0 fails)
         with torch.inference_mode():
-            logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, n)
+            logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, n, *lora)
             self._store(torch.arange(n), starts, new_k, new_v)
         width = tokens.shape[1]
         for row, start in zip(range(n), starts.tolist(), strict=True):
