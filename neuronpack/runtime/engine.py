@@ -85,7 +85,7 @@ class CompiledModel(Protocol):
     adapter_names: tuple[str, ...]  # LoRA adapters (index k is adapter_names[k - 1]); models without: ()
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                adapters: Sequence[int] | None = None) -> Tensor: ...
+                adapters: Sequence[int] | None = None, return_hidden: bool = False): ...
 
     def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None,
                adapters: Sequence[int] | None = None) -> Tensor: ...
@@ -478,14 +478,23 @@ class Engine:
                 else:
                     self._emit(member, [int(tokens[i])], None if entries[i] is None else [entries[i]], prompt_lp)
 
+    def _prefill_call(self, seqs: list[RequestState]) -> Tensor:
+        """The prefill call; a proposer that drafts from the target's hidden states (EAGLE) gets the prompts'."""
+        slots, prompts = [s.slot for s in seqs], [s.prompt_ids for s in seqs]
+        proposer = self.speculator.proposer if self.speculator is not None else None
+        if proposer is None or not proposer.needs_hidden_states:
+            return self.model.prefill(slots, prompts, **self._adapter_kw(seqs))
+        logits, hidden = self.model.prefill(slots, prompts, return_hidden=True)  # speculation excludes LoRA
+        proposer.prefilled([s.request_id for s in seqs], [hidden[i, : len(p)] for i, p in enumerate(prompts)])
+        return logits
+
     def _prefill_together(self, seqs: list[RequestState]) -> dict[int, Tensor]:
         """One ``prefill`` call for ``seqs``; returns each one's [1, vocab] logits by id. On failure every one of
         them (and its forks) finishes with an error and gets no entry."""
         if not seqs:
             return {}
         try:
-            logits = self.model.prefill([s.slot for s in seqs], [s.prompt_ids for s in seqs],  # [n, vocab]
-                                        **self._adapter_kw(seqs))
+            logits = self._prefill_call(seqs)  # [n, vocab]
         except Exception as exc:
             for seq in seqs:
                 members, seq.forks = [seq, *seq.forks], []

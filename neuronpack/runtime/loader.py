@@ -88,7 +88,7 @@ def load_engine(
         max_model_len=manifest.serve.max_model_len,
         global_topk=manifest.recipe.sampling.global_topk,
         limits=limits,
-        speculation=SpeculationConfig.from_dict(recorded) if recorded and speculation else None,
+        speculation=SpeculationConfig.from_dict(recorded, artifact_dir) if recorded and speculation else None,
     )
     return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started,
                         artifact_dir)

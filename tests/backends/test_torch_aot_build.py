@@ -134,7 +134,7 @@ def test_torch_version_mismatch_is_refused(smollm_export, tmp_path):
 
 
 @pytest.mark.parametrize(("recipe", "what"), [
-    ({"speculation": {"draft": "d"}}, "speculation"),
+    ({"speculation": {"kind": "draft", "draft": "d"}}, "speculation"),
     ({"lora": {"adapters": [{"name": "a", "path": "p"}, {"name": "b", "path": "p"}]}}, "lora.max_loras = 2"),
     ({"lora": {"adapters": [{"name": "a", "path": "p"}], "target_modules": ["lm_head"]}}, "lm_head"),
     ({"target": {"tp_degree": 2, "seq_len": 128}}, "tp_degree"),
@@ -158,9 +158,12 @@ def test_prompt_lookup_is_recorded_for_the_runtime(tiny_llama, tmp_path):
         "kind": "prompt_lookup", "length": 32}, target={"batch_size": 2, "seq_len": 128, "max_context_length": 16},
         buckets={"context": [16], "token_generation": [128]}))
     assert long["max_step_tokens"] == 33  # the step graph verifies the last token + 32 drafts
-    with pytest.raises(RecipeError, match="kind 'eagle'") as info:
-        TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "e", speculation={"draft": "d"}))
-    assert 'kind = "prompt_lookup"' in info.value.fix
+    with pytest.raises(RecipeError, match='kind "draft"') as info:
+        TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "d", speculation={"kind": "draft",
+                                                                                             "draft": "d"}))
+    assert 'kind = "eagle" or "prompt_lookup"' in info.value.fix
+    eagle = TorchAotBackend().compile_config(tiny_request(tiny_llama, tmp_path / "e", speculation={"draft": "d"}))
+    assert eagle["speculation"] == {"kind": "eagle", "length": 4, "draft": "draft", "draft_dtype": "float32"}
 
 
 def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):

@@ -31,6 +31,16 @@ def build_artifact(model_dir: Path, out_root: Path, overrides: list[str] = EXPOR
                          out_root=out_root).path
 
 
+def run_all(engine, requests) -> dict[str, list[int]]:
+    """Submit every request at once (more than the 4 slots: some wait) and step until all finish."""
+    outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    for r in requests:
+        engine.submit(r, lambda out, rid=r.request_id: outputs[rid].extend(out.token_ids))
+    while engine.step():
+        pass
+    return outputs
+
+
 @lru_cache(maxsize=4)
 def _hf_model(model_dir: str):
     import transformers

@@ -17,7 +17,7 @@ from neuronpack.runtime.metrics import metric_value
 from neuronpack.runtime.sampling import SamplingParams
 from neuronpack.runtime.server import create_app
 from neuronpack.runtime.speculation.config import SpeculationConfig
-from tests.runtime.serving import LiveServer
+from tests.runtime.serving import LiveServer, run_all
 
 GREEDY = SamplingParams(temperature=0.0)
 K = 3
@@ -36,16 +36,6 @@ def engines(spec_lm, spec_tokenizer):
 def request(tok, text, max_tokens=40, **kwargs) -> GenerationRequest:
     return GenerationRequest(prompt_ids=tuple(tok.encode(text)), sampling=kwargs.pop("sampling", GREEDY),
                              max_tokens=max_tokens, **kwargs)
-
-
-def run_all(engine, requests) -> dict[str, list[int]]:
-    """Submit every request at once (more than the 4 slots: some wait) and step until all finish."""
-    outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    for r in requests:
-        engine.submit(r, lambda out, rid=r.request_id: outputs[rid].extend(out.token_ids))
-    while engine.step():
-        pass
-    return outputs
 
 
 def test_the_artifact_records_its_speculation(spec_lm, spec_artifact):

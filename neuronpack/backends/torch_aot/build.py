@@ -4,6 +4,7 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
 
     graphs.pt2           AOTInductor package (layer and head graphs, weights are their inputs) or exported programs
     weights/             model.safetensors (+ shards/index) in the recipe dtype, and a copy of config.json
+    draft/               [speculation] kind = "eagle": the converted EAGLE draft (runs eagerly at serve time)
     lora/<name>/         with [lora]: each PEFT adapter as given (stacked into the layers' lora_A / lora_B at load)
     neuron_config.json   batch, lengths, buckets, dtype, compiler, target: what the loader needs
     config.json, tokenizer files, generation_config.json
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.torch_aot import layout as L
 from neuronpack.backends.torch_aot.compile import compile_graphs
-from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.layout import DRAFT_DIR, FORMAT, FORMAT_VERSION, NEURON_CONFIG, WEIGHTS_DIR
 from neuronpack.backends.torch_aot.lora import (
     attach_artifact_lora,
     check_lora_recipe,
@@ -79,17 +80,20 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size,
         # Tokens (and logits) per row one step runs: the longest prompt, at least speculation length + 1 (verify).
         "max_step_tokens": max(plan.max_context_length, (recipe.speculation.length + 1) if recipe.speculation else 1),
-        "speculation": speculation_config(recipe),  # what the runtime speculates with (None: it does not)
+        "speculation": speculation_config(recipe, dtype),  # what the runtime speculates with (None: it does not)
         "target": current_target(compiler, recipe.instance_for("torch")),
         "lora": lora_section(recipe.lora, request.adapter_dirs()),
     }
 
 
-def speculation_config(recipe) -> dict[str, Any] | None:
-    """What the runtime speculates with (None: no speculation): kind, length and the n-gram sizes of prompt lookup."""
+def speculation_config(recipe, dtype: str) -> dict[str, Any] | None:
+    """What the runtime speculates with (None: no speculation): kind, length, the n-gram sizes of prompt lookup, and
+    for EAGLE the draft's directory inside the artifact and the dtype it runs in (the target's)."""
     spec = recipe.speculation
     if spec is None:
         return None
+    if spec.kind == "eagle":
+        return {"kind": spec.kind, "length": spec.length, "draft": DRAFT_DIR, "draft_dtype": dtype}
     return {"kind": spec.kind, "length": spec.length, "prompt_lookup_min": spec.prompt_lookup_min,
             "prompt_lookup_max": spec.prompt_lookup_max}
 
@@ -97,9 +101,9 @@ def speculation_config(recipe) -> dict[str, Any] | None:
 def check_recipe(recipe) -> None:
     """Refuse recipe features the portable backend does not implement (one clear line each)."""
     unsupported = [
-        (recipe.speculation is not None and recipe.speculation.kind != "prompt_lookup",
-         f"speculation kind {recipe.speculation.kind!r}" if recipe.speculation else "",
-         'set [speculation] kind = "prompt_lookup", or use framework nxd for draft-model speculation'),
+        (recipe.speculation is not None and recipe.speculation.kind == "draft",
+         'speculation kind "draft"',
+         'set [speculation] kind = "eagle" or "prompt_lookup", or use framework nxd for draft-model speculation'),
         (recipe.target.tp_degree != 1, "target.tp_degree > 1", "set target.tp_degree = 1 for the torch backend"),
         (bool(recipe.quantization and recipe.quantization.kv_cache), "quantization.kv_cache",
          "set quantization.kv_cache = false for the torch backend"),
@@ -135,6 +139,8 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(request.model_dir), dtype, max_seq_len=request.plan.seq_len,
                        reporter=reporter)
+    if config["speculation"] and config["speculation"]["kind"] == "eagle":
+        copy_eagle_draft(request.draft_dir, staging / DRAFT_DIR, dtype)  # checked before the compile
     groups = layer_groups(model)
     config["layer_graphs"] = groups  # layer -> its kind of layer graph (one kind unless some layers differ)
     config["graphs"] = {name: name for name in graph_names(groups)}  # graph -> model name in graphs.pt2
@@ -146,6 +152,23 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     seconds = compile_graphs(model, request.plan, config, staging, reporter)
     (staging / NEURON_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {"bucket_seconds": seconds, "compiler": config["compiler"]}
+
+
+def copy_eagle_draft(draft_dir: Path | None, out: Path, dtype) -> None:
+    """Copy the converted EAGLE draft (safetensors, index, config.json, convert-eagle's manifest) into the artifact,
+    after loading it once as the runtime will (a draft the runtime cannot run fails the build here)."""
+    from neuronpack.convert.eagle import MANIFEST
+    from neuronpack.models.eagle import load_eagle_draft
+
+    if draft_dir is None:
+        raise RecipeError('speculation kind "eagle" needs a draft', where="recipe [speculation]",
+                          fix="set speculation.draft to the EAGLE draft's directory")
+    load_eagle_draft(Path(draft_dir), dtype)
+    out.mkdir(parents=True)
+    for path in sorted(Path(draft_dir).iterdir()):
+        if path.is_file() and (path.suffix == ".safetensors" or path.name in (
+                "config.json", "model.safetensors.index.json", MANIFEST)):
+            shutil.copy2(path, out / path.name)
 
 
 def write_weights(model, model_dir: Path, out: Path, reporter) -> None:

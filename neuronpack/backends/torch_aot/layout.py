@@ -17,6 +17,7 @@ FORMAT = "neuronpack-torch"
 FORMAT_VERSION = 3
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
+DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")
 NEURON_CONFIG = "neuron_config.json"
 LAYER_STEP, LAYER_DECODE, HEAD = "layer_step", "layer_decode", "head"
 

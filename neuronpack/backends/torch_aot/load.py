@@ -159,15 +159,18 @@ class CompiledLM:
                                         run_head=self._run_head, adapters=adapters)
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                adapters: Sequence[int] | None = None) -> torch.Tensor:
+                adapters: Sequence[int] | None = None, return_hidden: bool = False):
         """Write each prompt's KV into its slot (positions 0..len-1) in one graph call; return float32 logits
-        [len(slots), vocab] of each prompt's last token. ``adapters``: each prompt's LoRA adapter index (0 or None:
-        the base model). A prompt longer than the largest context bucket -> BucketError."""
+        [len(slots), vocab] of each prompt's last token, with ``return_hidden`` also the final-normed hidden states
+        [len(slots), longest prompt, hidden] (row i valid up to its prompt's length; what EAGLE drafts read).
+        ``adapters``: each prompt's LoRA adapter index (0 or None: the base model). A prompt longer than the largest
+        context bucket -> BucketError."""
         import torch
 
         self._check_prefill(slots, prompts)
         with torch.inference_mode():
-            return self._run_prefill(slots, prompts, adapters)[0][:, 0]
+            logits, hidden = self._run_prefill(slots, prompts, adapters)
+        return (logits[:, 0], hidden) if return_hidden else logits[:, 0]
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> torch.Tensor:
         """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last

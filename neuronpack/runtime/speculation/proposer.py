@@ -2,7 +2,7 @@
 
 A proposer gets, for every running sequence, its token ids (prompt + output; the last one is not in the KV cache
 yet) and how many drafts it may return at most, and answers a ``Draft`` per sequence (possibly empty). Drafts that
-come from a distribution (an EAGLE head sampling) carry it as ``probs`` [len, vocab] so rejection sampling can
+come from a distribution (a sampling draft model) carry it as ``probs`` [len, vocab] so rejection sampling can
 compare; deterministic drafts (prompt lookup, greedy drafts) leave it None: a one-hot distribution.
 
 ``PromptLookupProposer`` is vLLM's ``ngram`` method: find the longest n-gram (``min_n``..``max_n`` tokens) that ends
@@ -52,6 +52,10 @@ class Proposer(Protocol):
         """One Draft per request, at most ``max_tokens`` tokens each (empty when there is no guess)."""
         ...
 
+    def prefilled(self, request_ids: Sequence[str], hidden: Sequence[Tensor]) -> None:
+        """Called after a prefill when ``needs_hidden_states``: each prompt's target hidden states [len, H]."""
+        ...
+
     def verified(self, request_ids: Sequence[str], accepted: Sequence[int], hidden: Tensor | None) -> None:
         """After verification: how many drafts each request accepted, and the target's hidden states
         [n, T, hidden_size] when ``needs_hidden_states`` (else None)."""
@@ -70,6 +74,9 @@ class PromptLookupProposer:
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         return [Draft(lookup_draft(r.token_ids, self.min_n, self.max_n, r.max_tokens)) for r in requests]
+
+    def prefilled(self, request_ids: Sequence[str], hidden: Sequence[Tensor]) -> None:
+        return None
 
     def verified(self, request_ids: Sequence[str], accepted: Sequence[int], hidden: Tensor | None) -> None:
         return None

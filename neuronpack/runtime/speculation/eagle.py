@@ -1,0 +1,180 @@
+"""EAGLE proposer: drafts with an EAGLE-1/2 draft model (``neuronpack.models.eagle``) fed by the target's hidden states.
+
+Per running sequence it keeps the draft's own KV cache and the target hidden states not fed to the draft yet. For a
+sequence x_0..x_{n-1} (x_{n-1} not yet in the target's cache), draft position j holds the pair (x_{j+1}, h_j):
+
+- ``prefilled``: the prompt's hidden states h_0..h_{p-1} (from the prefill call) become pending.
+- ``propose``: the pending pairs (their tokens are known by now) run through the draft in one call and fill its
+  cache; its last output gives d1 = argmax; each further draft feeds (d_i, the draft's own output) at the next
+  position (greedy drafting: rejection sampling treats the draft as one-hot, which is exact for a deterministic
+  draft).
+- ``verified``: the hidden states of the positions the target kept (accepted drafts + 1) become pending; the draft's
+  tentative positions past them are overwritten by the next catch-up.
+
+A sequence whose prompt hidden states never came (prompt logprobs, forks of a parallel request) starts its draft
+context at its first verified position (RoPE is relative, so positions count from there). The running sequences
+draft together in eager PyTorch (no AOT graph for the draft yet): one catch-up call over all of them (rows right
+padded), then one call per further draft token; each sequence owns one row of the proposer's draft KV cache.
+
+Example::
+
+    proposer = EagleProposer(load_eagle_draft(Path("artifact/draft"), torch.float32))
+    proposer.prefilled(["r1"], [hidden_of_prompt])          # [p, H]
+    proposer.propose([DraftRequest("r1", ids, max_tokens=3)])[0].token_ids
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from neuronpack.models.eagle import EagleDraft
+from neuronpack.models.llama import store_kv
+from neuronpack.runtime.speculation.proposer import Draft, DraftRequest
+
+# Draft cache positions and rows allocated at first (both grow by doubling).
+INITIAL_CACHE, INITIAL_ROWS = 256, 4
+
+
+@dataclass
+class _Sequence:
+    """One sequence's draft state: its row of the draft cache; pairs ``base..filled-1`` are in it (at index
+    j - base); ``pending`` holds the target hidden states of positions ``filled..`` not fed yet; ``length`` its token
+    count at the last propose."""
+
+    row: int
+    base: int
+    filled: int
+    length: int = 0
+    pending: list[Tensor] = field(default_factory=list)  # [m, H] chunks
+
+    @property
+    def pending_count(self) -> int:
+        return sum(int(h.shape[0]) for h in self.pending)
+
+
+class EagleProposer:
+    """The ``Proposer`` for ``[speculation] kind = "eagle"`` (greedy EAGLE-1/2 chain drafts)."""
+
+    needs_hidden_states = True
+
+    def __init__(self, draft: EagleDraft) -> None:
+        self.draft = draft
+        self._seqs: dict[str, _Sequence] = {}
+        self._free: list[int] = []
+        self.k: Tensor | None = None  # [layers, rows, kv, positions, hd], one row per sequence
+        self.v: Tensor | None = None
+
+    def prefilled(self, request_ids: Sequence[str], hidden: Sequence[Tensor]) -> None:
+        """The prompts' target hidden states, one [prompt_len, H] per request."""
+        for rid, h in zip(request_ids, hidden, strict=True):
+            self._new(rid, 0).length = int(h.shape[0]) + 1
+            self._seqs[rid].pending.append(h.detach())
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        live = {r.request_id for r in requests}
+        for rid in [rid for rid in self._seqs if rid not in live]:  # finished sequences
+            self._free.append(self._seqs.pop(rid).row)
+        with torch.inference_mode():
+            return self._propose(requests)
+
+    def verified(self, request_ids: Sequence[str], accepted: Sequence[int], hidden: Tensor | None) -> None:
+        if hidden is None:
+            raise ValueError("the EAGLE proposer needs the target's hidden states from verify")
+        for i, (rid, kept) in enumerate(zip(request_ids, accepted, strict=True)):
+            seq = self._seqs[rid]
+            if seq.filled + seq.pending_count != seq.length - 1:  # hidden states must follow on without a gap
+                raise RuntimeError(f"EAGLE draft state of {rid} out of step: {seq.filled} + {seq.pending_count} "
+                                   f"pending != verify start {seq.length - 1}")
+            seq.pending.append(hidden[i, : kept + 1].detach())
+
+    # -- drafting ----------------------------------------------------------------------------------------------
+    def _new(self, rid: str, base: int) -> _Sequence:
+        if rid in self._seqs:
+            self._free.append(self._seqs[rid].row)
+        if not self._free:
+            self._grow(rows=max(INITIAL_ROWS, 2 * self._rows()))
+        seq = self._seqs[rid] = _Sequence(row=self._free.pop(), base=base, filled=base)
+        return seq
+
+    def _propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """Catch up every sequence with pending pairs in one draft call (rows right padded), then draft all of them
+        together one token per call."""
+        drafts: list[list[int]] = [[] for _ in requests]
+        active, token_rows, hidden_rows = [], [], []
+        for i, request in enumerate(requests):
+            n = len(request.token_ids)
+            seq = self._seqs.get(request.request_id)
+            if seq is None:  # no prompt hidden states: the draft context starts at the next verified position
+                seq = self._new(request.request_id, n - 1)
+            seq.length = n
+            if not seq.pending or request.max_tokens <= 0:
+                continue
+            hidden = torch.cat(seq.pending)  # [m, H]: positions filled..n-2
+            tokens = list(request.token_ids[seq.filled + 1 : n])  # their pairs' tokens x_{j+1}
+            if len(tokens) != hidden.shape[0]:
+                raise RuntimeError(f"EAGLE draft state of {request.request_id}: {hidden.shape[0]} hidden states for "
+                                   f"{len(tokens)} tokens")
+            active.append(i)
+            token_rows.append(tokens)
+            hidden_rows.append(hidden)
+        if not active:
+            return [Draft([]) for _ in requests]
+        seqs = [self._seqs[requests[i].request_id] for i in active]
+        rows = torch.tensor([s.row for s in seqs])
+        lengths = torch.tensor([len(t) for t in token_rows])
+        width = int(lengths.max())
+        tokens = torch.tensor([t + [t[-1]] * (width - len(t)) for t in token_rows])  # padding: masked, overwritten
+        hidden = torch.stack([torch.cat((h, h[-1:].expand(width - h.shape[0], -1))) for h in hidden_rows])
+        starts = torch.tensor([s.filled - s.base for s in seqs])
+        out = self._run(rows, tokens, hidden, starts)  # [A, width, H]
+        last = out[torch.arange(len(seqs)), lengths - 1]  # [A, H]
+        positions = starts + lengths
+        for seq, request_i in zip(seqs, active, strict=True):
+            seq.filled, seq.pending = len(requests[request_i].token_ids) - 1, []
+        wanted = [requests[i].max_tokens for i in active]
+        for step in range(max(wanted)):
+            picked = torch.argmax(self.draft.logits(last), dim=-1).tolist()  # [A]
+            for a, i in enumerate(active):
+                if step < wanted[a]:
+                    drafts[i].append(picked[a])
+            if step + 1 == max(wanted):
+                break
+            # tentative positions: overwritten by the next catch-up once the target has verified them
+            last = self._run(rows, torch.tensor(picked)[:, None], last[:, None], positions)[:, 0]
+            positions = positions + 1
+        return [Draft(d) for d in drafts]
+
+    def _run(self, rows: Tensor, tokens: Tensor, hidden: Tensor, starts: Tensor) -> Tensor:
+        """Run pairs [A, T] in cache ``rows`` from index ``starts``; store their K/V; return the outputs [A, T, H]."""
+        t = tokens.shape[1]
+        n_past = int(starts.max())
+        self._grow(positions=n_past + t)
+        k = self.k[:, rows, :, :n_past]  # [layers, A, kv, n_past, hd] (a copy: rows are scattered)
+        v = self.v[:, rows, :, :n_past]
+        out, new_k, new_v = self.draft.forward_step(tokens, hidden, starts, list(k), list(v), n_past)
+        store_kv(self.k, rows, starts, new_k)
+        store_kv(self.v, rows, starts, new_v)
+        return out
+
+    def _rows(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+    def _grow(self, *, rows: int = 0, positions: int = 0) -> None:
+        """Make the cache at least ``rows`` x ``positions`` (doubling), keeping what it holds."""
+        old_rows, old_positions = self._rows(), 0 if self.k is None else self.k.shape[3]
+        if rows <= old_rows and positions <= old_positions:
+            return
+        new_rows, new_positions = max(rows, old_rows), old_positions
+        if positions > old_positions:
+            new_positions = max(INITIAL_CACHE, 2 * old_positions, positions)
+        cfg = self.draft.config
+        shape = (cfg.num_layers, new_rows, cfg.num_kv_heads, max(new_positions, INITIAL_CACHE), cfg.head_dim)
+        k, v = (torch.zeros(shape, dtype=self.draft.fc.weight.dtype) for _ in range(2))
+        if self.k is not None:
+            k[:, :old_rows, :, :old_positions], v[:, :old_rows, :, :old_positions] = self.k, self.v
+        self.k, self.v = k, v
+        self._free.extend(range(old_rows, new_rows))
