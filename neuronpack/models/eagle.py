@@ -91,13 +91,17 @@ def load_eagle_draft(path: Path, dtype: torch.dtype) -> EagleDraft:
     CheckpointError when the target's head / embedding are missing (an unconverted draft) or a tensor does not fit
     config.json; UnsupportedModelError for EAGLE-3 drafts."""
     from neuronpack.checkpoint import open_checkpoint
-    from neuronpack.convert.eagle_layouts import detect_layout
 
     ckpt = open_checkpoint(Path(path))
     names = set(ckpt.names())
-    if detect_layout(sorted(names)) != "eagle1":
+    # The structure this module builds: an fc over [embedding, hidden] and plain decoder layers. (convert-eagle has
+    # already classified the draft; EAGLE-3's midlayer / d2t / t2d tensors are a different model.)
+    if {"d2t", "t2d"} & names or any(n.startswith("midlayer.") for n in names):
         raise UnsupportedModelError("EAGLE-3 drafts are not supported by the portable runtime yet", where=str(path),
                                     fix="use an EAGLE-1/2 draft, or framework nxd for EAGLE-3")
+    if "fc.weight" not in names:
+        raise CheckpointError("not an EAGLE-1/2 draft: it has no fc.weight", where=str(path),
+                              fix="point [speculation] draft at an EAGLE draft checkpoint")
     missing = [n for n in (HEAD, EMBED) if n not in names]
     if missing:
         raise CheckpointError(f"the EAGLE draft has no {missing[0]} (the target's, added by convert-eagle)",
