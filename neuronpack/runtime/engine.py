@@ -7,9 +7,10 @@ running sequences, so one request alone costs a batch-1 step) and sample one tok
 decoding, at most ``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt never
 stalls them for more than one prefill.
 
-Limits are checked when a request is submitted (HTTP 400 before anything streams): the prompt must fit the largest
-context bucket and leave room for one token below ``max_model_len``; ``max_tokens`` is clamped to what fits
-(``max_model_len - prompt``), like vLLM does when max_tokens is omitted, and the sequence ends with "length" there.
+Limits are checked when a request is submitted (``requests.check_request``, HTTP 400 before anything streams): the
+prompt must fit the largest context bucket and leave room for one token below ``max_model_len``; ``max_tokens`` is
+clamped to what fits (``max_model_len - prompt``), like vLLM does when max_tokens is omitted, and the sequence ends
+with "length" there.
 ``max_tokens`` 0 scores the prompt only (prompt logprobs, nothing generated).
 
 Parallel sampling: ``submit_forks`` queues several requests for one prompt (n > 1); the prompt is prefilled once and
@@ -38,15 +39,23 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from neuronpack.errors import InvalidRequestError, ServeError, ServerBusyError
-from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs, prompt_logprobs
+from neuronpack.errors import InvalidRequestError, ServerBusyError
+from neuronpack.runtime.logprobs import TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.metrics import EngineMetrics
-from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, SamplingParams, sample
+from neuronpack.runtime.requests import (
+    CompiledModel,
+    EngineLimits,
+    GenerationRequest,
+    GenerationResult,
+    RequestState,
+    StepOutput,
+    check_request,
+    generation_result,
+)
+from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, sample
 from neuronpack.runtime.scheduler import SlotScheduler
 from neuronpack.runtime.speculation.acceptance import Accepted
 from neuronpack.runtime.speculation.config import SpeculationConfig
@@ -58,122 +67,6 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
-
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """Load limits. ``max_waiting``: requests that may wait for a slot beyond the batch (None: unbounded);
-    ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never)."""
-
-    max_waiting: int | None = None
-    request_timeout: float | None = None
-
-
-class CompiledModel(Protocol):
-    """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
-
-    batch_size: int
-    context_buckets: tuple[int, ...]
-    token_generation_buckets: tuple[int, ...]
-    max_seq_len: int
-    max_verify_tokens: int  # tokens per row a verify call takes (1 without speculation compiled in)
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-
-    adapter_names: tuple[str, ...]  # LoRA adapters (index k is adapter_names[k - 1]); models without: ()
-
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                adapters: Sequence[int] | None = None, return_hidden: bool = False): ...
-
-    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None,
-               adapters: Sequence[int] | None = None) -> Tensor: ...
-
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
-        ...
-
-    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> Tensor:
-        """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
-        ...
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One completion to generate. ``max_tokens`` None means "up to the model length", 0 "score the prompt only".
-    ``prompt_logprobs``: top-N for the prompt tokens' logprobs (the first output carries them), None for none."""
-
-    prompt_ids: tuple[int, ...]
-    sampling: SamplingParams = SamplingParams()
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    prompt_logprobs: int | None = None
-    request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex}")
-    adapter: int = 0  # LoRA adapter: 0 the base model, k the artifact's k-th adapter (runtime/adapters.py: by name)
-
-
-@dataclass
-class GenerationResult:
-    """A finished request, as ``Engine.generate`` returns it (times in seconds)."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    timings: dict[str, float]
-    speculation: dict[str, Any] | None = None  # SpecStats.to_dict() when the engine speculated
-
-
-@dataclass
-class StepOutput:
-    """What one request gets after a step: the new token(s) and text, and the finish reason once it ends."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None  # set when the model failed; finish_reason is then ERROR
-    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked for them
-    prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
-    stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
-    speculation: dict[str, Any] | None = None  # on the last output of a speculating engine: SpecStats.to_dict()
-
-
-@dataclass(eq=False)
-class RequestState:
-    """One request inside the engine (what the scheduler queues and seats). ``sink`` receives every StepOutput
-    (called on the engine thread)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    sampler: RowSampler
-    output: SequenceOutput
-    sink: Callable[[StepOutput], None]
-    arrival: float = field(default_factory=time.monotonic)
-    slot: int | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
-    forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
-    adapter: int = 0  # LoRA adapter index (0: none)
-    spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
-
-    @property
-    def last_token(self) -> int:
-        return self.output.token_ids[-1]
-
-    @property
-    def next_position(self) -> int:
-        # The last sampled token is not in the cache yet: it goes at position total_len - 1.
-        return self.output.total_len - 1
-
 
 class Engine:
     """Continuous-batching scheduler + sampler around one compiled model. Thread-safe: ``submit`` and ``abort``
@@ -220,46 +113,9 @@ class Engine:
 
     # ---- requests (any thread) -------------------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> int:
-        """Validate a request against the compiled limits; return its effective max_tokens.
-
-        Raises InvalidRequestError (HTTP 400) naming the limits. Example: with max_model_len 128 a 100-token prompt
-        asking for 50 tokens gets 28.
-        """
-        n = len(request.prompt_ids)
-        if n == 0:
-            raise InvalidRequestError("the prompt is empty", param="prompt", fix="Send at least one token")
-        if n > self.max_prompt_len:
-            raise InvalidRequestError(
-                f"the prompt has {n} tokens, more than the largest context bucket ({self.max_prompt_len} tokens) "
-                f"this artifact was compiled for (max model length {self.max_model_len})",
-                param="prompt",
-                fix="Shorten the prompt or recompile with a larger target.max_context_length",
-            )
-        if n >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {n} tokens, leaving no room to generate below the maximum model length "
-                f"{self.max_model_len} (prompt + completion)",
-                param="prompt",
-                fix="Shorten the prompt or recompile with a larger target.seq_len",
-            )
-        bad = [t for t in request.prompt_ids if not 0 <= t < self.model.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"token id {bad[0]} is outside the vocabulary (0..{self.model.vocab_size - 1})", param="prompt"
-            )
-        _check_sampling(request.sampling)
-        if not 0 <= request.adapter <= len(self.adapter_names):
-            raise InvalidRequestError(f"LoRA adapter {request.adapter} does not exist (this model has "
-                                      f"{len(self.adapter_names)})", param="model")
-        for name, value in (("logprobs", request.sampling.logprobs), ("prompt_logprobs", request.prompt_logprobs)):
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", param=name)
-        room = self.max_model_len - n
-        if request.max_tokens is None:
-            return room
-        if request.max_tokens < 0:
-            raise InvalidRequestError(f"max_tokens must be at least 0, got {request.max_tokens}", param="max_tokens")
-        return min(request.max_tokens, room)
+        """Validate a request against the compiled limits; return its effective max_tokens (``check_request``)."""
+        return check_request(request, max_prompt_len=self.max_prompt_len, max_model_len=self.max_model_len,
+                             vocab_size=self.model.vocab_size, adapters=len(self.adapter_names))
 
     def submit(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> str:
         """Queue a request; ``sink`` gets each StepOutput on the engine thread. Returns the request id.
@@ -363,7 +219,7 @@ class Engine:
                 self.step()
         else:
             done.wait()
-        return _result(outputs, started, first_at[0] if first_at else started)
+        return generation_result(outputs, started, first_at[0] if first_at else started)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -598,34 +454,3 @@ class Engine:
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
-
-
-def _check_sampling(params: SamplingParams) -> None:
-    if params.temperature < 0:
-        raise InvalidRequestError(f"temperature must be >= 0, got {params.temperature}", param="temperature")
-    if not 0.0 < params.top_p <= 1.0:
-        raise InvalidRequestError(f"top_p must be in (0, 1], got {params.top_p}", param="top_p")
-    if params.seed is not None and not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
-        raise InvalidRequestError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {params.seed}",
-                                  param="seed")
-
-
-def _result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:
-    last = outputs[-1]
-    if last.finish_reason is FinishReason.ERROR:
-        raise ServeError(f"generation failed: {last.error}", fix="run with NEURONPACK_DEBUG=1 and report the error")
-    token_ids = [t for o in outputs for t in o.token_ids]
-    total = time.monotonic() - started
-    return GenerationResult(
-        text="".join(o.text for o in outputs),
-        token_ids=token_ids,
-        finish_reason=last.finish_reason or FinishReason.ERROR,
-        prompt_tokens=last.prompt_tokens,
-        completion_tokens=last.completion_tokens,
-        speculation=last.speculation,
-        timings={
-            "ttft_s": first_at - started,
-            "total_s": total,
-            "tokens_per_s": len(token_ids) / total if total > 0 else 0.0,
-        },
-    )

@@ -2,7 +2,7 @@
 
 import pytest
 
-from neuronpack.runtime.engine import RequestState
+from neuronpack.runtime.requests import RequestState
 from neuronpack.runtime.sampling import RowSampler, SamplingParams
 from neuronpack.runtime.scheduler import SlotScheduler
 from neuronpack.runtime.stopping import IncrementalDetokenizer, SequenceOutput, StopRules

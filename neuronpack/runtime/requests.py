@@ -1,0 +1,218 @@
+"""What goes into and comes out of the engine: requests, their per-step outputs and final results, the engine's
+view of a request, the load limits, the model protocol it drives, and request validation (``check_request``: HTTP
+400 before anything streams).
+
+Example::
+
+    max_tokens = check_request(GenerationRequest(prompt_ids=(1, 2, 3), max_tokens=50), max_prompt_len=64,
+                               max_model_len=128, vocab_size=384)      # 50
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from neuronpack.errors import InvalidRequestError, ServeError
+from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs
+from neuronpack.runtime.sampling import RowSampler, SamplingParams
+from neuronpack.runtime.stopping import FinishReason, SequenceOutput
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from neuronpack.runtime.speculation.stats import SpecStats
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Load limits. ``max_waiting``: requests that may wait for a slot beyond the batch (None: unbounded);
+    ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never)."""
+
+    max_waiting: int | None = None
+    request_timeout: float | None = None
+
+
+class CompiledModel(Protocol):
+    """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
+
+    batch_size: int
+    context_buckets: tuple[int, ...]
+    token_generation_buckets: tuple[int, ...]
+    max_seq_len: int
+    max_verify_tokens: int  # tokens per row a verify call takes (1 without speculation compiled in)
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+    adapter_names: tuple[str, ...]  # LoRA adapters (index k is adapter_names[k - 1]); models without: ()
+
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                adapters: Sequence[int] | None = None, return_hidden: bool = False): ...
+
+    def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None,
+               adapters: Sequence[int] | None = None) -> Tensor: ...
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
+        ...
+
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> Tensor:
+        """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
+        ...
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion to generate. ``max_tokens`` None means "up to the model length", 0 "score the prompt only".
+    ``prompt_logprobs``: top-N for the prompt tokens' logprobs (the first output carries them), None for none."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = None
+    request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex}")
+    adapter: int = 0  # LoRA adapter: 0 the base model, k the artifact's k-th adapter (runtime/adapters.py: by name)
+
+
+@dataclass
+class GenerationResult:
+    """A finished request, as ``Engine.generate`` returns it (times in seconds)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    timings: dict[str, float]
+    speculation: dict[str, Any] | None = None  # SpecStats.to_dict() when the engine speculated
+
+
+@dataclass
+class StepOutput:
+    """What one request gets after a step: the new token(s) and text, and the finish reason once it ends."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None  # set when the model failed; finish_reason is then ERROR
+    logprobs: list[TokenLogprobs] | None = None  # one per token in token_ids, when the request asked for them
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
+    stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
+    speculation: dict[str, Any] | None = None  # on the last output of a speculating engine: SpecStats.to_dict()
+
+
+@dataclass(eq=False)
+class RequestState:
+    """One request inside the engine (what the scheduler queues and seats). ``sink`` receives every StepOutput
+    (called on the engine thread)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampler: RowSampler
+    output: SequenceOutput
+    sink: Callable[[StepOutput], None]
+    arrival: float = field(default_factory=time.monotonic)
+    slot: int | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
+    forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
+    adapter: int = 0  # LoRA adapter index (0: none)
+    spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
+
+    @property
+    def last_token(self) -> int:
+        return self.output.token_ids[-1]
+
+    @property
+    def next_position(self) -> int:
+        # The last sampled token is not in the cache yet: it goes at position total_len - 1.
+        return self.output.total_len - 1
+
+
+def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_len: int, vocab_size: int,
+                  adapters: int = 0) -> int:
+    """Validate a request against an artifact's compiled limits; return its effective max_tokens.
+
+    Raises InvalidRequestError (HTTP 400) naming the limits. Example: with max_model_len 128 a 100-token prompt
+    asking for 50 tokens gets 28.
+    """
+    n = len(request.prompt_ids)
+    if n == 0:
+        raise InvalidRequestError("the prompt is empty", param="prompt", fix="Send at least one token")
+    if n > max_prompt_len:
+        raise InvalidRequestError(
+            f"the prompt has {n} tokens, more than the largest context bucket ({max_prompt_len} tokens) "
+            f"this artifact was compiled for (max model length {max_model_len})",
+            param="prompt",
+            fix="Shorten the prompt or recompile with a larger target.max_context_length",
+        )
+    if n >= max_model_len:
+        raise InvalidRequestError(
+            f"the prompt has {n} tokens, leaving no room to generate below the maximum model length "
+            f"{max_model_len} (prompt + completion)",
+            param="prompt",
+            fix="Shorten the prompt or recompile with a larger target.seq_len",
+        )
+    bad = [t for t in request.prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})", param="prompt"
+        )
+    _check_sampling(request.sampling)
+    if not 0 <= request.adapter <= adapters:
+        raise InvalidRequestError(f"LoRA adapter {request.adapter} does not exist (this model has "
+                                  f"{adapters})", param="model")
+    for name, value in (("logprobs", request.sampling.logprobs), ("prompt_logprobs", request.prompt_logprobs)):
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise InvalidRequestError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}", param=name)
+    room = max_model_len - n
+    if request.max_tokens is None:
+        return room
+    if request.max_tokens < 0:
+        raise InvalidRequestError(f"max_tokens must be at least 0, got {request.max_tokens}", param="max_tokens")
+    return min(request.max_tokens, room)
+
+
+def _check_sampling(params: SamplingParams) -> None:
+    if params.temperature < 0:
+        raise InvalidRequestError(f"temperature must be >= 0, got {params.temperature}", param="temperature")
+    if not 0.0 < params.top_p <= 1.0:
+        raise InvalidRequestError(f"top_p must be in (0, 1], got {params.top_p}", param="top_p")
+    if params.seed is not None and not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
+        raise InvalidRequestError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {params.seed}",
+                                  param="seed")
+
+
+def generation_result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:
+    """The GenerationResult of one finished request from its StepOutputs (ServeError when it failed)."""
+    last = outputs[-1]
+    if last.finish_reason is FinishReason.ERROR:
+        raise ServeError(f"generation failed: {last.error}", fix="run with NEURONPACK_DEBUG=1 and report the error")
+    token_ids = [t for o in outputs for t in o.token_ids]
+    total = time.monotonic() - started
+    return GenerationResult(
+        text="".join(o.text for o in outputs),
+        token_ids=token_ids,
+        finish_reason=last.finish_reason or FinishReason.ERROR,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        speculation=last.speculation,
+        timings={
+            "ttft_s": first_at - started,
+            "total_s": total,
+            "tokens_per_s": len(token_ids) / total if total > 0 else 0.0,
+        },
+    )
