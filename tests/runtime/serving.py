@@ -111,3 +111,13 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(30)
         self.sock.close()
+
+
+def engine_server(engine, **app_options) -> LiveServer:
+    """A LiveServer of ``create_app(engine, **app_options)`` with ``.engine`` set, so tests can drive and inspect
+    the engine behind it. Use it as a context manager, like LiveServer."""
+    from neuronpack.runtime.server import create_app
+
+    live = LiveServer(create_app(engine, **app_options))
+    live.engine = engine
+    return live

@@ -14,10 +14,9 @@ from typer.testing import CliRunner
 from neuronpack.backends.torch_aot import load_artifact
 from neuronpack.cli.app import app
 from neuronpack.runtime.engine import Engine
-from neuronpack.runtime.server import create_app
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 from tests.lora_adapters import greedy_reference, merged_reference
-from tests.runtime.serving import LiveServer
+from tests.runtime.serving import engine_server
 
 pytestmark = pytest.mark.slow
 BASE = "tiny"
@@ -36,8 +35,7 @@ def server(lora_artifact):
     art = lora_artifact[0]
     engine = Engine(load_artifact(art), ArtifactTokenizer.from_dir(art))
     roots = {name: str(art / "lora" / name) for name in engine.adapter_names}
-    with LiveServer(create_app(engine, served_model_name=BASE, adapter_roots=roots)) as live:
-        live.engine = engine
+    with engine_server(engine, served_model_name=BASE, adapter_roots=roots) as live:
         yield live
 
 

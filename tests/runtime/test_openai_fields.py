@@ -12,8 +12,7 @@ import torch
 
 from neuronpack.runtime.engine import Engine, GenerationRequest
 from neuronpack.runtime.sampling import SamplingParams
-from neuronpack.runtime.server import create_app
-from tests.runtime.serving import LiveServer, hf_greedy, hf_logits, metric_value
+from tests.runtime.serving import engine_server, hf_greedy, hf_logits, metric_value
 
 NAME = "tiny"
 ATOL = 1e-4  # fp32 artifact vs fp32 transformers
@@ -21,9 +20,7 @@ ATOL = 1e-4  # fp32 artifact vs fp32 transformers
 
 @pytest.fixture(scope="module")
 def server(compiled_lm, artifact_tokenizer):
-    engine = Engine(compiled_lm, artifact_tokenizer)
-    with LiveServer(create_app(engine, served_model_name=NAME)) as live:
-        live.engine = engine
+    with engine_server(Engine(compiled_lm, artifact_tokenizer), served_model_name=NAME) as live:
         yield live
 
 

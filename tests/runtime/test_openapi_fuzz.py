@@ -17,8 +17,7 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from neuronpack.runtime.engine import Engine
-from neuronpack.runtime.server import create_app
-from tests.runtime.serving import LiveServer, metric_value
+from tests.runtime.serving import engine_server, metric_value
 
 NAME = "tiny"
 KEY = "sk-fuzz"
@@ -28,9 +27,7 @@ CASES: list[str] = []
 
 @pytest.fixture(scope="module")
 def fuzz_server(compiled_lm, artifact_tokenizer):
-    engine = Engine(compiled_lm, artifact_tokenizer)
-    with LiveServer(create_app(engine, served_model_name=NAME, api_key=KEY)) as live:
-        live.engine = engine
+    with engine_server(Engine(compiled_lm, artifact_tokenizer), served_model_name=NAME, api_key=KEY) as live:
         yield live
     print(f"\nschemathesis: {len(CASES)} cases, by operation: "
           f"{ {op: CASES.count(op) for op in sorted(set(CASES))} }")

@@ -8,7 +8,7 @@ import pytest
 
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.server import create_app
-from tests.runtime.serving import LiveServer, hf_greedy, metric_value
+from tests.runtime.serving import LiveServer, engine_server, hf_greedy, metric_value
 
 NAME = "tiny"
 KEY = "sk-test-123"
@@ -16,9 +16,7 @@ KEY = "sk-test-123"
 
 @pytest.fixture(scope="module")
 def server(compiled_lm, artifact_tokenizer):
-    engine = Engine(compiled_lm, artifact_tokenizer)
-    with LiveServer(create_app(engine, served_model_name=NAME, api_key=KEY)) as live:
-        live.engine = engine
+    with engine_server(Engine(compiled_lm, artifact_tokenizer), served_model_name=NAME, api_key=KEY) as live:
         yield live
 
 

@@ -13,7 +13,7 @@ import pytest
 from neuronpack.runtime.engine import Engine, EngineLimits
 from neuronpack.runtime.http_limits import ServerLimits
 from neuronpack.runtime.server import create_app
-from tests.runtime.serving import LiveServer, metric_value
+from tests.runtime.serving import LiveServer, engine_server, metric_value
 
 NAME = "tiny"
 MAX_BODY = 64 * 1024
@@ -23,9 +23,7 @@ LONG = {"model": NAME, "prompt": "Hello", "max_tokens": 120, "temperature": 0, "
 
 def serve(compiled_lm, artifact_tokenizer, **engine_limits) -> LiveServer:
     engine = Engine(compiled_lm, artifact_tokenizer, limits=EngineLimits(**engine_limits))
-    live = LiveServer(create_app(engine, served_model_name=NAME, limits=ServerLimits(max_body_bytes=MAX_BODY)))
-    live.engine = engine
-    return live
+    return engine_server(engine, served_model_name=NAME, limits=ServerLimits(max_body_bytes=MAX_BODY))
 
 
 @pytest.fixture(scope="module")
