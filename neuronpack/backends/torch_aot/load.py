@@ -1,8 +1,9 @@
 """Load a portable artifact and run it: the runtime-facing ``CompiledLM``.
 
-Weights are read once from ``weights/`` (AOTInductor: ``load_constants`` with ``user_managed=True``, no copy). The
-KV cache (one K and one V tensor ``[layers, batch_size, kv_heads, seq_len + 1, head_dim]``) is owned here: the step
-graph reads it and returns the K/V of the tokens it ran, which ``store_kv`` writes at their positions.
+Weights are read once from ``weights/`` into the model and passed to the compiled layer and head graphs as inputs on
+every call (no copy). The KV cache (one K and one V tensor ``[layers, batch_size, kv_heads, seq_len + 1, head_dim]``)
+is owned here: the layer graphs read it and return the K/V of the tokens they ran, which ``store_kv`` writes at
+their positions.
 
 Example::
 
@@ -184,7 +185,7 @@ class CompiledLM:
             return self._lm_head(hidden[0, : len(token_ids)]).float()
 
     def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], adapters=None):
-        """One step-graph call for every prompt, right padded to the longest (later steps mask the padding by
+        """One step for every prompt, right padded to the longest (later steps mask the padding by
         position). The graph reads no cache (every start is 0) and the prompts' KV go to their own rows."""
         import torch
 
@@ -242,7 +243,7 @@ class CompiledLM:
         return (logits, hidden) if return_hidden else logits
 
     def _adapter_input(self, adapters: Sequence[int] | None, n: int) -> tuple:
-        """The step graph's adapters argument: () for an artifact without LoRA, else one int64 index per row."""
+        """The step's adapters argument: () for an artifact without LoRA, else one int64 index per row."""
         import torch
 
         if adapters is not None:

@@ -21,8 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-# The inductor settings every AOTInductor build uses: weights stay outside the shared library (loaded from
-# weights/ with load_constants), every bucket is packaged into one graphs.pt2.
+# The inductor settings every AOTInductor build uses: no constants inside the shared library (the graphs take the
+# weights as inputs, read from weights/), every graph is packaged into one graphs.pt2.
 INDUCTOR_SETTINGS: dict[str, Any] = {
     "aot_inductor.package": True,
     "aot_inductor.package_constants_in_so": False,
