@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from neuronpack.models.config import ModelConfig
 from neuronpack.models.lora import lora_mask, project
+from neuronpack.models.packing import packed_linear
 from neuronpack.models.quant import Int8Linear
 
 
@@ -70,14 +71,18 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Module):
     """nn.Linear without random init: weights always come from a checkpoint, and initialising on the meta device
-    would pull in torch's Python reference kernels (seconds of imports at load time)."""
+    would pull in torch's Python reference kernels (seconds of imports at load time). ``packed``: the weight is
+    oneDNN-packed (models/packing.py; a flag, since export's fake tensors do not keep the packed layout)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed = False
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.packed:
+            return packed_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

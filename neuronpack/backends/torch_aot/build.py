@@ -133,6 +133,7 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     from neuronpack.backends.torch_aot.graphs import graph_names, layer_groups
     from neuronpack.checkpoint import copy_aux_files, open_checkpoint
     from neuronpack.models.loading import load_model
+    from neuronpack.models.packing import can_pack
 
     config = neuron_config(request)
     staging, reporter = Path(request.staging), request.reporter
@@ -141,6 +142,9 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
                        reporter=reporter)
     if config["speculation"] and config["speculation"]["kind"] == "eagle":
         copy_eagle_draft(request.draft_dir, staging / DRAFT_DIR, dtype)  # checked before the compile
+    # AOTInductor graphs take the float linears' weights oneDNN-packed (the loader packs them) where this torch can
+    # run them; export-only programs keep plain weights (a program's saved example inputs cannot hold packed ones).
+    config["packed_linears"] = config["compiler"] == "aoti" and can_pack(dtype)
     groups = layer_groups(model)
     config["layer_graphs"] = groups  # layer -> its kind of layer graph (one kind unless some layers differ)
     config["graphs"] = {name: name for name in graph_names(groups)}  # graph -> model name in graphs.pt2

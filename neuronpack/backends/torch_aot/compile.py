@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.backends.torch_aot.layout import GRAPHS_FILE, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.onednn import packed_linear_lowering
 from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS
 from neuronpack.errors import BuildError
 
@@ -140,8 +141,9 @@ def _compile_one(model, name: str, limits, config: dict) -> Any:
 
     from neuronpack.backends.torch_aot import graphs as G
 
-    program = G.export_graph(model, name, limits)
+    program = G.export_graph(model, name, limits, packed=config.get("packed_linears", False))
     if config["compiler"] == "export":
         return program
     module = program.module(check_guards=False)
-    return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))
+    with packed_linear_lowering():
+        return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))

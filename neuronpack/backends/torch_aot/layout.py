@@ -13,8 +13,9 @@ from __future__ import annotations
 
 FORMAT = "neuronpack-torch"
 # 1: one static graph per bucket; 2: one dynamic graph per kind, decode over active rows only; 3: functional
-# per-layer graphs (weights as inputs, the new K/V returned, not written) + a head graph, for every kind of step
-FORMAT_VERSION = 3
+# per-layer graphs (weights as inputs, the new K/V returned, not written) + a head graph, for every kind of step;
+# 4: with ``packed_linears`` the graphs take the float linears' weights oneDNN-packed (the loader packs them)
+FORMAT_VERSION = 4
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")

@@ -1,9 +1,10 @@
 """Load a portable artifact and run it: the runtime-facing ``CompiledLM``.
 
 Weights are read once from ``weights/`` into the model and passed to the compiled layer and head graphs as inputs on
-every call (no copy). The KV cache (one K and one V tensor ``[layers, batch_size, kv_heads, seq_len + 1, head_dim]``)
-is owned here: the layer graphs read it and return the K/V of the tokens they ran, which ``store_kv`` writes at
-their positions.
+every call (no copy); with ``packed_linears`` the float linears' weights are first packed into oneDNN's layout, in
+place (models/packing.py; a tied LM head gets its own packed copy). The KV cache (one K and one V tensor
+``[layers, batch_size, kv_heads, seq_len + 1, head_dim]``) is owned here: the layer graphs read it and return the
+K/V of the tokens they ran, which ``store_kv`` writes at their positions.
 
 Example::
 
@@ -95,6 +96,8 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     model = load_model(open_checkpoint(artifact_dir / WEIGHTS_DIR), dtype, max_seq_len=config["seq_len"],
                        reporter=reporter)
     attach_artifact_lora(model, config, artifact_dir)  # the lora_A / lora_B stacks, from lora/<name>/
+    if config.get("packed_linears"):
+        _pack_linears(model, dtype, artifact_dir)
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
         runners = _load_runners(artifact_dir / GRAPHS_FILE, config, task)
     return CompiledLM(config, model, runners, _eos_token_ids(artifact_dir))
@@ -340,6 +343,17 @@ class CompiledLM:
                               f"{list(self.token_generation_buckets)}",
                               fix="stop the sequence at max_seq_len or compile with a larger seq_len")
         return tokens, positions
+
+
+def _pack_linears(model, dtype, artifact_dir: Path) -> None:
+    """The graphs take the float linears' weights oneDNN-packed: pack them once, in place (models/packing.py)."""
+    from neuronpack.models.packing import can_pack, pack_linears
+
+    if not can_pack(dtype):
+        raise ArtifactError(f"the graphs take oneDNN-packed {str(dtype).removeprefix('torch.')} weights, which this "
+                            f"torch cannot run", where=str(artifact_dir),
+                            fix="rebuild with neuronpack compile on this machine")
+    pack_linears(model)
 
 
 def _untouched_zeros(shape: tuple[int, ...], dtype):

@@ -1,0 +1,76 @@
+"""oneDNN-prepacked weights for the float linears: the decode kernel that costs what it reads at small batch.
+
+torch's plain ``F.linear`` (MKL) is a fast GEMV at one row but slow for 2-8 rows, and inductor's compiled matmul is
+slower still; oneDNN's matmul over a weight reordered once into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``) serves 1..8 rows at nearly the cost of one (measured on SmolLM2-135M's
+210 layer linears, 1 thread, Zen 4: float32 32/26/33 ms at 1/4/8 rows against F.linear's 34/45/55 and compiled
+F.linear's 44/55/64; bfloat16 17/14/18 against 27/30/34 and 63/66/66; see bench/linears.py and docs/bench/).
+
+A packed weight is an opaque ``torch._mkldnn`` tensor: it has no strides and cannot be saved, so artifacts store plain
+weights and ``pack_linears`` packs a loaded model in place; ``Linear.forward`` (models/llama.py) runs the packed
+kernel when its ``packed`` flag is set. Int8 linears keep their own kernel (models/quant.py).
+
+Example::
+
+    if can_pack(torch.float32):
+        pack_linears(model)          # every float Linear's weight -> its packed copy (the plain one is freed)
+    y = model.lm_head(x)             # the packed kernel
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+# Rows the packed layout is chosen for. One layout serves every row count; packed for 8, float32 runs 1..8 rows
+# (and a 64-256 row prefill) faster than a layout packed for 1 row, which is ~1.5x slower from 4 rows up.
+PACK_ROWS_HINT = 8
+
+
+def can_pack(dtype: torch.dtype) -> bool:
+    """Whether this torch has oneDNN kernels for packed ``dtype`` weights (float32; bfloat16 where oneDNN runs it)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack_weight(weight: Tensor) -> Tensor:
+    """A float ``[out, in]`` weight in oneDNN's blocked layout (an opaque ``torch._mkldnn`` tensor, same shape)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+
+
+def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear`` over a ``pack_weight`` weight: x [..., in] -> [..., out]."""
+    # scalars [-1]: "none" takes no scalars, and an empty list does not serialize in an exported program
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [-1], "")
+
+
+def linear_weight_names(module: nn.Module) -> set[str]:
+    """Names (relative to ``module``) of the weights of its float ``Linear`` layers: what ``pack_linears`` packs."""
+    from neuronpack.models.llama import Linear
+
+    return {f"{name}.weight" if name else "weight" for name, mod in module.named_modules() if isinstance(mod, Linear)}
+
+
+def packed_weights(module: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``weights`` (names relative to ``module``) with its float linears' weights packed, in the same order; marks
+    ``module``'s linears packed, so that it runs with them (e.g. a meta-device structure traced with these inputs)."""
+    from neuronpack.models.llama import Linear
+
+    for mod in module.modules():
+        if isinstance(mod, Linear):
+            mod.packed = True
+    names = linear_weight_names(module)
+    return {name: pack_weight(t) if name in names and not t.is_mkldnn else t for name, t in weights.items()}
+
+
+def pack_linears(module: nn.Module) -> None:
+    """Pack the weight of every float ``Linear`` in ``module``, in place (a tied ``lm_head`` gets its own packed copy;
+    the embedding keeps the plain tensor)."""
+    from neuronpack.models.llama import Linear
+
+    with torch.no_grad():
+        for mod in module.modules():
+            if isinstance(mod, Linear) and not mod.packed:
+                mod.weight = nn.Parameter(pack_weight(mod.weight), requires_grad=False)
+                mod.packed = True
