@@ -34,7 +34,6 @@ from torch import Tensor, nn
 
 from neuronpack.models.config import ModelConfig
 from neuronpack.models.lora import lora_mask, project
-from neuronpack.models.packing import packed_linear
 from neuronpack.models.quant import Int8Linear
 
 
@@ -81,8 +80,8 @@ class Linear(nn.Module):
         self.packed = False
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.packed:
-            return packed_linear(x, self.weight, self.bias)
+        if self.packed:  # scalars [-1]: "none" takes none, and an empty list does not serialize in an exported program
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [-1], "")
         return F.linear(x, self.weight, self.bias)
 
 

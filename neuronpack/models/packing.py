@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from neuronpack.models.llama import Linear
+
 # Rows the packed layout is chosen for. One layout serves every row count; packed for 8, float32 runs 1..8 rows
 # (and a 64-256 row prefill) faster than a layout packed for 1 row, which is ~1.5x slower from 4 rows up.
 PACK_ROWS_HINT = 8
@@ -39,24 +41,14 @@ def pack_weight(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
 
 
-def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear`` over a ``pack_weight`` weight: x [..., in] -> [..., out]."""
-    # scalars [-1]: "none" takes no scalars, and an empty list does not serialize in an exported program
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [-1], "")
-
-
 def linear_weight_names(module: nn.Module) -> set[str]:
     """Names (relative to ``module``) of the weights of its float ``Linear`` layers: what ``pack_linears`` packs."""
-    from neuronpack.models.llama import Linear
-
     return {f"{name}.weight" if name else "weight" for name, mod in module.named_modules() if isinstance(mod, Linear)}
 
 
 def packed_weights(module: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
     """``weights`` (names relative to ``module``) with its float linears' weights packed, in the same order; marks
     ``module``'s linears packed, so that it runs with them (e.g. a meta-device structure traced with these inputs)."""
-    from neuronpack.models.llama import Linear
-
     for mod in module.modules():
         if isinstance(mod, Linear):
             mod.packed = True
@@ -67,8 +59,6 @@ def packed_weights(module: nn.Module, weights: dict[str, Tensor]) -> dict[str, T
 def pack_linears(module: nn.Module) -> None:
     """Pack the weight of every float ``Linear`` in ``module``, in place (a tied ``lm_head`` gets its own packed copy;
     the embedding keeps the plain tensor)."""
-    from neuronpack.models.llama import Linear
-
     with torch.no_grad():
         for mod in module.modules():
             if isinstance(mod, Linear) and not mod.packed:
