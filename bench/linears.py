@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from neuronpack.models.packing import PACK_ROWS_HINT
 from neuronpack.models.quant import int8_gemv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,8 +78,8 @@ def paths(group: str):
         ws = float_weights(dtype)
         nbytes = sum(w.numel() * w.element_size() for w in ws)
         yield f"{group} F.linear", dtype, lambda m: [lambda x, w=w: F.linear(x, w) for w in ws], nbytes
-        # oneDNN prepacked: packed for a given row count (hint) -- one graph serves every batch, so also 1 for all
-        for hint in ("M", 1):
+        # oneDNN prepacked for a row count (hint): one layout must serve every batch; PACK_ROWS_HINT is what runs
+        for hint in ("M", 1, PACK_ROWS_HINT):
             def mkldnn(m, hint=hint):
                 packed = [torch.ops.mkldnn._reorder_linear_weight(w, m if hint == "M" else hint) for w in ws]
                 return [lambda x, p=p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in packed]

@@ -203,3 +203,18 @@ def test_aoti_artifact_built_for_another_cpu_is_refused(artifacts, tmp_path):
         load_artifact(copy)
     assert info.value.what == f"built for CPU capability {config['target']['cpu_capability']}, this machine has {here}"
     assert "compiler=export" in info.value.fix
+
+
+@pytest.mark.parametrize(("arch", "packed"), [("llama", True), ("qwen2", False)])
+def test_aoti_graphs_take_packed_float_linears(artifacts, arch, packed):
+    """AOTInductor artifacts record packed_linears and the loader packs every float linear; export-only ones keep
+    plain weights (the greedy tests above check the packed graphs' output)."""
+    from neuronpack.models.llama import Linear
+    from neuronpack.models.packing import can_pack
+
+    _, artifact = artifacts(arch)
+    lm = load_artifact(artifact)
+    expected = packed and can_pack(torch.float32)
+    assert lm.config["packed_linears"] is expected
+    linears = [m for m in lm._model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.weight.is_mkldnn is expected for m in linears)
