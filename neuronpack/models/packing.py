@@ -58,9 +58,33 @@ def packed_weights(module: nn.Module, weights: dict[str, Tensor]) -> dict[str, T
 
 def pack_linears(module: nn.Module) -> None:
     """Pack the weight of every float ``Linear`` in ``module``, in place (a tied ``lm_head`` gets its own packed copy;
-    the embedding keeps the plain tensor)."""
+    the embedding keeps the plain tensor). The plain weights are dropped, and the pages they were read from (a
+    memory-mapped checkpoint stays mapped while any of its tensors lives) are handed back to the kernel."""
+    plain = []
     with torch.no_grad():
         for mod in module.modules():
             if isinstance(mod, Linear) and not mod.packed:
+                plain.append(mod.weight.detach())
                 mod.weight = nn.Parameter(pack_weight(mod.weight), requires_grad=False)
                 mod.packed = True
+    kept = {t.untyped_storage().data_ptr() for t in module.state_dict().values() if not t.is_mkldnn}
+    for weight in plain:
+        if weight.untyped_storage().data_ptr() not in kept:  # not the tied embedding, which stays in use
+            _page_out(weight)
+
+
+def _page_out(t: Tensor) -> None:
+    """Best effort: ask the kernel to reclaim the whole pages under ``t`` (Linux ``MADV_PAGEOUT``: contents are kept,
+    clean file-backed pages are simply dropped and read again if ever touched). No-op where unsupported."""
+    import ctypes
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    page = mmap.PAGESIZE
+    start = -(-t.data_ptr() // page) * page
+    end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+    if end > start:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 21)  # MADV_PAGEOUT (Linux 5.4+)
