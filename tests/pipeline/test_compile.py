@@ -22,7 +22,7 @@ from tests.pipeline.builds import FAST, RECIPE
 # What a cache hit must not import: torch, transformers, numpy and the code only a build, a conversion, a remote
 # store or a server runs (a hit costs little more than `neuronpack --version`; bench/cache_hit.py).
 BUILD_ONLY_MODULES = (
-    "torch", "transformers", "safetensors", "numpy",
+    "torch", "transformers", "safetensors", "numpy", "pydantic",
     "neuronpack.models", "neuronpack.convert.eagle", "neuronpack.convert.quantize", "neuronpack.accuracy",
     "neuronpack.backends.torch_aot.build", "neuronpack.backends.torch_aot.load",
     "neuronpack.backends.torch_aot.compile",
