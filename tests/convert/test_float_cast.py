@@ -51,3 +51,11 @@ def test_overflow_is_exactly_a_finite_value_becoming_inf(source, target, edge):
     expected = values.to(DTYPES[target])
     assert cast is not None and cast.data == _bytes(expected)
     assert cast.overflow == bool(torch.isinf(expected).any() and torch.isfinite(values).all())
+
+
+@pytest.mark.parametrize(("source", "target"), [("BF16", "F16"), ("BF16", "F32"), ("F16", "BF16"), ("F16", "F32")])
+def test_every_16_bit_pattern_casts_like_torch(source, target):
+    patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(DTYPES[source])
+    values = patterns[~torch.isnan(patterns)]  # every non-NaN value of the 16-bit dtype
+    cast = cast_floats(_bytes(values), source, target)
+    assert cast is not None and cast.data == _bytes(values.to(DTYPES[target]))
