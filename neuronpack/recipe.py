@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from neuronpack.errors import RecipeError
 from neuronpack.recipe_input import parse_set, read_recipe_input
-from neuronpack.recipe_memo import RecipeMethods
+from neuronpack.recipe_methods import RecipeMethods
 
 __all__ = ["Recipe", "load_recipe", "parse_set", "validate_recipe_data"]  # parse_set: for callers of this module
 

@@ -30,39 +30,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack import __version__
-from neuronpack.buckets import BucketPlan, plan_buckets
 from neuronpack.digest import cache_dir
 from neuronpack.fsutil import write_text_atomic
 from neuronpack.recipe_input import read_recipe_input
+from neuronpack.recipe_methods import RecipeMethods
 
 if TYPE_CHECKING:
     from neuronpack.recipe import Recipe
 
 MEMO_SCHEMA = 1
-
-
-class RecipeMethods:
-    """What ``Recipe`` and ``RecipeView`` answer alike, from their attributes (one implementation for both)."""
-
-    @property
-    def max_context_length(self) -> int:
-        return self.target.max_context_length or self.target.seq_len
-
-    def bucket_plan(self) -> BucketPlan:
-        """The bucket plan this recipe compiles (NxDI's auto formula unless lists are given)."""
-        return plan_buckets(
-            self.target.seq_len,
-            self.max_context_length,
-            enabled=self.buckets.enabled,
-            context=self.buckets.context,
-            token_generation=self.buckets.token_generation,
-        )
-
-    def instance_for(self, framework: str) -> str:
-        """The instance actually targeted once the framework is known."""
-        if self.target.instance:
-            return self.target.instance
-        return "cpu" if framework == "torch" else "trn1"
 
 
 class _Section:
