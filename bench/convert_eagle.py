@@ -23,9 +23,9 @@ Each conversion runs the CLI in a fresh process, as a user would: ``neuronpack c
 --out O --quiet``, with the digest cache warm (the run before filled it; the first, cold run also hashes the draft
 and the target's weight file for the provenance manifest and is reported apart). ``copy`` is ``cp -r`` of the
 converted directory; ``cp+sync`` also fsyncs the copied files, as convert-eagle does before it renames its output
-into place. Dirty pages are flushed (``sync``) before every run. With ``--before DIR`` (a ``git archive`` of
-the old code, see ``_common.unpack``) the same runs are made with that code and its outputs are compared byte for
-byte with this checkout's.
+into place. Dirty pages are flushed (``sync``) before every run. With ``--before-commit REV`` (a ``git archive`` of
+that code, see ``_common.unpack``) the same runs are made with that code, interleaved round by round with this
+checkout's (a busy machine slows both alike), and its outputs are compared byte for byte with this checkout's.
 
     .venv/bin/python bench/convert_eagle.py [--model DIR] [--before-commit main] [--repeats 5] [--bytecode cached]
         [--realistic]
@@ -141,41 +141,52 @@ def copy(src: Path, dst: Path, env: dict, *, durable: bool = False) -> tuple[flo
     return wall, cpu
 
 
-def bench_side(label: str, code: Path | None, drafts: dict[str, tuple[Path, Path]], work: Path, env: dict,
-               repeats: int) -> dict:
-    """``drafts``: case -> (draft, target)."""
-    rows = {}
+def bench_cases(codes: dict[str, Path | None], drafts: dict[str, tuple[Path, Path]], work: Path, env: dict,
+                repeats: int) -> dict:
+    """side -> case -> row. ``codes``: side -> source tree (None: this checkout); ``drafts``: case -> (draft,
+    target). Round by round, every side converts once and the output is copied once (plain, then durable), so
+    that a busy machine slows all of them alike; every side is compared with the same copies."""
+    rows: dict[str, dict] = {side: {} for side in codes}
     for case, (draft, target) in drafts.items():
-        cache = work / f"digest-cache-{label}-{case}"
-        shutil.rmtree(cache, ignore_errors=True)
-        run_env = {**env, "NEURONPACK_CACHE_DIR": str(cache)}
-        out = work / f"out-{label}-{case}"
+        envs, outs, cold, digests = {}, {}, {}, {}
         warm_page_cache([draft, target])
-        shutil.rmtree(out, ignore_errors=True)
-        cold = convert(code, draft, target, out, run_env)
-        digest = tree_digest(out)
-        convert_runs, copy_runs, synced_runs = [], [], []
+        for side, code in codes.items():
+            cache = work / f"digest-cache-{side}-{case}"
+            shutil.rmtree(cache, ignore_errors=True)
+            envs[side] = {**env, "NEURONPACK_CACHE_DIR": str(cache)}
+            outs[side] = work / f"out-{side}-{case}"
+            shutil.rmtree(outs[side], ignore_errors=True)
+            cold[side] = convert(code, draft, target, outs[side], envs[side])
+            digests[side] = tree_digest(outs[side])
+            if side != "after":
+                shutil.rmtree(outs[side], ignore_errors=True)  # disk: one output kept to copy
+        convert_runs: dict[str, list] = {side: [] for side in codes}
+        copy_runs, synced_runs = [], []
+        copied = work / f"copy-{case}"
         for _ in range(repeats):
-            shutil.rmtree(out, ignore_errors=True)
-            convert_runs.append(convert(code, draft, target, out, run_env))
-            copied = work / f"copy-{label}-{case}"
+            for side, code in codes.items():
+                shutil.rmtree(outs[side], ignore_errors=True)
+                convert_runs[side].append(convert(code, draft, target, outs[side], envs[side]))
+                if side != "after":
+                    shutil.rmtree(outs[side], ignore_errors=True)
             shutil.rmtree(copied, ignore_errors=True)
-            copy_runs.append(copy(out, copied, run_env))
+            copy_runs.append(copy(outs["after"], copied, env))
             shutil.rmtree(copied, ignore_errors=True)
-            synced_runs.append(copy(out, copied, run_env, durable=True))
+            synced_runs.append(copy(outs["after"], copied, env, durable=True))
             shutil.rmtree(copied, ignore_errors=True)
-        size = sum(p.stat().st_size for p in out.iterdir())
-        wall = statistics.median(r[0] for r in convert_runs)
+        size = sum(p.stat().st_size for p in outs["after"].iterdir())
         copy_wall = statistics.median(r[0] for r in copy_runs)
         synced_wall = statistics.median(r[0] for r in synced_runs)
-        rows[case] = {"output_bytes": size, "cold_wall_s": round(cold[0], 3), "cold_cpu_s": round(cold[1], 3),
-                      "wall_s": round(wall, 3), "cpu_s": round(statistics.median(r[1] for r in convert_runs), 3),
-                      "copy_wall_s": round(copy_wall, 3), "wall_vs_copy": round(wall / copy_wall, 2),
-                      "cold_vs_copy": round(cold[0] / copy_wall, 2), "synced_copy_wall_s": round(synced_wall, 3),
-                      "wall_vs_synced_copy": round(wall / synced_wall, 2), "runs": convert_runs,
-                      "copy_runs": copy_runs, "synced_copy_runs": synced_runs,
-                      "digest": digest}
-        shutil.rmtree(out, ignore_errors=True)
+        for side in codes:
+            wall = statistics.median(r[0] for r in convert_runs[side])
+            rows[side][case] = {
+                "output_bytes": size, "cold_wall_s": round(cold[side][0], 3), "cold_cpu_s": round(cold[side][1], 3),
+                "wall_s": round(wall, 3), "cpu_s": round(statistics.median(r[1] for r in convert_runs[side]), 3),
+                "copy_wall_s": round(copy_wall, 3), "wall_vs_copy": round(wall / copy_wall, 2),
+                "cold_vs_copy": round(cold[side][0] / copy_wall, 2), "synced_copy_wall_s": round(synced_wall, 3),
+                "wall_vs_synced_copy": round(wall / synced_wall, 2), "runs": convert_runs[side],
+                "copy_runs": copy_runs, "synced_copy_runs": synced_runs, "digest": digests[side]}
+        shutil.rmtree(outs["after"], ignore_errors=True)
     return rows
 
 
@@ -200,12 +211,12 @@ def main() -> None:
         drafts.update({case: (make_draft(big, args.work / f"draft-{case}", dtype), big)
                        for case, dtype in REALISTIC_DRAFTS.items()})
     env = bytecode_env(args.bytecode == "cached", args.work / "pycache")
-    sides = {}
-    load = {"before": os.getloadavg()}
+    codes: dict[str, Path | None] = {}
     if args.before_commit:
-        code = unpack(args.before_commit, Path(tempfile.mkdtemp(prefix="np-before-")) / "code")
-        sides["before"] = bench_side("before", code, drafts, args.work, env, args.repeats)
-    sides["after"] = bench_side("after", None, drafts, args.work, env, args.repeats)
+        codes["before"] = unpack(args.before_commit, Path(tempfile.mkdtemp(prefix="np-before-")) / "code")
+    codes["after"] = None
+    load = {"before": os.getloadavg()}
+    sides = bench_cases(codes, drafts, args.work, env, args.repeats)
     load["after"] = os.getloadavg()
     identical = {case: sides["before"][case]["digest"] == sides["after"][case]["digest"] for case in drafts} \
         if "before" in sides else None

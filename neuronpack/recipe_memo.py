@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.util
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from neuronpack.recipe import Recipe
 
 MEMO_SCHEMA = 1
+MEMO_ENTRIES = 256  # entries kept (~2 KB each): the least recently used go when a new one is written
 
 
 class _Section:
@@ -138,12 +140,16 @@ def _validator_identity() -> dict[str, Any]:
 
 
 def _read_entry(digest: str) -> dict[str, Any] | None:
+    path = memo_dir() / f"{digest}.json"
     try:
-        entry = json.loads((memo_dir() / f"{digest}.json").read_text())
+        entry = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     ok = (isinstance(entry, dict) and entry.get("memo_schema") == MEMO_SCHEMA and isinstance(entry.get("recipe"), dict)
           and isinstance(entry.get("sections"), list) and all(isinstance(s, str) for s in entry["sections"]))
+    if ok:
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: kept when old entries are pruned
     return entry if ok else None
 
 
@@ -151,8 +157,19 @@ def _write_entry(digest: str, recipe: Recipe) -> None:
     entry = {"memo_schema": MEMO_SCHEMA, "recipe": recipe.to_dict(), "sections": sorted(_section_paths(recipe))}
     try:
         write_text_atomic(memo_dir() / f"{digest}.json", json.dumps(entry, sort_keys=True))
+        _prune(MEMO_ENTRIES)
     except OSError:
         pass  # a read-only or full cache: the next run validates again
+
+
+def _prune(keep: int) -> None:
+    """Remove all but the ``keep`` most recently used entries."""
+    entries = []
+    for path in memo_dir().glob("*.json"):
+        with contextlib.suppress(OSError):
+            entries.append((path.stat().st_mtime_ns, path))
+    for _, path in sorted(entries, reverse=True)[keep:]:
+        path.unlink(missing_ok=True)
 
 
 def _section_paths(model: Any, prefix: str = "") -> set[str]:

@@ -4,6 +4,7 @@ and never stands in for a recipe that was not validated (bad, changed, or valida
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,18 @@ def test_a_toml_date_is_validated_without_the_memo(tmp_path):
     path.write_text("[neuron_overrides]\nwhen = 2026-12-01\n")
     assert isinstance(load_recipe_memo(path, model="/m"), Recipe) and isinstance(load_recipe_memo(path, model="/m"),
                                                                                 Recipe)
+
+
+def test_the_least_recently_used_entries_are_pruned(monkeypatch):
+    monkeypatch.setattr("neuronpack.recipe_memo.MEMO_ENTRIES", 2)
+    tick = 0.05  # file times are coarse (a few ms): space the uses apart
+    _twice(model="/a")
+    time.sleep(tick)
+    _twice(model="/b")
+    time.sleep(tick)
+    assert isinstance(load_recipe_memo(model="/a"), RecipeView)  # /a used last: /b is the oldest now
+    time.sleep(tick)
+    load_recipe_memo(model="/c")  # a third entry: /b goes
+    assert len(list(memo_dir().iterdir())) == 2
+    assert isinstance(load_recipe_memo(model="/a"), RecipeView) and isinstance(load_recipe_memo(model="/c"), RecipeView)
+    assert isinstance(load_recipe_memo(model="/b"), Recipe)

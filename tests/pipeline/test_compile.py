@@ -19,8 +19,9 @@ from neuronpack.pipeline import compile_model, verify_artifact
 from tests.fresh_interpreter import run_fresh
 from tests.pipeline.builds import FAST, RECIPE
 
-# What a cache hit must not import: torch, transformers, numpy and the code only a build, a conversion, a remote
-# store or a server runs (a hit costs little more than `neuronpack --version`; bench/cache_hit.py).
+# What a cache hit must not import: torch, transformers, numpy, pydantic (the recipe comes from recipe_memo once it
+# was validated, the manifest is checked as JSON) and the code only a build, a conversion, a remote store or a server
+# runs (a hit costs little more than `neuronpack --version`; bench/cache_hit.py).
 BUILD_ONLY_MODULES = (
     "torch", "transformers", "safetensors", "numpy", "pydantic",
     "neuronpack.models", "neuronpack.convert.eagle", "neuronpack.convert.quantize", "neuronpack.accuracy",
@@ -62,6 +63,8 @@ def test_second_compile_is_a_cache_hit(built_artifact, tiny_llama):
 
 
 def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama):
+    # validated once here (in this test's cache directory): the CLI hit reads the recipe from the memo
+    compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=built_artifact.path.parents[1])
     argv = ["neuronpack", "compile", str(tiny_llama), "--recipe", str(RECIPE), *[a for o in FAST for a in ("--set", o)],
             "--out-root", str(built_artifact.path.parents[1]), "--format", "json", "--quiet"]
     code = (
@@ -75,6 +78,30 @@ def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama
     result, _, loaded = out.rpartition("\n")
     assert json.loads(result)["cache_hit"] is True
     assert loaded == "[]" and not torch_imported
+
+
+def test_a_cli_hit_validates_a_recipe_it_has_not_seen_then_remembers_it(built_artifact, tiny_llama, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setenv("NEURONPACK_CACHE_DIR", str(tmp_path / "empty-cache"))  # no memo, no digests
+    argv = ["neuronpack", "compile", str(tiny_llama), "--recipe", str(RECIPE), *[a for o in FAST for a in ("--set", o)],
+            "--out-root", str(built_artifact.path.parents[1]), "--format", "json", "--quiet"]
+    code = (
+        "import sys\n"
+        "from neuronpack.cli.app import app\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print('pydantic' in sys.modules)\n"
+    )
+    for validated in ("True", "False"):  # validated (pydantic) the first time, from the memo the second
+        out, _ = run_fresh(code)
+        result, _, pydantic_imported = out.rpartition("\n")
+        assert json.loads(result)["key"] == built_artifact.key and json.loads(result)["cache_hit"] is True
+        assert pydantic_imported == validated
+    bad = tmp_path / "bad.toml"  # a bad recipe is refused as ever, with the memo filled
+    bad.write_text(RECIPE.read_text() + "\n[sampling]\ntop_p = 2.0\n")
+    proc = subprocess.run([sys.executable, "-m", "neuronpack", "compile", str(tiny_llama), "--recipe", str(bad),
+                           "--out-root", str(built_artifact.path.parents[1])], capture_output=True, text=True)
+    assert proc.returncode == 1 and "sampling.top_p" in proc.stderr and str(bad) in proc.stderr
 
 
 def test_changed_recipe_builds_a_new_key(built_artifact, tiny_llama, tmp_path):
