@@ -62,9 +62,9 @@ def test_second_compile_is_a_cache_hit(built_artifact, tiny_llama):
     assert again.cache_hit and again.path == built_artifact.path and again.key == built_artifact.key
 
 
-def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama):
-    # validated once here (in this test's cache directory): the CLI hit reads the recipe from the memo
-    compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=built_artifact.path.parents[1])
+def _cli_hit(built_artifact, tiny_llama, probe: str) -> tuple[str, str, bool]:
+    """`neuronpack compile` of the built artifact's inputs in a fresh interpreter: (its JSON line, what the Python
+    expression ``probe`` printed afterwards, whether torch was imported)."""
     argv = ["neuronpack", "compile", str(tiny_llama), "--recipe", str(RECIPE), *[a for o in FAST for a in ("--set", o)],
             "--out-root", str(built_artifact.path.parents[1]), "--format", "json", "--quiet"]
     code = (
@@ -72,10 +72,18 @@ def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama
         "from neuronpack.cli.app import app\n"
         f"sys.argv = {argv!r}\n"
         "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
-        f"print(sorted(m for m in sys.modules if m.startswith({BUILD_ONLY_MODULES!r})))\n"
+        f"print({probe})\n"
     )
     out, torch_imported = run_fresh(code)
-    result, _, loaded = out.rpartition("\n")
+    result, _, probed = out.rpartition("\n")
+    return result, probed, torch_imported
+
+
+def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama):
+    # validated once here (in this test's cache directory): the CLI hit reads the recipe from the memo
+    compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=built_artifact.path.parents[1])
+    result, loaded, torch_imported = _cli_hit(built_artifact, tiny_llama,
+                                              f"sorted(m for m in sys.modules if m.startswith({BUILD_ONLY_MODULES!r}))")
     assert json.loads(result)["cache_hit"] is True
     assert loaded == "[]" and not torch_imported
 
@@ -83,18 +91,8 @@ def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama
 def test_a_cli_hit_validates_a_recipe_it_has_not_seen_then_remembers_it(built_artifact, tiny_llama, tmp_path,
                                                                          monkeypatch):
     monkeypatch.setenv("NEURONPACK_CACHE_DIR", str(tmp_path / "empty-cache"))  # no memo, no digests
-    argv = ["neuronpack", "compile", str(tiny_llama), "--recipe", str(RECIPE), *[a for o in FAST for a in ("--set", o)],
-            "--out-root", str(built_artifact.path.parents[1]), "--format", "json", "--quiet"]
-    code = (
-        "import sys\n"
-        "from neuronpack.cli.app import app\n"
-        f"sys.argv = {argv!r}\n"
-        "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
-        "print('pydantic' in sys.modules)\n"
-    )
     for validated in ("True", "False"):  # validated (pydantic) the first time, from the memo the second
-        out, _ = run_fresh(code)
-        result, _, pydantic_imported = out.rpartition("\n")
+        result, pydantic_imported, _ = _cli_hit(built_artifact, tiny_llama, "'pydantic' in sys.modules")
         assert json.loads(result)["key"] == built_artifact.key and json.loads(result)["cache_hit"] is True
         assert pydantic_imported == validated
     bad = tmp_path / "bad.toml"  # a bad recipe is refused as ever, with the memo filled
