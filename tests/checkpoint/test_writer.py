@@ -187,8 +187,8 @@ def test_a_stored_tensor_must_be_the_whole_spec(tmp_path):
 
 @pytest.mark.parametrize("kernel_copy", [True, False])
 def test_flush_behind_writes_the_same_bytes_and_syncs_while_writing(tmp_path, monkeypatch, kernel_copy):
-    """flush_behind (convert-eagle): copies go in pieces, each counted towards a background fdatasync; the file is
-    the same as without it."""
+    """flush_behind (convert-eagle): kernel-side copies go in pieces, each counted towards a background fdatasync;
+    the file is the same as without it."""
     import errno
     import os
 
@@ -232,8 +232,11 @@ def test_flush_behind_raises_a_background_writeback_error(tmp_path, monkeypatch)
         raise OSError(errno.EIO, "I/O error")
 
     monkeypatch.setattr(os, "fdatasync", broken)
+    monkeypatch.setattr(writer, "_FLUSH_PIECE", 16)
     monkeypatch.setattr(writer, "FlushBehind", lambda fh: FlushBehind(fh, every=1))
-    tensor = torch.randn(8, 4)
+    save_file({"w": torch.randn(8, 4)}, str(tmp_path / "src.safetensors"))
+    stored = read_safetensors_header(tmp_path / "src.safetensors")["w"]
+    (tmp_path / "out").mkdir()
     with pytest.raises(OSError, match="I/O error"):
-        write_safetensors_sharded(tmp_path, [TensorSpec("w", torch.float32, (8, 4))],
-                                  row_chunks("w", tensor, 2), flush_behind=True)
+        write_safetensors_sharded(tmp_path / "out", [TensorSpec("w", "F32", (8, 4))], iter([("w", stored)]),
+                                  flush_behind=True)
