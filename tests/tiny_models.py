@@ -53,15 +53,17 @@ def make_tokenizer(vocab_size: int = 384):
     return fast
 
 
-def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None, dtype: str = "float32"):
-    """A transformers config of the given family, shrunk to 2 layers / hidden 64 (GQA: 4 query heads, 2 KV)."""
+def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None, dtype: str = "float32",
+                layers: int = 2):
+    """A transformers config of the given family, shrunk to 2 layers (``layers``) / hidden 64 (GQA: 4 query heads,
+    2 KV)."""
     import transformers
 
     common = dict(
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
@@ -102,13 +104,14 @@ def make_tiny_checkpoint(
     tie: bool | None = None,
     max_shard_size: str | None = None,
     seed: int = 0,
+    layers: int = 2,
 ) -> Path:
     """Write a random tiny model of ``arch`` with tokenizer files to ``out`` (safetensors; sharded if asked)."""
     import torch
     import transformers
 
     tokenizer = make_tokenizer()
-    cfg = tiny_config(arch, vocab_size=len(tokenizer), tie=tie, dtype=dtype)
+    cfg = tiny_config(arch, vocab_size=len(tokenizer), tie=tie, dtype=dtype, layers=layers)
     cfg.bos_token_id = tokenizer.bos_token_id
     cfg.eos_token_id = tokenizer.eos_token_id
     cfg.pad_token_id = tokenizer.pad_token_id

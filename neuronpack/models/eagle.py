@@ -1,32 +1,41 @@
-"""The EAGLE-1/2 draft model (eager PyTorch), loaded from a draft as ``neuronpack convert-eagle`` writes it.
+"""EAGLE draft models (eager PyTorch, or compiled by the portable backend), loaded as ``neuronpack convert-eagle``
+writes them: EAGLE-1/2 (Li et al. 2024, SafeAILab/EAGLE ``cnets1.py``) and EAGLE-3 (Li et al. 2025, vLLM's
+``llama_eagle3.py``).
 
-EAGLE (Li et al. 2024; SafeAILab/EAGLE ``cnets1.py``) drafts at the feature level. Draft position j reads the pair
-(token x_{j+1}, the target's final-normed hidden state h_j at position j) and predicts x_{j+2}:
+Both draft at the feature level. Draft position j reads the pair (token x_{j+1}, a hidden state for position j) and
+predicts x_{j+2}. The hidden state of a verified position comes from the target (``from_target``); a draft's own
+further positions feed its own output back:
 
-    z = fc(cat(embed_tokens(x_{j+1}), h_j))          fc: Linear(2H -> H), bias when the draft has fc.bias
-    z = layers(z)                                     decoder layer(s) of the target's architecture; layer 0 has no
-                                                      input_layernorm (unless the draft ships one)
-    logits = lm_head(z)                               the target's LM head (convert-eagle adds it); no final norm
+- EAGLE-1/2: the target's final-normed hidden state h_j (``target_layers`` None). Per position
+  ``z = fc(cat(embed(x_{j+1}), h_j))`` (fc: Linear(2H -> H), bias when the draft has one), then the decoder
+  layer(s) (layer 0 without input_layernorm unless the draft ships one); ``logits = lm_head(z)`` (the target's head,
+  added by convert-eagle; no final norm). The output z is the next position's h.
+- EAGLE-3: the target's residual stream entering three of its layers (``target_layers``: the draft config's
+  ``eagle_aux_hidden_state_layer_ids``, else vLLM's default (2, L // 2, L - 3)), concatenated [3H] and projected by
+  ``fc`` (3H -> H, once, in ``from_target``). Layer 0 reads ``cat(input_layernorm(embed(x_{j+1})),
+  hidden_norm(h))`` [2H] (its q/k/v take 2H inputs) with h as the residual (``norm_before_residual``: the normed h);
+  further layers are plain; ``logits = lm_head(norm(z))`` with the draft's own head and norm, and the un-normed z is
+  the next position's h. convert-eagle keeps only drafts whose vocabulary is the target's, so d2t is the identity.
 
-Drafting k tokens after the pairs the target verified: the last output z gives d1 = argmax(lm_head(z)); then the pair
-(d1, z) (the draft's own output stands in for the target's hidden state) gives d2, and so on. The draft keeps its own
-KV cache (one position per pair, RoPE at the pair's position j); tentative positions are overwritten once the target
-has verified them. The layer, norm, RoPE and attention code are ``neuronpack.models.llama``'s (one implementation).
+The draft keeps its own KV cache (one position per pair, RoPE at the pair's position j); the layer, norm, RoPE and
+attention code are ``neuronpack.models.llama``'s (one implementation). ``forward_step`` builds positions, masks and
+rotary tables eagerly and runs ``forward`` (``run_core``: a compiled graph of it, weights as inputs) then ``head``.
 
-Converted-draft tensors: ``embed_tokens.weight``, ``fc.weight`` (+ ``fc.bias``), ``layers.N.*``, ``lm_head.weight``.
-EAGLE-3 drafts (``layers.0.hidden_norm``, fc over three target layers, d2t/t2d vocabularies) are refused for now.
+Converted-draft tensors: ``embed_tokens.weight``, ``fc.weight`` (+ ``fc.bias``), ``layers.N.*`` (EAGLE-3: with
+``layers.0.hidden_norm.weight``), ``lm_head.weight``, EAGLE-3 ``norm.weight``.
 
 Example::
 
-    draft = load_eagle_draft(Path("eagle-converted"), torch.float32)
-    z, k, v = draft.forward_step(tokens, target_hidden, starts, None, None, 0)   # tokens [B, T], hidden [B, T, H]
-    draft.logits(z[:, -1])                                                      # [B, vocab] float32
+    draft = load_eagle_draft(Path("eagle-converted"), torch.float32, target_layers=30)
+    h = draft.from_target(target_hidden)                                # [B, T, H] (EAGLE-3: from [B, T, 3H])
+    z, k, v = draft.forward_step(tokens, h, starts, k_cache, v_cache, 1)  # tokens [B, T]; caches [layers, B, kv, n, hd]
+    logits = draft.logits(z[:, -1])                                     # [B, vocab] float32
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,82 +43,149 @@ from torch import Tensor, nn
 
 from neuronpack.errors import CheckpointError, UnsupportedModelError
 from neuronpack.models.config import ModelConfig
-from neuronpack.models.llama import DecoderLayer, Embedding, Linear, StepMasks, causal_mask, rope_cos_sin, rope_inv_freq
+from neuronpack.models.llama import (
+    MLP,
+    Attention,
+    DecoderLayer,
+    Embedding,
+    Linear,
+    RMSNorm,
+    StepMasks,
+    causal_mask,
+    rope_cos_sin,
+    rope_inv_freq,
+)
 
-FC, HEAD, EMBED = "fc.weight", "lm_head.weight", "embed_tokens.weight"
+FC, HEAD, EMBED, NORM = "fc.weight", "lm_head.weight", "embed_tokens.weight", "norm.weight"
 LAYER0_NORM = "layers.0.input_layernorm.weight"
+HIDDEN_NORM = "layers.0.hidden_norm.weight"  # EAGLE-3's layer 0 (convert-eagle renames midlayer.* to layers.0.*)
+# (tokens, hidden, cos, sin, past mask, k past, v past) -> (z, new k, new v): ``EagleDraft.forward`` or its graph
+RunCore = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+
+
+class Eagle3FirstLayer(nn.Module):
+    """EAGLE-3's layer 0: attention over cat(input_layernorm(embedding), hidden_norm(h)) [2H], h the residual."""
+
+    def __init__(self, cfg: ModelConfig, norm_before_residual: bool) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.self_attn = Attention(cfg, frozenset(), "layers.0.self_attn")
+        for name, heads in (("q_proj", cfg.num_heads), ("k_proj", cfg.num_kv_heads), ("v_proj", cfg.num_kv_heads)):
+            setattr(self.self_attn, name, Linear(2 * h, heads * cfg.head_dim, bias=cfg.qkv_bias))
+        self.mlp = MLP(cfg, frozenset(), "layers.0.mlp")
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, x: Tensor, embedded: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_past, v_past):
+        hidden = self.hidden_norm(x)
+        residual = hidden if self.norm_before_residual else x
+        attn_in = torch.cat((self.input_layernorm(embedded), hidden), dim=-1)
+        attn, k, v = self.self_attn(attn_in, cos, sin, masks, k_past, v_past)
+        x = residual + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
 
 class EagleDraft(nn.Module):
-    """EAGLE-1/2 draft: ``fc`` over [embedding, target hidden], ``layers`` (layer 0 without input norm), ``lm_head``.
-    Build it with ``load_eagle_draft``."""
+    """An EAGLE draft (``eagle3``: EAGLE-3, else EAGLE-1/2). Build it with ``load_eagle_draft``.
 
-    def __init__(self, cfg: ModelConfig, *, fc_bias: bool, layer0_norm: bool) -> None:
+    ``target_layers``: None when the draft reads the target's final-normed hidden states (EAGLE-1/2), else the
+    target layers whose inputs it reads, in layer order (EAGLE-3)."""
+
+    def __init__(self, cfg: ModelConfig, *, eagle3: bool, fc_bias: bool, layer0_norm: bool,
+                 target_layers: tuple[int, ...] | None = None, norm_before_residual: bool = False) -> None:
         super().__init__()
         h = cfg.hidden_size
-        self.config = cfg
+        self.config, self.eagle3, self.target_layers = cfg, eagle3, target_layers
         self.embed_tokens = Embedding(cfg.vocab_size, h)
-        self.fc = Linear(2 * h, h, bias=fc_bias)
+        self.fc = Linear((3 if eagle3 else 2) * h, h, bias=fc_bias)
         self.layers = nn.ModuleList(DecoderLayer(cfg, frozenset(), i) for i in range(cfg.num_layers))
-        if not layer0_norm:  # EAGLE: the fc output enters layer 0 un-normed
+        if eagle3:
+            self.layers[0] = Eagle3FirstLayer(cfg, norm_before_residual)
+            self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        elif not layer0_norm:  # EAGLE-1: the fc output enters layer 0 un-normed
             self.layers[0].input_layernorm = nn.Identity()
         self.lm_head = Linear(h, cfg.vocab_size)
         self.register_buffer("rope_inv_freq", rope_inv_freq(cfg), persistent=False)
 
-    def forward_step(self, tokens: Tensor, hidden: Tensor, starts: Tensor, k_caches: Sequence[Tensor] | None,
-                     v_caches: Sequence[Tensor] | None, n_past: int) -> tuple[Tensor, Tensor, Tensor]:
-        """tokens [B, T] int64 and hidden [B, T, H] (the pairs' target hidden states) at draft positions
-        ``starts[i] + 0..T-1``; row i attends to its cached positions below ``starts[i]`` (among the first ``n_past``
-        of ``k_caches[layer]`` [B, kv, >= n_past, hd]; ``n_past`` 0: no cache read) and causally to its own T.
+    def from_target(self, hidden: Tensor) -> Tensor:
+        """The draft's hidden input for verified positions from the target's hidden states (EAGLE-3: fc over the
+        concatenated layer inputs [.., 3H] -> [.., H]; EAGLE-1/2: the final-normed states as they are)."""
+        hidden = hidden.to(self.fc.weight.dtype)
+        return self.fc(hidden) if self.eagle3 else hidden
 
-        Returns (output hidden states [B, T, H], the T pairs' keys and values [layers, B, kv, T, hd])."""
+    def forward_step(self, tokens: Tensor, hidden: Tensor, starts: Tensor, k_past: Tensor, v_past: Tensor,
+                     n_past: int, run_core: RunCore | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens [B, T] int64 and hidden [B, T, H] (``from_target`` states, or the draft's own outputs) at draft
+        positions ``starts[i] + 0..T-1``; row i attends to its cached positions below ``starts[i]`` among the first
+        ``n_past`` (>= 1) of k_past / v_past [layers, B, kv, n_past, hd], and causally to its own T.
+
+        Returns (outputs z [B, T, H], the T pairs' keys and values [layers, B, kv, T, hd])."""
         b, t = tokens.shape
         positions = starts.view(b, 1) + torch.arange(t)
-        past = None
-        if n_past:
-            past = (torch.arange(n_past)[None, :] < starts.view(b, 1))[:, None, None, :]
-        masks = StepMasks(past=past, new=causal_mask(t, self.config.queries_per_kv))
-        x = self.fc(torch.cat((self.embed_tokens(tokens), hidden.to(self.fc.weight.dtype)), dim=-1))
-        cos, sin = rope_cos_sin(self.rope_inv_freq, positions, x.dtype)
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            k_past = k_caches[i][:, :, :n_past] if n_past else None
-            v_past = v_caches[i][:, :, :n_past] if n_past else None
-            x, k, v = layer(x, cos, sin, masks, k_past, v_past)
+        past = (torch.arange(n_past)[None, :] < starts.view(b, 1))[:, None, None, :]
+        cos, sin = rope_cos_sin(self.rope_inv_freq, positions, self.fc.weight.dtype)
+        return (run_core or self)(tokens, hidden.to(self.fc.weight.dtype), cos, sin, past, k_past, v_past)
+
+    def forward(self, tokens: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, past: Tensor, k_past: Tensor,
+                v_past: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The part a compiled graph replaces (see ``forward_step``; past: bool [B, 1, 1, n_past])."""
+        masks = StepMasks(past=past, new=causal_mask(tokens.shape[1], self.config.queries_per_kv))
+        embedded = self.embed_tokens(tokens)
+        if self.eagle3:
+            x, k, v = self.layers[0](hidden, embedded, cos, sin, masks, k_past[0], v_past[0])
+        else:
+            x, k, v = self.layers[0](self.fc(torch.cat((embedded, hidden), dim=-1)), cos, sin, masks, k_past[0],
+                                     v_past[0])
+        new_k, new_v = [k], [v]
+        for i in range(1, len(self.layers)):
+            x, k, v = self.layers[i](x, cos, sin, masks, k_past[i], v_past[i])
             new_k.append(k)
             new_v.append(v)
         return x, torch.stack(new_k), torch.stack(new_v)
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """The target's LM head over draft outputs (no final norm, as in EAGLE-1/2): float32 [..., vocab]."""
-        return self.lm_head(hidden).float()
+    def logits(self, z: Tensor) -> Tensor:
+        """float32 [..., vocab]: EAGLE-1/2 the target's LM head over z; EAGLE-3 its own head over norm(z)."""
+        return self.lm_head(self.norm(z) if self.eagle3 else z).float()
 
 
-def load_eagle_draft(path: Path, dtype: torch.dtype) -> EagleDraft:
-    """Load a converted EAGLE-1/2 draft (``neuronpack convert-eagle`` output) in ``dtype``.
+def target_layer_ids(hf: dict, target_layers: int) -> tuple[int, ...]:
+    """The target layers whose inputs an EAGLE-3 draft reads: config ``eagle_aux_hidden_state_layer_ids``, else
+    vLLM's default for Llama (2, L // 2, L - 3); each once, in layer order (as vLLM collects them)."""
+    ids = hf.get("eagle_aux_hidden_state_layer_ids") or (2, target_layers // 2, target_layers - 3)
+    return tuple(sorted({int(i) for i in ids}))
 
-    CheckpointError when the target's head / embedding are missing (an unconverted draft) or a tensor does not fit
-    config.json; UnsupportedModelError for EAGLE-3 drafts."""
+
+def load_eagle_draft(path: Path, dtype: torch.dtype, target_layers: int | None = None) -> EagleDraft:
+    """Load a converted EAGLE draft (``neuronpack convert-eagle`` output) in ``dtype``. ``target_layers``: the
+    target's layer count (EAGLE-3 reads three of its layers; required for EAGLE-3).
+
+    CheckpointError when the target's head / embedding are missing (an unconverted draft), an EAGLE-3 draft was
+    not converted, or a tensor does not fit config.json; UnsupportedModelError when an EAGLE-3 draft's layers do not
+    fit the target."""
     from neuronpack.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(Path(path))
     names = set(ckpt.names())
-    # The structure this module builds: an fc over [embedding, hidden] and plain decoder layers. (convert-eagle has
-    # already classified the draft; EAGLE-3's midlayer / d2t / t2d tensors are a different model.)
     if {"d2t", "t2d"} & names or any(n.startswith("midlayer.") for n in names):
-        raise UnsupportedModelError("EAGLE-3 drafts are not supported by the portable runtime yet", where=str(path),
-                                    fix="use an EAGLE-1/2 draft, or framework nxd for EAGLE-3")
-    if "fc.weight" not in names:
-        raise CheckpointError("not an EAGLE-1/2 draft: it has no fc.weight", where=str(path),
+        raise CheckpointError("this EAGLE-3 draft is in its original layout (midlayer.*, d2t / t2d)", where=str(path),
+                              fix="run: neuronpack convert-eagle --draft DRAFT --target TARGET --out DIR, and use DIR")
+    if FC not in names:
+        raise CheckpointError("not an EAGLE draft: it has no fc.weight", where=str(path),
                               fix="point [speculation] draft at an EAGLE draft checkpoint")
     missing = [n for n in (HEAD, EMBED) if n not in names]
     if missing:
         raise CheckpointError(f"the EAGLE draft has no {missing[0]} (the target's, added by convert-eagle)",
                               where=str(path),
                               fix="run: neuronpack convert-eagle --draft DRAFT --target TARGET --out DIR, and use DIR")
+    eagle3 = HIDDEN_NORM in names
     cfg = dataclasses.replace(ModelConfig.from_hf(ckpt.config), tie_word_embeddings=False)
+    layers = _eagle3_layers(ckpt.config, target_layers, cfg.hidden_size, ckpt.info(FC).shape, path) if eagle3 else None
     with torch.device("meta"):
-        draft = EagleDraft(cfg, fc_bias="fc.bias" in names, layer0_norm=LAYER0_NORM in names).to(dtype)
+        draft = EagleDraft(cfg, eagle3=eagle3, fc_bias="fc.bias" in names, layer0_norm=LAYER0_NORM in names,
+                           target_layers=layers,
+                           norm_before_residual=bool(ckpt.config.get("norm_before_residual"))).to(dtype)
     draft.rope_inv_freq = rope_inv_freq(cfg)
     tensors = {}
     for name, slot in draft.state_dict().items():
@@ -124,3 +200,16 @@ def load_eagle_draft(path: Path, dtype: torch.dtype) -> EagleDraft:
         tensors[name] = tensor
     draft.load_state_dict(tensors, assign=True)
     return draft.eval()
+
+
+def _eagle3_layers(hf: dict, target_layers: int | None, hidden: int, fc_shape, path: Path) -> tuple[int, ...]:
+    if target_layers is None:
+        raise UnsupportedModelError("an EAGLE-3 draft needs its target's layer count", where=str(path),
+                                    fix="load it with target_layers (the artifact's num_layers)")
+    ids = target_layer_ids(hf, target_layers)
+    if len(ids) * hidden != fc_shape[-1] or not all(0 <= i < target_layers for i in ids):
+        raise UnsupportedModelError(
+            f"the EAGLE-3 draft reads target layers {list(ids)} (fc takes {fc_shape[-1]} = 3 x {hidden} inputs) but "
+            f"the target has {target_layers} layers", where=f"{path}/config.json",
+            fix="set eagle_aux_hidden_state_layer_ids in the draft's config.json to three layers of the target")
+    return ids

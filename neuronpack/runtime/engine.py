@@ -91,7 +91,8 @@ class Engine:
         self.max_prompt_len = min(max(model.context_buckets), self.max_model_len)
         self.global_topk = global_topk
         self.speculation = speculation
-        self.speculator = SpeculativeStep(model, speculation.proposer(), speculation.length) if speculation else None
+        self.speculator = (SpeculativeStep(model, speculation.proposer(model), speculation.length) if speculation
+                           else None)
         # Speculating, a sequence must leave room for a whole verify call: it ends "length + lookahead" early.
         self.lookahead = max(lookahead, speculation.length if speculation else 0)
         self.max_prefills_per_step = max(1, max_prefills_per_step)
@@ -340,7 +341,8 @@ class Engine:
         proposer = self.speculator.proposer if self.speculator is not None else None
         if proposer is None or not proposer.needs_hidden_states:
             return self.model.prefill(slots, prompts, **self._adapter_kw(seqs))
-        logits, hidden = self.model.prefill(slots, prompts, return_hidden=True)  # speculation excludes LoRA
+        logits, hidden = self.model.prefill(slots, prompts, return_hidden=True,  # speculation excludes LoRA
+                                            hidden_layers=proposer.hidden_layers)
         proposer.prefilled([s.request_id for s in seqs], [hidden[i, : len(p)] for i, p in enumerate(prompts)])
         return logits
 

@@ -160,6 +160,22 @@ def test_only_active_slots_run_and_match_transformers(artifacts, arch):
         assert out[slot] == hf_greedy(reference, prompt, len(out[slot])), f"{arch}: slot {slot} diverged"
 
 
+@pytest.mark.parametrize("arch", ["llama"])
+def test_verify_of_several_rows_matches_transformers(artifacts, arch):
+    """One verify step over three slots in cache order (AOTInductor graphs): every row's logits at every one of its
+    four positions pick transformers' greedy continuation (a broadcast logit index once read garbage for rows after
+    the first)."""
+    model_dir, artifact = artifacts(arch)
+    lm = load_artifact(artifact)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompts = random_prompts(PROMPT_LENGTHS, seed=5)
+    continuations = [hf_greedy(reference, p, 5) for p in prompts]
+    lm.prefill([0, 1, 2], prompts)
+    logits = lm.verify([0, 1, 2], [c[:4] for c in continuations], [len(p) for p in prompts])
+    assert logits.shape[:2] == (3, 4)
+    assert logits.argmax(-1).tolist() == [c[1:5] for c in continuations]
+
+
 def _smollm2_checkpoint(tmp_path_factory) -> Path:
     from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
 

@@ -3,7 +3,8 @@
 EAGLE-1/2 drafts: ``embed_tokens.weight``, ``fc.weight`` [H, 2H] (+ ``fc.bias`` when config ``bias`` is true), one
 decoder layer ``layers.0.*`` without ``input_layernorm``, no ``norm``, no ``lm_head``. EAGLE-3 drafts: ``d2t``
 [draft_vocab] int64, ``t2d`` [vocab] bool, ``fc.weight`` [H, 3H], ``midlayer.*`` (with hidden_norm and
-input_layernorm), ``norm.weight``, their own ``lm_head.weight`` [draft_vocab, H], no ``embed_tokens``.
+input_layernorm; q/k/v_proj take 2H inputs: [embedding, hidden]), ``norm.weight``, their own ``lm_head.weight``
+[draft_vocab, H], no ``embed_tokens``.
 
 The files are written with torch.save / safetensors directly (not with neuronpack's writer) so the tests compare
 neuronpack's output with inputs it did not produce.
@@ -53,7 +54,7 @@ def eagle3_tensors(hidden: int, vocab: int, draft_vocab: int, *, dtype, seed: in
     head_dim = hidden // HEADS
     shapes = {
         "fc.weight": (hidden, 3 * hidden),
-        **_layer_shapes("midlayer", hidden, head_dim),
+        **_layer_shapes("midlayer", hidden, head_dim, attn_in=2 * hidden),
         "midlayer.hidden_norm.weight": (hidden,),
         "midlayer.input_layernorm.weight": (hidden,),
         "midlayer.post_attention_layernorm.weight": (hidden,),
@@ -70,11 +71,12 @@ def eagle3_tensors(hidden: int, vocab: int, draft_vocab: int, *, dtype, seed: in
     return tensors
 
 
-def _layer_shapes(prefix: str, hidden: int, head_dim: int) -> dict:
+def _layer_shapes(prefix: str, hidden: int, head_dim: int, attn_in: int | None = None) -> dict:
+    attn_in = attn_in or hidden
     return {
-        f"{prefix}.self_attn.q_proj.weight": (HEADS * head_dim, hidden),
-        f"{prefix}.self_attn.k_proj.weight": (KV_HEADS * head_dim, hidden),
-        f"{prefix}.self_attn.v_proj.weight": (KV_HEADS * head_dim, hidden),
+        f"{prefix}.self_attn.q_proj.weight": (HEADS * head_dim, attn_in),
+        f"{prefix}.self_attn.k_proj.weight": (KV_HEADS * head_dim, attn_in),
+        f"{prefix}.self_attn.v_proj.weight": (KV_HEADS * head_dim, attn_in),
         f"{prefix}.self_attn.o_proj.weight": (hidden, HEADS * head_dim),
         f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE, hidden),
         f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE, hidden),
@@ -151,13 +153,18 @@ def make_eagle1_draft(out: Path, *, hidden: int = 64, vocab: int, layout: str = 
 
 
 def make_eagle3_draft(out: Path, *, hidden: int = 64, vocab: int, draft_vocab: int | None = None,
-                      layout: str = "safetensors", dtype: str = "bfloat16", seed: int = 3) -> Path:
-    """An original EAGLE-3 draft; ``draft_vocab`` defaults to the target vocabulary (what NxDI accepts)."""
+                      layout: str = "safetensors", dtype: str = "bfloat16", seed: int = 3,
+                      aux_layers: list[int] | None = None) -> Path:
+    """An original EAGLE-3 draft; ``draft_vocab`` defaults to the target vocabulary (what NxDI accepts);
+    ``aux_layers``: config ``eagle_aux_hidden_state_layer_ids`` (the target layers it reads; vLLM's default
+    (2, L // 2, L - 3) needs a target of at least 4 layers)."""
     import torch
 
     draft_vocab = vocab if draft_vocab is None else draft_vocab
     tensors = eagle3_tensors(hidden, vocab, draft_vocab, dtype=getattr(torch, dtype), seed=seed)
     config = draft_config(hidden, vocab, dtype=dtype, eagle3=True, draft_vocab=draft_vocab)
+    if aux_layers is not None:
+        config["eagle_aux_hidden_state_layer_ids"] = aux_layers
     return write_draft(out, tensors, config, layout=layout)
 
 

@@ -1,5 +1,6 @@
-"""The EAGLE-1/2 draft model against a straightforward reference (transformers' own LlamaDecoderLayer, no cache), and
-the EAGLE proposer's chain drafts against the same reference run step by step."""
+"""The EAGLE-1/2 and EAGLE-3 draft models against straightforward references (transformers' own LlamaDecoderLayer /
+LlamaAttention, MLP and norms, no cache), the EAGLE proposer's chain drafts against the same references run step by
+step, and the draft graphs (exported, weights as inputs) against the eager draft."""
 
 from __future__ import annotations
 
@@ -55,6 +56,14 @@ def reference_logits(path, tokens: list[int], hidden: torch.Tensor) -> torch.Ten
     return (out[0] @ w["lm_head.weight"].T).float()
 
 
+def run_uncached(draft, tokens: list[int], hidden: torch.Tensor) -> torch.Tensor:
+    """The draft over pairs at positions 0..T-1 with nothing cached (one masked past position): z [T, H]."""
+    cfg = draft.config
+    empty = torch.zeros(cfg.num_layers, 1, cfg.num_kv_heads, 1, cfg.head_dim)
+    z, _, _ = draft.forward_step(torch.tensor([tokens]), hidden[None], torch.tensor([0]), empty, empty, 1)
+    return z[0]
+
+
 def test_draft_logits_equal_the_reference_with_and_without_cache(converted):
     draft = load_eagle_draft(converted, torch.float32)
     assert isinstance(draft.layers[0].input_layernorm, torch.nn.Identity) and draft.fc.bias is not None
@@ -63,8 +72,8 @@ def test_draft_logits_equal_the_reference_with_and_without_cache(converted):
     hidden = torch.randn(9, draft.config.hidden_size, generator=gen)
     expected = reference_logits(converted, tokens, hidden)
     with torch.no_grad():
-        full, _, _ = draft.forward_step(torch.tensor([tokens]), hidden[None], torch.tensor([0]), None, None, 0)
-        torch.testing.assert_close(draft.logits(full[0]), expected, rtol=1e-4, atol=1e-4)
+        full = run_uncached(draft, tokens, hidden)
+        torch.testing.assert_close(draft.logits(full), expected, rtol=1e-4, atol=1e-4)
         # The same pairs in chunks of 4, 1 and 4 through the draft's own cache.
         cfg = draft.config
         k = torch.zeros(cfg.num_layers, 1, cfg.num_kv_heads, 16, cfg.head_dim)
@@ -72,8 +81,9 @@ def test_draft_logits_equal_the_reference_with_and_without_cache(converted):
         outs = []
         for lo, hi in ((0, 4), (4, 5), (5, 9)):
             start = torch.tensor([lo])
-            out, nk, nv = draft.forward_step(torch.tensor([tokens[lo:hi]]), hidden[None, lo:hi], start, list(k),
-                                             list(v), lo)
+            n = max(lo, 1)
+            out, nk, nv = draft.forward_step(torch.tensor([tokens[lo:hi]]), hidden[None, lo:hi], start,
+                                             k[:, :, :, :n], v[:, :, :, :n], n)
             store_kv(k, torch.tensor([0]), start, nk)
             store_kv(v, torch.tensor([0]), start, nv)
             outs.append(out[0])
@@ -103,10 +113,10 @@ def test_proposer_chain_drafts_equal_the_reference(converted):
         tokens, hidden, drafts = list(pair_tokens), pair_hidden, []
         for _ in range(k):
             with torch.no_grad():
-                out, _, _ = draft.forward_step(torch.tensor([tokens]), hidden[None], torch.tensor([0]), None, None, 0)
+                out = run_uncached(draft, tokens, hidden)
             drafts.append(int(reference_logits(converted, tokens, hidden)[-1].argmax()))
             tokens.append(drafts[-1])
-            hidden = torch.cat((hidden, out[0, -1:]))
+            hidden = torch.cat((hidden, out[-1:]))
         return drafts
 
     assert first == chain(ids[1:7], prompt_hidden, 3)
@@ -118,6 +128,178 @@ def test_draft_checkpoints_the_runtime_refuses(tmp_path, tiny_llama):
     raw = make_eagle1_draft(tmp_path / "raw", vocab=vocab, layout="safetensors", dtype="float32")
     with pytest.raises(CheckpointError, match="convert-eagle"):
         load_eagle_draft(raw, torch.float32)
-    eagle3 = make_eagle3_draft(tmp_path / "e3", vocab=vocab, dtype="float32")
-    with pytest.raises(UnsupportedModelError, match="EAGLE-3"):
-        load_eagle_draft(eagle3, torch.float32)
+
+
+# -- EAGLE-3 ---------------------------------------------------------------------------------------------------------
+AUX = [0, 1, 2]  # the 3-layer target's layers whose inputs the draft reads (config eagle_aux_hidden_state_layer_ids)
+
+
+@pytest.fixture(scope="module")
+def converted3(tmp_path_factory):
+    """A random EAGLE-3 draft in its original layout (midlayer.*, d2t / t2d, fc [H, 3H], own norm and head)
+    converted for a 3-layer tiny Llama (midlayer.* -> layers.0.*, the target's embedding added)."""
+    from tests.tiny_models import make_tiny_checkpoint
+
+    base = tmp_path_factory.mktemp("eagle3-draft")
+    target = make_tiny_checkpoint(base / "target", layers=3)
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    draft = make_eagle3_draft(base / "orig", vocab=vocab, dtype="float32", aux_layers=AUX)
+    convert_eagle(draft, target, base / "converted")
+    return base / "converted"
+
+
+def reference3(path, tokens: list[int], aux: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-3 from the checkpoint tensors with transformers' attention, MLP and RMSNorm (vLLM llama_eagle3.py's
+    formula): h = fc(aux); attention over cat(input_norm(embed), hidden_norm(h)) with q/k/v taking 2H; h as the
+    residual; logits = lm_head(norm(z)). Causal, positions 0..T-1. -> (float32 logits [T, vocab], z [T, H])."""
+    import transformers
+    from safetensors.torch import load_file
+    from transformers.models.llama.modeling_llama import (
+        LlamaAttention,
+        LlamaMLP,
+        LlamaRMSNorm,
+        LlamaRotaryEmbedding,
+    )
+
+    w = {}
+    for f in sorted(path.glob("*.safetensors")):
+        w.update(load_file(f))
+    config = transformers.LlamaConfig(**json.loads((path / "config.json").read_text()))
+    config._attn_implementation = "eager"
+    h_dim = config.hidden_size
+    attn = LlamaAttention(config, 0)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        out_features = getattr(attn, name).out_features
+        setattr(attn, name, torch.nn.Linear(2 * h_dim, out_features, bias=False))
+    attn.load_state_dict({k[len("layers.0.self_attn."):]: v for k, v in w.items()
+                          if k.startswith("layers.0.self_attn.")})
+    mlp = LlamaMLP(config)
+    mlp.load_state_dict({k[len("layers.0.mlp."):]: v for k, v in w.items() if k.startswith("layers.0.mlp.")})
+
+    def norm(name):
+        module = LlamaRMSNorm(h_dim, eps=config.rms_norm_eps)
+        module.weight.data = w[name]
+        return module
+
+    t = len(tokens)
+    with torch.no_grad():
+        h = aux @ w["fc.weight"].T
+        attn_in = torch.cat((norm("layers.0.input_layernorm.weight")(w["embed_tokens.weight"][tokens]),
+                             norm("layers.0.hidden_norm.weight")(h)), dim=-1)
+        positions = torch.arange(t)[None]
+        cos_sin = LlamaRotaryEmbedding(config)(attn_in[None], positions)
+        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+        out, _ = attn(attn_in[None], position_embeddings=cos_sin, attention_mask=mask)
+        x = h + out[0]
+        z = x + mlp(norm("layers.0.post_attention_layernorm.weight")(x))
+        return (norm("norm.weight")(z) @ w["lm_head.weight"].T).float(), z
+
+
+def test_eagle3_draft_equals_the_reference_with_and_without_cache(converted3):
+    draft = load_eagle_draft(converted3, torch.float32, target_layers=3)
+    assert draft.eagle3 and draft.target_layers == (0, 1, 2)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, draft.config.vocab_size, (9,), generator=gen).tolist()
+    aux = torch.randn(9, 3 * draft.config.hidden_size, generator=gen)
+    expected, expected_z = reference3(converted3, tokens, aux)
+    with torch.no_grad():
+        hidden = draft.from_target(aux)
+        z = run_uncached(draft, tokens, hidden)
+        torch.testing.assert_close(z, expected_z, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(draft.logits(z), expected, rtol=1e-4, atol=1e-4)
+        cfg = draft.config
+        k = torch.zeros(cfg.num_layers, 1, cfg.num_kv_heads, 16, cfg.head_dim)
+        v = torch.zeros_like(k)
+        outs = []
+        for lo, hi in ((0, 5), (5, 6), (6, 9)):
+            start, n = torch.tensor([lo]), max(lo, 1)
+            out, nk, nv = draft.forward_step(torch.tensor([tokens[lo:hi]]), hidden[None, lo:hi], start,
+                                             k[:, :, :, :n], v[:, :, :, :n], n)
+            store_kv(k, torch.tensor([0]), start, nk)
+            store_kv(v, torch.tensor([0]), start, nv)
+            outs.append(out[0])
+        torch.testing.assert_close(draft.logits(torch.cat(outs)), expected, rtol=1e-3, atol=1e-3)
+
+
+def test_eagle3_proposer_chain_feeds_the_drafts_own_prenorm_output_back(converted3):
+    """The first draft reads fc(target layers' inputs); each further draft reads the previous draft's un-normed
+    output z (vLLM's hidden_prenorm), never fc of it."""
+    draft = load_eagle_draft(converted3, torch.float32, target_layers=3)
+    gen = torch.Generator().manual_seed(2)
+    vocab, h_dim = draft.config.vocab_size, draft.config.hidden_size
+    prompt = torch.randint(0, vocab, (5,), generator=gen).tolist()
+    aux = torch.randn(5, 3 * h_dim, generator=gen)
+    proposer = EagleProposer(draft)
+    assert proposer.hidden_layers == (0, 1, 2)
+    proposer.prefilled(["r"], [aux])
+    ids = [*prompt, 11]
+    got = proposer.propose([DraftRequest("r", ids, max_tokens=3)])[0].token_ids
+    tokens, hidden, want = ids[1:], draft.from_target(aux).detach(), []
+    for _ in range(3):
+        with torch.no_grad():
+            z = run_uncached(draft, tokens, hidden)
+        want.append(int(draft.logits(z[-1]).argmax()))
+        tokens.append(want[-1])
+        hidden = torch.cat((hidden, z[-1:]))
+    assert got == want
+    first_logits, _ = reference3(converted3, ids[1:], aux)
+    assert got[0] == int(first_logits[-1].argmax())
+
+
+def test_eagle3_target_layers():
+    from neuronpack.models.eagle import target_layer_ids
+
+    assert target_layer_ids({}, 30) == (2, 15, 27)  # vLLM's default for Llama: (2, L // 2, L - 3)
+    assert target_layer_ids({"eagle_aux_hidden_state_layer_ids": [5, 1, 3]}, 30) == (1, 3, 5)  # layer order
+
+
+def test_eagle3_checkpoints_the_runtime_refuses(tmp_path, converted3):
+    original = make_eagle3_draft(tmp_path / "orig", vocab=load_eagle_draft(converted3, torch.float32,
+                                                                           target_layers=3).config.vocab_size,
+                                 dtype="float32", aux_layers=AUX)
+    with pytest.raises(CheckpointError, match="convert-eagle"):
+        load_eagle_draft(original, torch.float32, target_layers=3)
+    with pytest.raises(UnsupportedModelError, match="layer count"):
+        load_eagle_draft(converted3, torch.float32)
+    with pytest.raises(UnsupportedModelError, match="eagle_aux_hidden_state_layer_ids"):
+        load_eagle_draft(converted3, torch.float32, target_layers=2)  # layer 2 does not exist
+
+
+# -- the draft graphs --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
+def test_exported_draft_graphs_equal_the_eager_draft(layout, converted, converted3):
+    """draft_step and draft_head exported with dynamic shapes (weights as inputs) give the eager draft's outputs at
+    sizes other than the traced ones."""
+    from neuronpack.backends.torch_aot.draft_graphs import (
+        CompiledDraft,
+        draft_weights,
+        export_draft_graph,
+    )
+    from neuronpack.backends.torch_aot.graphs import GraphLimits
+    from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS
+
+    draft = load_eagle_draft(converted if layout == "eagle1" else converted3, torch.float32, target_layers=3)
+    limits = GraphLimits(batch_size=4, max_tokens=8, max_seq=32)
+    runners = {}
+    for name in DRAFT_GRAPHS:
+        module = export_draft_graph(draft, name, limits).module()
+        runners[name] = lambda weights, *args, module=module: tuple(module(weights, *args))
+    assert set(draft_weights(draft, "draft_head")) == ({"lm_head.weight", "norm.weight"} if draft.eagle3
+                                                      else {"lm_head.weight"})
+    graphs = CompiledDraft(runners, draft, limits.max_tokens)
+    cfg, gen = draft.config, torch.Generator().manual_seed(4)
+    k = torch.randn(cfg.num_layers, 3, cfg.num_kv_heads, 7, cfg.head_dim, generator=gen)
+    v = torch.randn_like(k)
+    tokens = torch.randint(0, cfg.vocab_size, (3, 5), generator=gen)
+    hidden = torch.randn(3, 5, cfg.hidden_size, generator=gen)
+    starts = torch.tensor([7, 0, 3])
+    with torch.no_grad():
+        eager = draft.forward_step(tokens, hidden, starts, k, v, 7)
+        compiled = draft.forward_step(tokens, hidden, starts, k, v, 7, run_core=graphs.core)
+        for a, b in zip(eager, compiled, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(graphs.logits(eager[0][:, -1]), draft.logits(eager[0][:, -1]))
+        long_tokens = torch.randint(0, cfg.vocab_size, (1, 9), generator=gen)  # > max_tokens: the eager module
+        long_hidden = torch.randn(1, 9, cfg.hidden_size, generator=gen)
+        args = (long_tokens, long_hidden, torch.tensor([0]), k[:, :1, :, :1], v[:, :1, :, :1], 1)
+        torch.testing.assert_close(draft.forward_step(*args, run_core=graphs.core)[0], draft.forward_step(*args)[0])

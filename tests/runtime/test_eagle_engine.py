@@ -1,7 +1,8 @@
-"""The engine speculating with EAGLE-1 drafts on a real compiled artifact: greedy output equals the same artifact
-without speculation, with a random draft (few drafts kept) and with a draft built from the target's own layers (most
-kept: the multi-token accept path); a whole build with ``[speculation] kind = "eagle"`` copies the draft into the
-artifact and serves it."""
+"""The engine speculating with EAGLE drafts on a real compiled artifact: greedy output equals the same artifact
+without speculation, with a random EAGLE-1 draft (few drafts kept), with a draft built from the target's own layers
+(most kept: the multi-token accept path) and with a random EAGLE-3 draft reading three target layers; a whole build
+with ``[speculation] kind = "eagle"`` copies the draft into the artifact, compiles its graphs (AOTInductor for the
+EAGLE-3 one) and serves it."""
 
 from __future__ import annotations
 
@@ -100,7 +101,9 @@ def test_greedy_batch_equals_plain_decoding_with_a_random_draft(spec_lm, spec_to
 
 def test_a_build_with_eagle_records_and_copies_the_draft(eagle_artifact):
     config = json.loads((eagle_artifact / "neuron_config.json").read_text())
-    assert config["speculation"] == {"kind": "eagle", "length": K, "draft": "draft", "draft_dtype": "float32"}
+    assert config["speculation"] == {"kind": "eagle", "length": K, "draft": "draft", "draft_dtype": "float32",
+                                     "layout": "eagle1", "target_layers": None}
+    assert {"draft_step", "draft_head"} <= set(config["graphs"])
     names = {p.name for p in (eagle_artifact / "draft").iterdir()}
     assert {"config.json", "model.safetensors", "neuronpack-eagle.json"} <= names
     manifest = json.loads((eagle_artifact / "neuronpack.json").read_text())
@@ -168,3 +171,37 @@ def test_generate_json_reports_eagle_speculation(eagle_artifact):
     a, b = json.loads(on.stdout), json.loads(off.stdout)
     assert a["tokens"] == b["tokens"] and "speculation" not in b
     assert a["speculation"]["kind"] == "eagle" and a["speculation"]["num_accepted_tokens"] > 0
+
+
+# -- EAGLE-3, compiled with AOTInductor ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def eagle3_artifact(tmp_path_factory):
+    """A 3-layer tiny Llama built with AOTInductor and a random EAGLE-3 draft in its original layout (midlayer.*,
+    d2t / t2d; reading the inputs of target layers 0, 1 and 2), converted by the pipeline."""
+    from tests.convert.eagle_fixtures import make_eagle3_draft
+    from tests.tiny_models import make_tiny_checkpoint
+
+    base = tmp_path_factory.mktemp("eagle3")
+    target = make_tiny_checkpoint(base / "target", layers=3)
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    draft = make_eagle3_draft(base / "draft", vocab=vocab, dtype="float32", aux_layers=[0, 1, 2])
+    return build_artifact(target, base / "root", ["compiler=aoti", 'speculation.kind="eagle"',
+                                                  f'speculation.draft="{draft}"', f"speculation.length={K}"])
+
+
+@pytest.mark.slow
+def test_eagle3_on_compiled_draft_graphs_keeps_greedy_output(eagle3_artifact):
+    from neuronpack.runtime.loader import load_engine
+
+    config = json.loads((eagle3_artifact / "neuron_config.json").read_text())
+    assert config["compiler"] == "aoti" and {"draft_step", "draft_head"} <= set(config["graphs"])
+    assert config["speculation"]["layout"] == "eagle3" and config["speculation"]["target_layers"] == [0, 1, 2]
+    spec = load_engine(eagle3_artifact).engine
+    proposer = spec.speculator.proposer
+    assert proposer.hidden_layers == (0, 1, 2) and proposer._core is not None  # the compiled draft graphs run
+    plain = Engine(spec.model, spec.tokenizer)
+    reqs = requests(spec.tokenizer)
+    assert run_all(spec, reqs) == run_all(plain, reqs)
+    result = spec.generate(reqs[0])
+    assert result.token_ids == plain.generate(reqs[0]).token_ids
+    assert result.speculation["num_draft_tokens"] > 0

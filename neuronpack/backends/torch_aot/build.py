@@ -4,7 +4,8 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
 
     graphs.pt2           AOTInductor package (layer and head graphs, weights are their inputs) or exported programs
     weights/             model.safetensors (+ shards/index) in the recipe dtype, and a copy of config.json
-    draft/               [speculation] kind = "eagle": the converted EAGLE draft (runs eagerly at serve time)
+    draft/               [speculation] kind = "eagle": the converted EAGLE draft (its weights; graphs.pt2 holds its
+                         compiled draft_step and draft_head graphs)
     lora/<name>/         with [lora]: each PEFT adapter as given (stacked into the layers' lora_A / lora_B at load)
     neuron_config.json   batch, lengths, buckets, dtype, compiler, target: what the loader needs
     config.json, tokenizer files, generation_config.json
@@ -139,11 +140,15 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(request.model_dir), dtype, max_seq_len=request.plan.seq_len,
                        reporter=reporter)
-    if config["speculation"] and config["speculation"]["kind"] == "eagle":
-        copy_eagle_draft(request.draft_dir, staging / DRAFT_DIR, dtype)  # checked before the compile
     groups = layer_groups(model)
     config["layer_graphs"] = groups  # layer -> its kind of layer graph (one kind unless some layers differ)
-    config["graphs"] = {name: name for name in graph_names(groups)}  # graph -> model name in graphs.pt2
+    names = graph_names(groups)
+    if config["speculation"] and config["speculation"]["kind"] == "eagle":  # checked before the compile
+        draft = copy_eagle_draft(request.draft_dir, staging / DRAFT_DIR, dtype, target_layers=config["num_layers"])
+        config["speculation"]["layout"] = "eagle3" if draft.eagle3 else "eagle1"
+        config["speculation"]["target_layers"] = list(draft.target_layers) if draft.eagle3 else None
+        names += list(L.DRAFT_GRAPHS)
+    config["graphs"] = {name: name for name in names}  # graph -> model name in graphs.pt2
     write_weights(model, request.model_dir, staging / WEIGHTS_DIR, reporter)
     shutil.copy2(Path(request.model_dir) / "config.json", staging / "config.json")
     copy_aux_files(request.model_dir, staging)
@@ -154,21 +159,23 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     return {"bucket_seconds": seconds, "compiler": config["compiler"]}
 
 
-def copy_eagle_draft(draft_dir: Path | None, out: Path, dtype) -> None:
+def copy_eagle_draft(draft_dir: Path | None, out: Path, dtype, target_layers: int):
     """Copy the converted EAGLE draft (safetensors, index, config.json, convert-eagle's manifest) into the artifact,
-    after loading it once as the runtime will (a draft the runtime cannot run fails the build here)."""
+    after loading it once as the runtime will (a draft the runtime cannot run fails the build here); returns it.
+    ``target_layers``: the target's layer count (an EAGLE-3 draft reads three of its layers)."""
     from neuronpack.convert.eagle import MANIFEST
     from neuronpack.models.eagle import load_eagle_draft
 
     if draft_dir is None:
         raise RecipeError('speculation kind "eagle" needs a draft', where="recipe [speculation]",
                           fix="set speculation.draft to the EAGLE draft's directory")
-    load_eagle_draft(Path(draft_dir), dtype)
+    draft = load_eagle_draft(Path(draft_dir), dtype, target_layers=target_layers)
     out.mkdir(parents=True)
     for path in sorted(Path(draft_dir).iterdir()):
         if path.is_file() and (path.suffix == ".safetensors" or path.name in (
                 "config.json", "model.safetensors.index.json", MANIFEST)):
             shutil.copy2(path, out / path.name)
+    return draft
 
 
 def write_weights(model, model_dir: Path, out: Path, reporter) -> None:

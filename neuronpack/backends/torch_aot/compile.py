@@ -21,14 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neuronpack.backends.torch_aot.layout import GRAPHS_FILE, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS, GRAPHS_FILE, WEIGHTS_DIR
 from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS
 from neuronpack.errors import BuildError
 
 
 def compile_graphs(model, plan, config: dict, staging: Path, reporter) -> dict[str, float]:
     """Export (and with AOTInductor, compile) every graph; package them into ``staging/graphs.pt2``.
-    ``staging/weights`` must already hold the model's weights (the parallel workers read them)."""
+    ``staging/weights`` (and with EAGLE graphs ``staging/draft``) must already hold the weights (the parallel
+    workers read them)."""
     limits = _limits(plan, config)
     names = list(config["graphs"])
     workers = min(_parallel_workers(), len(names)) if config["compiler"] == "aoti" else 1
@@ -38,7 +39,9 @@ def compile_graphs(model, plan, config: dict, staging: Path, reporter) -> dict[s
         if workers > 1:
             jobs = _compile_in_workers(Path(staging) / WEIGHTS_DIR, config, limits, workers)
         else:
-            jobs = (_compile_timed(model, name, limits, config) for name in names)
+            draft = staged_draft(staging, config) if any(n in DRAFT_GRAPHS for n in names) else None
+            jobs = (_compile_timed(draft if name in DRAFT_GRAPHS else model, name, limits, config)
+                    for name in names)
         for name, result, elapsed in jobs:
             compiled[config["graphs"][name]], seconds[name] = result, round(elapsed, 3)
             task.advance()
@@ -131,16 +134,30 @@ def compile_in_this_process(weights_dir: Path, config: dict, limits, names: list
     model = load_model(open_checkpoint(Path(weights_dir)), getattr(torch, config["torch_dtype"]),
                        max_seq_len=limits.max_seq)
     attach_artifact_lora(model, config, Path(weights_dir).parent)  # the staging dir: its lora/ copies
+    draft = staged_draft(Path(weights_dir).parent, config) if any(n in DRAFT_GRAPHS for n in names) else None
     for name in names:
-        yield _compile_timed(model, name, limits, config)
+        yield _compile_timed(draft if name in DRAFT_GRAPHS else model, name, limits, config)
+
+
+def staged_draft(staging: Path, config: dict):
+    """The EAGLE draft as the artifact ships it (``draft/``), loaded as the runtime loads it."""
+    import torch
+
+    from neuronpack.models.eagle import load_eagle_draft
+
+    spec = config["speculation"]
+    return load_eagle_draft(Path(staging) / spec["draft"], getattr(torch, spec["draft_dtype"]),
+                            target_layers=config["num_layers"])
 
 
 def _compile_one(model, name: str, limits, config: dict) -> Any:
     import torch
 
     from neuronpack.backends.torch_aot import graphs as G
+    from neuronpack.backends.torch_aot.draft_graphs import export_draft_graph
 
-    program = G.export_graph(model, name, limits)
+    export = export_draft_graph if name in DRAFT_GRAPHS else G.export_graph
+    program = export(model, name, limits)
     if config["compiler"] == "export":
         return program
     module = program.module(check_guards=False)

@@ -1,8 +1,9 @@
 """Names shared by the build and load sides of a portable artifact (torch-free).
 
 An artifact holds a decoder-layer graph (two: any step, and decode) and a head graph, compiled with dynamic shapes
-(see graphs.py) for prefill, decode and verification; the bucket plan bounds them (largest context bucket = longest
-prompt, seq_len = longest sequence) instead of multiplying graphs.
+(see graphs.py) for prefill, decode and verification, and with an EAGLE draft two draft graphs (draft_graphs.py);
+the bucket plan bounds them (largest context bucket = longest prompt, seq_len = longest sequence) instead of
+multiplying graphs.
 
 Example::
 
@@ -20,6 +21,8 @@ WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")
 NEURON_CONFIG = "neuron_config.json"
 LAYER_STEP, LAYER_DECODE, HEAD = "layer_step", "layer_decode", "head"
+DRAFT_STEP, DRAFT_HEAD = "draft_step", "draft_head"  # an EAGLE artifact's draft graphs (draft_graphs.py)
+DRAFT_GRAPHS = (DRAFT_STEP, DRAFT_HEAD)
 
 
 def cache_positions(seq_len: int) -> int:

@@ -117,6 +117,7 @@ class CompiledLM:
         self.context_buckets: tuple[int, ...] = tuple(config["context_encoding_buckets"])
         self.token_generation_buckets: tuple[int, ...] = tuple(config["token_generation_buckets"])
         self.max_seq_len: int = config["seq_len"]
+        self.num_layers: int = config["num_layers"]
         self.vocab_size: int = config["vocab_size"]
         self.eos_token_ids: tuple[int, ...] = eos
         self.compiler: str = config["compiler"]
@@ -130,6 +131,7 @@ class CompiledLM:
         self._layer_graphs = [(runners[L.LAYER_DECODE + s], runners[L.LAYER_STEP + s]) for s in suffix]
         self._layer_inputs = [layer_weights(model, i) for i in range(len(groups))]
         self._head = runners[L.HEAD]
+        self._draft_runners = {name: runners[name] for name in L.DRAFT_GRAPHS if name in runners}
         self._head_inputs = head_weights(model)
         shape = (config["num_layers"], self.batch_size, config["num_kv_heads"], config["kv_cache_positions"],
                  config["head_dim"])
@@ -143,8 +145,20 @@ class CompiledLM:
         # LoRA: adapter index k (1-based) is adapter_names[k - 1]; a LoRA artifact's graph takes one index per row
         self.adapter_names: tuple[str, ...] = adapter_names(config)
         self._lora = bool(config.get("lora"))
+        self._captured: dict[int, Any] | None = None  # during a step asked for hidden_layers: layer -> its input
+
+    def draft_graphs(self, draft):
+        """The artifact's compiled EAGLE draft graphs bound to ``draft`` (loaded from its ``draft/``), or None
+        when the artifact has none (the draft then runs eagerly)."""
+        if not self._draft_runners:
+            return None
+        from neuronpack.backends.torch_aot.draft_graphs import CompiledDraft
+
+        return CompiledDraft(self._draft_runners, draft, self.max_verify_tokens)
 
     def _run_layer(self, i: int, x, cos, sin, masks, k_rows, v_rows, *lora):
+        if self._captured is not None:
+            self._captured[i] = x  # the residual stream entering layer i (EAGLE-3 reads three of them)
         decode, step = self._layer_graphs[i]
         graph = decode if x.shape[1] == 1 else step
         return graph(self._layer_inputs[i], x, cos, sin, masks.past, k_rows, v_rows, *lora)
@@ -152,25 +166,47 @@ class CompiledLM:
     def _run_head(self, hidden, logit_index):
         return self._head(self._head_inputs, hidden, logit_index)
 
-    def _step(self, tokens, starts, n_past: int, logit_index, n_rows: int, adapters=None):
+    def _step(self, tokens, starts, n_past: int, logit_index, n_rows: int, adapters=None, hidden_layers=None):
         """One ``forward_step`` over cache rows 0..n_rows-1 -> (logits, hidden, new K, new V); ``adapters``: the
-        rows' LoRA indices as a tensor (LoRA artifacts only)."""
+        rows' LoRA indices as a tensor (LoRA artifacts only). hidden: the final-normed states, or with
+        ``hidden_layers`` the inputs of those layers concatenated [n, T, len * hidden]."""
+        import torch
+
         k, v = self._row_views[n_rows]
-        return self._model.forward_step(tokens, starts, n_past, k, v, logit_index, run_layer=self._run_layer,
-                                        run_head=self._run_head, adapters=adapters)
+        self._captured = {} if hidden_layers else None
+        try:
+            logits, hidden, new_k, new_v = self._model.forward_step(
+                tokens, starts, n_past, k, v, logit_index, run_layer=self._run_layer, run_head=self._run_head,
+                adapters=adapters)
+            if hidden_layers:
+                hidden = torch.cat([self._captured[i] for i in hidden_layers], dim=-1)
+        finally:
+            self._captured = None
+        return logits, hidden, new_k, new_v
+
+    def _check_hidden_layers(self, hidden_layers: Sequence[int] | None) -> tuple[int, ...] | None:
+        if hidden_layers is None:
+            return None
+        layers = tuple(int(i) for i in hidden_layers)
+        if not layers or not all(0 <= i < len(self._layer_inputs) for i in layers):
+            raise ValueError(f"hidden_layers {list(layers)} must name layers in 0..{len(self._layer_inputs) - 1}")
+        return layers
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                adapters: Sequence[int] | None = None, return_hidden: bool = False):
+                adapters: Sequence[int] | None = None, return_hidden: bool = False,
+                hidden_layers: Sequence[int] | None = None):
         """Write each prompt's KV into its slot (positions 0..len-1) in one graph call; return float32 logits
         [len(slots), vocab] of each prompt's last token, with ``return_hidden`` also the final-normed hidden states
-        [len(slots), longest prompt, hidden] (row i valid up to its prompt's length; what EAGLE drafts read).
+        [len(slots), longest prompt, hidden] (row i valid up to its prompt's length; what EAGLE drafts read), or with
+        ``hidden_layers`` the inputs of those layers concatenated (EAGLE-3's).
         ``adapters``: each prompt's LoRA adapter index (0 or None: the base model). A prompt longer than the largest
         context bucket -> BucketError."""
         import torch
 
         self._check_prefill(slots, prompts)
+        hidden_layers = self._check_hidden_layers(hidden_layers)
         with torch.inference_mode():
-            logits, hidden = self._run_prefill(slots, prompts, adapters)
+            logits, hidden = self._run_prefill(slots, prompts, adapters, hidden_layers)
         return (logits[:, 0], hidden) if return_hidden else logits[:, 0]
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> torch.Tensor:
@@ -184,7 +220,8 @@ class CompiledLM:
             _, hidden = self._run_prefill([slot], [token_ids], [adapter])
             return self._lm_head(hidden[0, : len(token_ids)]).float()
 
-    def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], adapters=None):
+    def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], adapters=None,
+                     hidden_layers=None):
         """One step for every prompt, right padded to the longest (later steps mask the padding by
         position). The graph reads no cache (every start is 0) and the prompts' KV go to their own rows."""
         import torch
@@ -198,7 +235,8 @@ class CompiledLM:
         starts = torch.zeros(len(prompts), dtype=torch.long)
         # Rows 0..n-1 are read, all masked (nothing lies below position 0); the KV goes to the prompts' own rows.
         lora = self._adapter_input(adapters, len(prompts))
-        logits, hidden, new_k, new_v = self._step(tokens, starts, 1, last, len(prompts), *lora)
+        logits, hidden, new_k, new_v = self._step(tokens, starts, 1, last, len(prompts), *lora,
+                                                  hidden_layers=hidden_layers)
         self._store(torch.tensor(rows), starts, new_k, new_v)
         for row in rows:
             self._rows.wrote(row, width)
@@ -219,11 +257,13 @@ class CompiledLM:
         return logits[:, 0]
 
     def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
-               return_hidden: bool = False, adapters: Sequence[int] | None = None):
+               return_hidden: bool = False, adapters: Sequence[int] | None = None,
+               hidden_layers: Sequence[int] | None = None):
         """Run T tokens per slot in one step (speculative verification): row i's tokens at positions
         ``starts[i]..starts[i]+T-1``; their KV is written. Returns float32 logits [n, T, vocab] (``[i, j]`` scores
         the token after ``token_rows[i][j]``), with ``return_hidden`` also the final-normed hidden states
-        [n, T, hidden]. Positions past what the caller keeps are harmless: later steps overwrite them.
+        [n, T, hidden] (or, with ``hidden_layers``, those layers' inputs concatenated, as ``prefill``). Positions
+        past what the caller keeps are harmless: later steps overwrite them.
         ``adapters``: each slot's LoRA adapter index (0 or None: the base model)."""
         import torch
 
@@ -238,8 +278,11 @@ class CompiledLM:
         tokens = torch.tensor([list(r) for r in token_rows], dtype=torch.long)
         positions = torch.as_tensor(list(starts), dtype=torch.long)
         self._check_decode(tokens[:, 0], positions + (width - 1), slots)
-        index = torch.arange(width).expand(len(slots), width)
-        logits, hidden = self._run_rows(slots, tokens, positions, index, adapters)
+        # contiguous: a compiled graph reads its inputs with the strides it was compiled for (an expand's stride 0
+        # made the head gather garbage positions for every row after the first)
+        index = torch.arange(width).expand(len(slots), width).contiguous()
+        logits, hidden = self._run_rows(slots, tokens, positions, index, adapters,
+                                        self._check_hidden_layers(hidden_layers))
         return (logits, hidden) if return_hidden else logits
 
     def _adapter_input(self, adapters: Sequence[int] | None, n: int) -> tuple:
@@ -257,7 +300,7 @@ class CompiledLM:
             return ()
         return (torch.tensor(adapters if adapters is not None else [0] * n, dtype=torch.long),)
 
-    def _run_rows(self, slots: list[int], tokens, starts, logit_index, adapters=None):
+    def _run_rows(self, slots: list[int], tokens, starts, logit_index, adapters=None, hidden_layers=None):
         """Pack ``slots`` into rows 0..n-1, run one step over them, store the new KV; outputs in slot order."""
         import torch
 
@@ -274,7 +317,8 @@ class CompiledLM:
             lora = tuple(torch.empty_like(a).index_copy_(0, order, a) for a in lora)
         n_past = max(1, int(starts.max()))  # cached positions any row reads (at least 1: a dimension of 0 fails)
         with torch.inference_mode():
-            logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, n, *lora)
+            logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, n, *lora,
+                                                      hidden_layers=hidden_layers)
             self._store(torch.arange(n), starts, new_k, new_v)
         width = tokens.shape[1]
         for row, start in zip(range(n), starts.tolist(), strict=True):

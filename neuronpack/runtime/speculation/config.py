@@ -38,8 +38,9 @@ class SpeculationConfig:
                    draft_dir=Path(artifact_dir or ".") / draft if draft else None,
                    draft_dtype=str(data.get("draft_dtype") or "float32"))
 
-    def proposer(self) -> Proposer:
-        """The drafting side for this kind (an EAGLE draft is loaded here: torch)."""
+    def proposer(self, model: Any = None) -> Proposer:
+        """The drafting side for this kind (an EAGLE draft is loaded here: torch). ``model``: the target
+        (``CompiledLM``): an EAGLE draft needs its layer count and runs its compiled draft graphs when it has any."""
         if self.kind == "prompt_lookup":
             return PromptLookupProposer(int(self.prompt_lookup_min or 1), int(self.prompt_lookup_max or 1))
         if self.kind == "eagle" and self.draft_dir is not None:
@@ -48,5 +49,8 @@ class SpeculationConfig:
             from neuronpack.models.eagle import load_eagle_draft
             from neuronpack.runtime.speculation.eagle import EagleProposer
 
-            return EagleProposer(load_eagle_draft(self.draft_dir, getattr(torch, self.draft_dtype)))
+            draft = load_eagle_draft(self.draft_dir, getattr(torch, self.draft_dtype),
+                                     target_layers=getattr(model, "num_layers", None))
+            graphs = model.draft_graphs(draft) if hasattr(model, "draft_graphs") else None
+            return EagleProposer(draft, graphs)
         raise ValueError(f"speculation kind {self.kind!r} is not implemented by the portable runtime")

@@ -1,24 +1,27 @@
-"""EAGLE proposer: drafts with an EAGLE-1/2 draft model (``neuronpack.models.eagle``) fed by the target's hidden states.
+"""EAGLE proposer: drafts with an EAGLE draft model (``neuronpack.models.eagle``: EAGLE-1/2 or EAGLE-3) fed by the
+target's hidden states (``hidden_layers``: which ones the target's verify and prefill calls return).
 
 Per running sequence it keeps the draft's own KV cache and the target hidden states not fed to the draft yet. For a
 sequence x_0..x_{n-1} (x_{n-1} not yet in the target's cache), draft position j holds the pair (x_{j+1}, h_j):
 
-- ``prefilled``: the prompt's hidden states h_0..h_{p-1} (from the prefill call) become pending.
+- ``prefilled``: the prompt's hidden states h_0..h_{p-1} (from the prefill call, through the draft's ``from_target``)
+  become pending.
 - ``propose``: the pending pairs (their tokens are known by now) run through the draft in one call and fill its
   cache; its last output gives d1 = argmax; each further draft feeds (d_i, the draft's own output) at the next
   position (greedy drafting: rejection sampling treats the draft as one-hot, which is exact for a deterministic
   draft).
-- ``verified``: the hidden states of the positions the target kept (accepted drafts + 1) become pending; the draft's
-  tentative positions past them are overwritten by the next catch-up.
+- ``verified``: the hidden states of the positions the target kept (accepted drafts + 1) become pending (through
+  ``from_target``); the draft's tentative positions past them are overwritten by the next catch-up.
 
 A sequence whose prompt hidden states never came (prompt logprobs, forks of a parallel request) starts its draft
 context at its first verified position (RoPE is relative, so positions count from there). The running sequences
-draft together in eager PyTorch (no AOT graph for the draft yet): one catch-up call over all of them (rows right
-padded), then one call per further draft token; each sequence owns one row of the proposer's draft KV cache.
+draft together: one catch-up call over all of them (rows right padded), then one call per further draft token;
+each sequence owns one row of the proposer's draft KV cache. A call runs the draft's ``forward`` and ``logits``
+eagerly, or the artifact's compiled draft graphs (``DraftGraphs``: the same functions with the weights as inputs).
 
 Example::
 
-    proposer = EagleProposer(load_eagle_draft(Path("artifact/draft"), torch.float32))
+    proposer = EagleProposer(load_eagle_draft(Path("artifact/draft"), torch.float32, target_layers=30))
     proposer.prefilled(["r1"], [hidden_of_prompt])          # [p, H]
     proposer.propose([DraftRequest("r1", ids, max_tokens=3)])[0].token_ids
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -56,23 +60,37 @@ class _Sequence:
         return sum(int(h.shape[0]) for h in self.pending)
 
 
+class DraftGraphs(Protocol):
+    """Compiled replacements of the draft's two functions (the portable artifact's draft graphs)."""
+
+    def core(self, tokens: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, past: Tensor, k_past: Tensor,
+             v_past: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def logits(self, z: Tensor) -> Tensor: ...
+
+
 class EagleProposer:
-    """The ``Proposer`` for ``[speculation] kind = "eagle"`` (greedy EAGLE-1/2 chain drafts)."""
+    """The ``Proposer`` for ``[speculation] kind = "eagle"`` (greedy chain drafts, EAGLE-1/2 or EAGLE-3);
+    ``graphs``: the draft's compiled graphs (None: the draft runs eagerly)."""
 
     needs_hidden_states = True
 
-    def __init__(self, draft: EagleDraft) -> None:
+    def __init__(self, draft: EagleDraft, graphs: DraftGraphs | None = None) -> None:
         self.draft = draft
+        self.hidden_layers = draft.target_layers  # what the target returns for it (None: final-normed states)
+        self._core = graphs.core if graphs is not None else None
+        self._logits = graphs.logits if graphs is not None else draft.logits
         self._seqs: dict[str, _Sequence] = {}
         self._free: list[int] = []
         self.k: Tensor | None = None  # [layers, rows, kv, positions, hd], one row per sequence
         self.v: Tensor | None = None
 
     def prefilled(self, request_ids: Sequence[str], hidden: Sequence[Tensor]) -> None:
-        """The prompts' target hidden states, one [prompt_len, H] per request."""
-        for rid, h in zip(request_ids, hidden, strict=True):
-            self._new(rid, 0).length = int(h.shape[0]) + 1
-            self._seqs[rid].pending.append(h.detach())
+        """The prompts' target hidden states, one [prompt_len, H] (EAGLE-3: [prompt_len, 3H]) per request."""
+        with torch.inference_mode():
+            for rid, h in zip(request_ids, hidden, strict=True):
+                self._new(rid, 0).length = int(h.shape[0]) + 1
+                self._seqs[rid].pending.append(self.draft.from_target(h))
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         live = {r.request_id for r in requests}
@@ -84,12 +102,14 @@ class EagleProposer:
     def verified(self, request_ids: Sequence[str], accepted: Sequence[int], hidden: Tensor | None) -> None:
         if hidden is None:
             raise ValueError("the EAGLE proposer needs the target's hidden states from verify")
+        with torch.inference_mode():
+            kept_hidden = self.draft.from_target(hidden)
         for i, (rid, kept) in enumerate(zip(request_ids, accepted, strict=True)):
             seq = self._seqs[rid]
             if seq.filled + seq.pending_count != seq.length - 1:  # hidden states must follow on without a gap
                 raise RuntimeError(f"EAGLE draft state of {rid} out of step: {seq.filled} + {seq.pending_count} "
                                    f"pending != verify start {seq.length - 1}")
-            seq.pending.append(hidden[i, : kept + 1].detach())
+            seq.pending.append(kept_hidden[i, : kept + 1])
 
     # -- drafting ----------------------------------------------------------------------------------------------
     def _new(self, rid: str, base: int) -> _Sequence:
@@ -137,7 +157,7 @@ class EagleProposer:
             seq.filled, seq.pending = len(requests[request_i].token_ids) - 1, []
         wanted = [requests[i].max_tokens for i in active]
         for step in range(max(wanted)):
-            picked = torch.argmax(self.draft.logits(last), dim=-1).tolist()  # [A]
+            picked = torch.argmax(self._logits(last), dim=-1).tolist()  # [A]
             for a, i in enumerate(active):
                 if step < wanted[a]:
                     drafts[i].append(picked[a])
@@ -151,11 +171,11 @@ class EagleProposer:
     def _run(self, rows: Tensor, tokens: Tensor, hidden: Tensor, starts: Tensor) -> Tensor:
         """Run pairs [A, T] in cache ``rows`` from index ``starts``; store their K/V; return the outputs [A, T, H]."""
         t = tokens.shape[1]
-        n_past = int(starts.max())
+        n_past = max(1, int(starts.max()))  # at least one (masked) position: a dimension of 0 fails in a graph
         self._grow(positions=n_past + t)
         k = self.k[:, rows, :, :n_past]  # [layers, A, kv, n_past, hd] (a copy: rows are scattered)
         v = self.v[:, rows, :, :n_past]
-        out, new_k, new_v = self.draft.forward_step(tokens, hidden, starts, list(k), list(v), n_past)
+        out, new_k, new_v = self.draft.forward_step(tokens, hidden, starts, k, v, n_past, run_core=self._core)
         store_kv(self.k, rows, starts, new_k)
         store_kv(self.v, rows, starts, new_v)
         return out

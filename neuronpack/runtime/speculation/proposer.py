@@ -44,9 +44,11 @@ class Draft:
 
 class Proposer(Protocol):
     """What the speculative step drives. ``needs_hidden_states``: the verify call must return the target's hidden
-    states (EAGLE drafts read them), handed to ``verified``."""
+    states (EAGLE drafts read them), handed to ``verified``; ``hidden_layers``: which ones (None: the final-normed
+    states; else the concatenated inputs of these target layers, EAGLE-3's)."""
 
     needs_hidden_states: bool
+    hidden_layers: tuple[int, ...] | None
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         """One Draft per request, at most ``max_tokens`` tokens each (empty when there is no guess)."""
@@ -66,6 +68,7 @@ class PromptLookupProposer:
     """N-gram lookup in the sequence's own tokens (vLLM's ``ngram`` speculative method); stateless."""
 
     needs_hidden_states = False
+    hidden_layers = None
 
     def __init__(self, min_n: int, max_n: int) -> None:
         if not 1 <= min_n <= max_n:

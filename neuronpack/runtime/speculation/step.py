@@ -41,7 +41,8 @@ class VerifyingModel(Protocol):
     def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
 
     def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
-               return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]: ...
+               return_hidden: bool = False, hidden_layers: Sequence[int] | None = None
+               ) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ class SpeculativeStep:
             token_rows = [_padded([r.token_ids[-1], *d.token_ids], width) for r, d in zip(rows, drafts, strict=True)]
             starts = [r.start for r in rows]
             if self.proposer.needs_hidden_states:
-                logits, hidden = self.model.verify(slots, token_rows, starts, return_hidden=True)
+                logits, hidden = self.model.verify(slots, token_rows, starts, return_hidden=True,
+                                                   hidden_layers=self.proposer.hidden_layers)
             else:
                 logits = self.model.verify(slots, token_rows, starts)  # [n, width, V]
         outcomes = accept(logits, drafts, [r.sampler for r in rows])
