@@ -8,8 +8,10 @@ neuronpack's version, the bytes of ``recipe.py``, the installed pydantic). Later
 enough to resolve and key a build. Only successful validations are stored, so a bad recipe is always validated and
 refused with its usual error; a changed file, override, model or validator is a new digest.
 
-A build (a cache miss, ``--dry-run``) needs the real ``Recipe``: ``full_recipe`` validates the view's input again.
-A store that cannot be written or read is never fatal (the recipe is validated, as without the memo).
+A build (a cache miss, ``--dry-run``) needs the real ``Recipe``: ``full_recipe`` validates the view's input again
+(and refuses a view that differs from it). A store that cannot be written or read is never fatal (the recipe is
+validated, as without the memo). Like the digest cache, the store is trusted: an entry edited by hand could key a
+cache hit wrongly, as an edited ``digests.json`` could.
 
 Example::
 
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack import __version__
 from neuronpack.digest import cache_dir
+from neuronpack.errors import RecipeError
 from neuronpack.fsutil import write_text_atomic
 from neuronpack.recipe_input import read_recipe_input
 from neuronpack.recipe_methods import RecipeMethods
@@ -76,12 +79,14 @@ class _Section:
 class RecipeView(RecipeMethods, _Section):
     """A validated recipe read back from the memo: a ``Recipe`` for reading, without pydantic."""
 
-    __slots__ = ("input", "where")
+    __slots__ = ("entry", "input", "where")
 
-    def __init__(self, dumped: dict[str, Any], sections: frozenset[str], input_data: dict[str, Any], where: str):
+    def __init__(self, dumped: dict[str, Any], sections: frozenset[str], input_data: dict[str, Any], where: str,
+                 entry: Path | None = None):
         super().__init__(dumped, sections)
         object.__setattr__(self, "input", input_data)  # what read_recipe_input gave: validated again by full_recipe
         object.__setattr__(self, "where", where)
+        object.__setattr__(self, "entry", entry)  # the memo file it was read from
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(self._data)
@@ -94,7 +99,7 @@ def load_recipe_memo(
     data, where = read_recipe_input(path, overrides=overrides, model=model)
     digest = _input_digest(data)
     if digest is not None and (entry := _read_entry(digest)) is not None:
-        return RecipeView(entry["recipe"], frozenset(entry["sections"]), data, where)
+        return RecipeView(entry["recipe"], frozenset(entry["sections"]), data, where, memo_dir() / f"{digest}.json")
     from neuronpack.recipe import validate_recipe_data
 
     recipe = validate_recipe_data(data, where)
@@ -104,12 +109,19 @@ def load_recipe_memo(
 
 
 def full_recipe(recipe: Recipe | RecipeView) -> Recipe:
-    """The validated ``Recipe`` (a view's input is validated again: a build never runs on stored data)."""
-    if isinstance(recipe, RecipeView):
-        from neuronpack.recipe import validate_recipe_data
+    """The validated ``Recipe`` (a view's input is validated again: a build never runs on stored data). A view that
+    does not read like it (its memo file was edited) was keyed wrongly: RecipeError, and the entry is removed."""
+    if not isinstance(recipe, RecipeView):
+        return recipe
+    from neuronpack.recipe import validate_recipe_data
 
-        return validate_recipe_data(recipe.input, recipe.where)
-    return recipe
+    validated = validate_recipe_data(recipe.input, recipe.where)
+    if validated.to_dict() != recipe.to_dict():
+        if recipe.entry is not None:
+            recipe.entry.unlink(missing_ok=True)
+        raise RecipeError("the remembered validation of this recipe differs from the recipe (edited by hand?)",
+                          where=str(recipe.entry), fix="run the command again: the stale entry was removed")
+    return validated
 
 
 def memo_dir() -> Path:

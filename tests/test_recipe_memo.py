@@ -141,3 +141,17 @@ def test_the_least_recently_used_entries_are_pruned(monkeypatch):
     assert len(list(memo_dir().iterdir())) == 2
     assert isinstance(load_recipe_memo(model="/a"), RecipeView) and isinstance(load_recipe_memo(model="/c"), RecipeView)
     assert isinstance(load_recipe_memo(model="/b"), Recipe)
+
+
+def test_an_edited_entry_is_caught_before_a_build_and_removed():
+    _, view = _twice(Path("recipes/tiny-test.toml"), model="/m")
+    (entry,) = memo_dir().iterdir()
+    data = json.loads(entry.read_text())
+    data["recipe"]["target"]["seq_len"] = 4096
+    entry.write_text(json.dumps(data))
+    edited = load_recipe_memo(Path("recipes/tiny-test.toml"), model="/m")
+    assert edited.target.seq_len == 4096  # what the memo says (a key from it names no artifact of this recipe)
+    with pytest.raises(RecipeError, match="remembered validation"):
+        full_recipe(edited)
+    assert not entry.exists()
+    assert isinstance(load_recipe_memo(Path("recipes/tiny-test.toml"), model="/m"), Recipe)
