@@ -26,7 +26,6 @@ __all__ = ["Recipe", "load_recipe", "parse_set", "validate_recipe_data"]  # pars
 
 Framework = Literal["auto", "nxd", "tnx", "torch"]
 Instance = Literal["trn1", "trn2", "inf2", "cpu", "cuda"]
-NEURON_INSTANCES = ("trn1", "trn2", "inf2")
 
 
 class _Section(BaseModel):

@@ -198,3 +198,26 @@ def test_internal_build_failure_is_wrapped_with_log(tiny_llama, tmp_path, monkey
     assert Path(info.value.where).is_file()
     store = artifacts_root(tmp_path)
     assert [p.name for p in store.iterdir() if not p.name.startswith(".")] == []
+
+
+def test_neuron_frameworks_key_a_remembered_recipe_without_pydantic(tiny_llama, tmp_path):
+    """A cache hit on a Neuron machine keys the inputs with the nxd / tnx backend (versions and target): from the
+    recipe memo that takes no pydantic either, and gives the key --dry-run gives."""
+    recipe = Path(__file__).parents[2] / "recipes" / "llama-3.1-8b-instruct-trn1.toml"
+    keys = [compile_model(str(tiny_llama), recipe=recipe, framework=fw, out_root=tmp_path, dry_run=True).key
+            for fw in ("nxd", "tnx")]  # validated here: the memo knows the recipe now
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from neuronpack.pipeline.inputs import resolve_inputs\n"
+        "from neuronpack.pipeline.plan import plan_build\n"
+        "from neuronpack.progress import NullReporter\n"
+        "for fw in ('nxd', 'tnx'):\n"
+        f"    inputs = resolve_inputs({str(tiny_llama)!r}, recipe_path=Path({str(recipe)!r}), overrides=[],\n"
+        "                            framework=fw, reporter=NullReporter())\n"
+        f"    print(plan_build(inputs, out_root=Path({str(tmp_path)!r}), dest=None).key)\n"
+        "print('pydantic' in sys.modules)\n"
+    )
+    out, torch_imported = run_fresh(code)
+    *fresh_keys, pydantic_imported = out.splitlines()
+    assert fresh_keys == keys and pydantic_imported == "False" and not torch_imported
