@@ -1,8 +1,9 @@
 """Cache-hit `neuronpack compile` vs `neuronpack --version`, for a small and a ~1 GB checkpoint, in one run.
 
 Targets: a hit costs <= 2x `--version`, and the 1 GB hit is within 1.2x of the small one (weights are never re-read:
-digests are cached by file stat, safetensors headers are read without torch; a hit imports no torch and none of the
-build code).
+digests are cached by file stat, safetensors headers are read without torch; a hit imports no torch, none of the
+build code and no pydantic: the recipe, validated by the build run before the timed rounds, comes from the recipe
+memo, the manifest is checked as JSON).
 
 Every command runs in a fresh process, the commands interleaved round by round so that a busy machine slows them
 alike; the table gives medians of wall and CPU seconds (user + system: less sensitive to other jobs). Start-up

@@ -18,9 +18,11 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from neuronpack.errors import NeuronpackError, OutputExistsError
 
@@ -57,6 +59,71 @@ def fsync_tree(root: Path) -> None:
             finally:
                 os.close(fd)
         fsync_dir(Path(dirpath))
+
+
+class FlushBehind:
+    """Write a file's data to disk while more of it is still being written: each time ``wrote`` has counted
+    ``every`` bytes, a worker thread fdatasyncs (a duplicate of) the file's descriptor, unless its previous fdatasync
+    is still running. Writeback then overlaps the writing instead of following it, and the fsync before publishing
+    (``fsync_tree``) finds little left to do. It changes no guarantee: the caller still fsyncs. A background
+    fdatasync's error is raised by ``wrote`` or ``close`` (Linux reports a writeback error once per open file: a
+    later fsync of a new descriptor would not see it).
+
+    Example::
+
+        with open(path, "wb") as fh, FlushBehind(fh) as flush:
+            for piece in pieces:
+                fh.write(piece)
+                flush.wrote(len(piece))
+    """
+
+    def __init__(self, fh: BinaryIO, every: int = 64 * 2**20) -> None:
+        self._fh = fh
+        self._fd = os.dup(fh.fileno())
+        self._every = every
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+        self._error: OSError | None = None
+
+    def wrote(self, nbytes: int) -> None:
+        self._pending += nbytes
+        if self._pending < self._every or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._raise_error()
+        self._fh.flush()  # what Python still buffers reaches the kernel before the fdatasync starts
+        self._pending = 0
+        self._thread = threading.Thread(target=self._sync, name="neuronpack-flush-behind", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Wait for the running fdatasync; raise its error, if any."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._raise_error()
+
+    def _sync(self) -> None:
+        try:
+            getattr(os, "fdatasync", os.fsync)(self._fd)
+        except OSError as exc:
+            self._error = exc
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def __enter__(self) -> FlushBehind:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # the body's exception is the one to see
+            with contextlib.suppress(OSError):
+                self.close()
 
 
 def fsync_dir(path: Path) -> None:

@@ -12,23 +12,20 @@ Example::
 from __future__ import annotations
 
 import re
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from neuronpack.buckets import BucketPlan, plan_buckets
 from neuronpack.errors import RecipeError
+from neuronpack.recipe_input import parse_set, read_recipe_input
+from neuronpack.recipe_methods import RecipeMethods
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+__all__ = ["Recipe", "load_recipe", "parse_set", "validate_recipe_data"]  # parse_set: for callers of this module
 
 Framework = Literal["auto", "nxd", "tnx", "torch"]
 Instance = Literal["trn1", "trn2", "inf2", "cpu", "cuda"]
-NEURON_INSTANCES = ("trn1", "trn2", "inf2")
 
 
 class _Section(BaseModel):
@@ -160,7 +157,7 @@ class LoraSection(_Section):
         return value
 
 
-class Recipe(_Section):
+class Recipe(_Section, RecipeMethods):
     name: str | None = None
     description: str | None = None
     compiler: Literal["aoti", "export"] = "aoti"  # torch backend: AOTInductor, or export-only programs
@@ -196,77 +193,8 @@ class Recipe(_Section):
             raise ValueError(f"speculation.length {self.speculation.length} must be below target.seq_len")
         return self
 
-    @property
-    def max_context_length(self) -> int:
-        return self.target.max_context_length or self.target.seq_len
-
-    def bucket_plan(self) -> BucketPlan:
-        """The bucket plan this recipe compiles (NxDI's auto formula unless lists are given)."""
-        return plan_buckets(
-            self.target.seq_len,
-            self.max_context_length,
-            enabled=self.buckets.enabled,
-            context=self.buckets.context,
-            token_generation=self.buckets.token_generation,
-        )
-
-    def instance_for(self, framework: str) -> str:
-        """The instance actually targeted once the framework is known."""
-        if self.target.instance:
-            return self.target.instance
-        return "cpu" if framework == "torch" else "trn1"
-
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
-
-
-def parse_set(assignment: str) -> tuple[list[str], Any]:
-    """``a.b.c=VALUE`` -> (["a", "b", "c"], value). VALUE is read as TOML (numbers, booleans, [lists], "strings");
-    anything that is not valid TOML is taken as a bare string (``compiler=export``)."""
-    key, sep, raw = assignment.partition("=")
-    path = [p.strip() for p in key.strip().split(".")]
-    if not sep or not all(path):
-        raise RecipeError(
-            f"--set {assignment!r} is not KEY=VALUE", where="--set", fix="write it like --set target.batch_size=4"
-        )
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    except RecursionError:
-        raise RecipeError(f"--set {key.strip()}=...: the value is nested too deeply", where="--set",
-                          fix="give a flat value like 4, true, [128, 512] or \"text\"") from None
-    return path, value
-
-
-def _apply_set(data: dict[str, Any], path: list[str], value: Any, assignment: str) -> None:
-    node = data
-    for part in path[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise RecipeError(
-                f"--set {assignment!r}: {part!r} is a value, not a section", where="--set", fix="check the key path"
-            )
-        node = child
-    node[path[-1]] = value
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise RecipeError("recipe file not found", where=str(path), fix="pass an existing file to --recipe") from None
-    except IsADirectoryError:
-        raise RecipeError("recipe path is a directory", where=str(path), fix="pass a .toml file") from None
-    except UnicodeDecodeError:
-        raise RecipeError("recipe is not UTF-8 text", where=str(path), fix="save it as UTF-8 TOML") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"invalid TOML: {exc}", where=str(path), fix="fix the syntax") from None
-    except RecursionError:
-        raise RecipeError("invalid TOML: nested too deeply", where=str(path), fix="flatten the arrays/tables") from None
-    except OSError as exc:
-        raise RecipeError(f"cannot read recipe: {exc.strerror or exc}", where=str(path),
-                          fix="pass a readable .toml file to --recipe") from None
 
 
 def _explain(exc: ValidationError, where: str) -> RecipeError:
@@ -288,24 +216,15 @@ def _explain(exc: ValidationError, where: str) -> RecipeError:
     return RecipeError(what, where=where, fix=fix)
 
 
-def load_recipe(
-    path: Path | None = None, *, overrides: list[str] | tuple[str, ...] = (), model: str | None = None
-) -> Recipe:
-    """Load and validate a recipe. ``overrides`` are ``--set key.path=value`` strings; ``model`` replaces the
-    recipe's model source. Any problem raises RecipeError naming the file and key."""
-    data: dict[str, Any] = _read_toml(Path(path)) if path is not None else {}
-    for assignment in overrides:
-        key_path, value = parse_set(assignment)
-        _apply_set(data, key_path, value, assignment)
-    if model is not None:
-        data.setdefault("model", {})
-        if not isinstance(data["model"], dict):
-            raise RecipeError("'model' must be a table", where=str(path), fix="write it as [model]")
-        data["model"]["source"] = str(model)
-    where = str(path) if path is not None else "recipe defaults"
-    if overrides:
-        where += " with --set " + ", ".join(overrides)
+def validate_recipe_data(data: dict[str, Any], where: str) -> Recipe:
+    """A Recipe from ``read_recipe_input`` data; RecipeError naming ``where`` and the first bad key."""
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
         raise _explain(exc, where) from None
+
+
+def load_recipe(path: Path | None = None, *, overrides: Sequence[str] = (), model: str | None = None) -> Recipe:
+    """Load and validate a recipe. ``overrides`` are ``--set key.path=value`` strings; ``model`` replaces the
+    recipe's model source. Any problem raises RecipeError naming the file and key."""
+    return validate_recipe_data(*read_recipe_input(path, overrides=overrides, model=model))

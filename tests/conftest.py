@@ -8,6 +8,16 @@ import pytest
 from tests.tiny_models import make_tiny_checkpoint
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_session_cache(tmp_path_factory):
+    """The same cache directory for session fixtures (they are set up before any function fixture): a session-wide
+    build must not write its digests and remembered recipes into the user's ~/.cache either."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("NEURONPACK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "np-cache"))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep digest caches and artifact roots out of the user's home."""

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuronpack.buckets import BucketPlan
 from neuronpack.digest import file_sha256, sha256_json
-from neuronpack.recipe import LoraSection, Recipe
+
+if TYPE_CHECKING:  # a Recipe or the memo's RecipeView (neuronpack.recipe_memo): a cache hit imports no pydantic
+    from neuronpack.recipe import LoraSection, Recipe
 
 KEY_SCHEMA = 1
 

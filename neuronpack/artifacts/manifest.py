@@ -26,16 +26,21 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from neuronpack import __version__
+from neuronpack.artifacts.manifest_json import (
+    MANIFEST_NAME,
+    MANIFEST_SCHEMA,
+    REBUILD,
+    REQUIRED_FIELDS,
+    check_manifest_shape,
+    read_manifest_json,
+)
 from neuronpack.buckets import BucketPlan
 from neuronpack.digest import sha256_stream
 from neuronpack.errors import ArtifactError
 from neuronpack.fsutil import write_text_atomic
 from neuronpack.recipe import Recipe
 
-MANIFEST_NAME = "neuronpack.json"
-MANIFEST_SCHEMA = 1
-REQUIRED_FIELDS = ("schema", "key", "key_inputs", "framework", "versions", "target", "recipe", "buckets", "files")
-REBUILD = "rebuild it with `neuronpack compile --force`"
+__all__ = ["MANIFEST_NAME", "MANIFEST_SCHEMA", "REBUILD", "REQUIRED_FIELDS", "Manifest", "read_manifest"]
 
 
 class _Frozen(BaseModel):
@@ -165,31 +170,12 @@ def write_manifest(root: Path, manifest: Manifest) -> Path:
 
 def read_manifest(artifact_dir: Path) -> Manifest:
     """The manifest of an artifact directory; ArtifactError when the directory or manifest is missing or invalid."""
-    artifact_dir = Path(artifact_dir)
-    if not artifact_dir.is_dir():
-        raise ArtifactError("artifact directory does not exist", where=str(artifact_dir),
-                            fix="run `neuronpack compile` or check the path")
-    path = artifact_dir / MANIFEST_NAME
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ArtifactError(f"no {MANIFEST_NAME}: not a neuronpack artifact or an unfinished build",
-                            where=str(artifact_dir), fix="rebuild it with `neuronpack compile`") from None
-    except ValueError as exc:
-        raise ArtifactError(f"{MANIFEST_NAME} is not valid JSON ({exc})", where=str(path), fix=REBUILD) from None
-    return parse_manifest(data, where=str(path))
+    return parse_manifest(read_manifest_json(artifact_dir), where=str(Path(artifact_dir) / MANIFEST_NAME))
 
 
 def parse_manifest(data: Any, *, where: str) -> Manifest:
     """A Manifest from its JSON object; ArtifactError naming the first problem."""
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{MANIFEST_NAME} is not a JSON object", where=where, fix="rebuild the artifact")
-    missing = [f for f in REQUIRED_FIELDS if f not in data]
-    if missing:
-        raise ArtifactError(f"{MANIFEST_NAME} lacks {', '.join(missing)}", where=where, fix=REBUILD)
-    if data["schema"] != MANIFEST_SCHEMA:
-        raise ArtifactError(f"manifest schema {data['schema']} is not {MANIFEST_SCHEMA}", where=where,
-                            fix="rebuild it with this neuronpack version")
+    check_manifest_shape(data, where=where)
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Protocol
 
 from neuronpack.artifacts.key import compute_key, toolchain_versions
-from neuronpack.artifacts.manifest import MANIFEST_NAME, REBUILD, Manifest, read_manifest
+from neuronpack.artifacts.manifest import MANIFEST_NAME, REBUILD, Manifest, parse_manifest, read_manifest
+from neuronpack.artifacts.manifest_json import complete_manifest_json
 from neuronpack.artifacts.paths import check_no_symlinks, member_path
 from neuronpack.digest import sha256_stream
 from neuronpack.errors import ArtifactError
@@ -28,20 +29,13 @@ class ToolchainJudge(Protocol):
 
 def quick_check(artifact_dir: Path, key: str | None = None) -> Manifest | None:
     """The manifest if the directory is a complete artifact (of ``key`` when given), else None. Stats files only."""
+    data = complete_manifest_json(artifact_dir, key)
+    if data is None:
+        return None
     try:
-        manifest = read_manifest(artifact_dir)
+        return parse_manifest(data, where=str(Path(artifact_dir) / MANIFEST_NAME))
     except ArtifactError:
         return None
-    if key is not None and manifest.key != key:
-        return None
-    for entry in manifest.files:
-        try:
-            path = member_path(artifact_dir, entry.path)
-        except ArtifactError:
-            return None
-        if not path.is_file() or path.stat().st_size != entry.size:
-            return None
-    return manifest
 
 
 def check_files(artifact_dir: Path, manifest: Manifest, *, check_hashes: bool = True) -> None:

@@ -11,9 +11,14 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from neuronpack.errors import CheckpointError, RecipeError
-from neuronpack.recipe import NEURON_INSTANCES, Recipe
+
+if TYPE_CHECKING:  # a Recipe or recipe_memo's RecipeView: a cache hit's target() imports no pydantic
+    from neuronpack.recipe import Recipe
+
+NEURON_INSTANCES = ("trn1", "trn2", "inf2")  # the recipe's target.instance values a Neuron framework can target
 
 
 def neuron_instance(recipe: Recipe, framework: str) -> str:

@@ -24,9 +24,8 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.neuron_common import (
     import_class,
@@ -39,7 +38,10 @@ from neuronpack.backends.neuron_common import (
 from neuronpack.backends.neuron_packages import sdk_availability, versions_of
 from neuronpack.checkpoint.lora import copy_adapters, lora_path
 from neuronpack.errors import ArtifactError, BuildError, RecipeError, UnsupportedModelError
-from neuronpack.recipe import Recipe
+
+if TYPE_CHECKING:  # annotations only: a cache hit (target, versions) imports no pydantic
+    from neuronpack.artifacts.manifest import Manifest
+    from neuronpack.recipe import Recipe
 
 NXD_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")
 _MODELS = "neuronx_distributed_inference.models"

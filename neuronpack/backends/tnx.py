@@ -24,14 +24,16 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.neuron_common import import_class, model_dtype, neuron_instance, read_model_config
 from neuronpack.backends.neuron_packages import neuron_devices, sdk_availability, versions_of
 from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
-from neuronpack.recipe import Recipe
+
+if TYPE_CHECKING:  # annotations only: a cache hit (target, versions) imports no pydantic
+    from neuronpack.artifacts.manifest import Manifest
+    from neuronpack.recipe import Recipe
 
 TNX_DISTS = ("transformers-neuronx", "neuronx-cc", "torch-neuronx")
 # HF architecture -> TNx sampling class, as vLLM 0.9 maps them

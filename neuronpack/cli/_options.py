@@ -28,7 +28,7 @@ RootOpt = Annotated[
 
 
 def _check_sets(values: list[str] | None) -> list[str] | None:
-    from neuronpack.recipe import parse_set
+    from neuronpack.recipe_input import parse_set
 
     for assignment in values or ():
         try:

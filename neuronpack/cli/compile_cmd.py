@@ -77,7 +77,7 @@ def compile_command(
             payload["in_remote"] = result.in_remote
         print_result(output_format, payload, json.dumps(payload, indent=2, sort_keys=True, default=str))
         return
-    manifest = result.manifest
+    manifest = result.manifest_json  # as on disk: reading it typed would import pydantic on every cache hit
     summary = {
         "path": str(result.path),
         "key": result.key,
@@ -86,10 +86,10 @@ def compile_command(
         "pushed": result.pushed,
         "framework": result.framework,
         "framework_reason": result.framework_reason,
-        "buckets": manifest.buckets.to_dict(),
-        "files": len(manifest.files),
-        "size": manifest.total_size,
-        "timings": result.timings if result.cache_hit else manifest.timings,
+        "buckets": manifest["buckets"],
+        "files": len(manifest["files"]),
+        "size": sum(f["size"] for f in manifest["files"]),
+        "timings": result.timings if result.cache_hit else manifest.get("timings", {}),
         **({"accuracy": result.accuracy} if result.accuracy else {}),
     }
     if output_format is OutputFormat.text:
@@ -98,7 +98,7 @@ def compile_command(
         if result.remote_hit:
             reporter.info(f"remote hit: pulled {result.key[:16]} in {result.timings.get('pull', 0.0):.1f} s")
         elif result.cache_hit:
-            reporter.info(f"cache hit: {result.key[:16]} (built {manifest.created_at or '?'})")
+            reporter.info(f"cache hit: {result.key[:16]} (built {manifest.get('created_at') or '?'})")
         else:
             reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
         if result.accuracy:

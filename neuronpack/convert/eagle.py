@@ -117,8 +117,8 @@ def convert_eagle(
         with atomic_output_dir(Path(out), inputs=[draft_dir, target_dir], label="eagle-") as staging:
             stream = _TensorStream(plan, draft_ckpt, target_ckpt)
             specs = [TensorSpec(t.name, t.dtype, t.shape) for t in plan.tensors]
-            shards = write_safetensors_sharded(
-                staging, specs, stream.chunks(), max_shard_bytes=max_shard_bytes, reporter=reporter
+            shards = write_safetensors_sharded(  # flush_behind: writeback overlaps the copy, not the fsync after it
+                staging, specs, stream.chunks(), max_shard_bytes=max_shard_bytes, reporter=reporter, flush_behind=True
             )
             result = _finish(staging, Path(out), plan, stream, draft_ckpt, target_ckpt, shards, digests.result(),
                              sources={"draft": str(draft), "target": str(target), "dtype": dtype})

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.artifacts.manifest import Manifest, build_manifest, write_manifest
+from neuronpack.artifacts.manifest_json import MANIFEST_NAME, complete_manifest_json
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
-from neuronpack.artifacts.verify import quick_check
 from neuronpack.backends.select import NEURON_FRAMEWORKS
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
 from neuronpack.fsutil import disk_full, remove_tree
@@ -27,10 +26,12 @@ from neuronpack.pipeline.plan import BuildPlan, plan_build
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import Manifest
     from neuronpack.artifacts.remote import Transport
 
 # A cache hit imports only what it runs: the remote store, derived checkpoints (quantize, EAGLE) and the backends'
-# build code are imported inside the functions that use them.
+# build code are imported inside the functions that use them; the recipe comes from the memo (recipe_memo) and the
+# manifest is checked as JSON (artifacts.manifest_json), so a hit imports no pydantic either.
 
 
 @dataclass
@@ -40,7 +41,7 @@ class CompileResult:
     cache_hit: bool
     framework: str
     framework_reason: str
-    manifest: Manifest | None = None  # None for --dry-run
+    manifest_json: dict[str, Any] | None = None  # the manifest as on disk; None for --dry-run
     compile_config: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     dry_run: bool = False
@@ -48,6 +49,16 @@ class CompileResult:
     remote_hit: bool = False  # pulled from the remote store instead of building
     in_remote: bool | None = None  # --dry-run with a remote store: is the key there?
     pushed: dict[str, Any] | None = None  # --push: what push_artifact did
+    typed_manifest: Manifest | None = field(default=None, repr=False, compare=False)  # `manifest`, once read
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The typed manifest (parsed from ``manifest_json`` on first use; a hit itself does not need it)."""
+        if self.typed_manifest is None and self.manifest_json is not None:
+            from neuronpack.artifacts.manifest import parse_manifest
+
+            self.typed_manifest = parse_manifest(self.manifest_json, where=str(self.path / MANIFEST_NAME))
+        return self.typed_manifest
 
 
 def compile_model(
@@ -111,12 +122,14 @@ def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str]
 
         in_remote = None if remote is None else fetch_manifest(remote, plan.key) is not None
         return CompileResult(final, plan.key, False, inputs.framework, inputs.framework_reason, None,
-                             plan.compile_config(reporter), timings, dry_run=True, in_remote=in_remote)
+                             plan.for_build().compile_config(reporter), timings, dry_run=True, in_remote=in_remote)
 
-    if not force and (manifest := quick_check(final, plan.key)) is not None:
-        return _hit(plan, timings, manifest, check_accuracy, reporter)
+    if not force and (data := complete_manifest_json(final, plan.key)) is not None:
+        return _hit(plan, timings, data, check_accuracy, reporter)
+    plan = plan.for_build()  # from here on the recipe is validated in full: a build never runs on the memo
+    inputs = plan.inputs
     if not force and remote is not None and (pulled := _pull_hit(remote, plan, timings, reporter)):
-        return _hit(plan, timings, pulled, check_accuracy, reporter, remote_hit=True)
+        return _hit(plan, timings, pulled.to_json(), check_accuracy, reporter, remote_hit=True, typed=pulled)
 
     availability = inputs.backend.availability()
     if not availability.ok:
@@ -126,20 +139,20 @@ def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str]
         )
     with key_lock(final.parent / ".locks", final.name,
                   on_wait=lambda: reporter.info("another build of this key is running; waiting for it")):
-        if not force and (manifest := quick_check(final, plan.key)) is not None:
-            return _hit(plan, timings, manifest, check_accuracy, reporter)
+        if not force and (data := complete_manifest_json(final, plan.key)) is not None:
+            return _hit(plan, timings, data, check_accuracy, reporter)
         return _build(plan, timings, reporter, replace=final.exists(), check_accuracy=check_accuracy)
 
 
-def _hit(plan: BuildPlan, timings: dict[str, float], manifest: Manifest, check_accuracy: bool, reporter: Reporter,
-         *, remote_hit: bool = False) -> CompileResult:
-    accuracy = None
+def _hit(plan: BuildPlan, timings: dict[str, float], data: dict[str, Any], check_accuracy: bool, reporter: Reporter,
+         *, remote_hit: bool = False, typed: Manifest | None = None) -> CompileResult:
+    result = CompileResult(plan.dest, plan.key, True, plan.inputs.framework, plan.inputs.framework_reason, data,
+                           data.get("compile_config") or {}, timings, remote_hit=remote_hit, typed_manifest=typed)
     if check_accuracy:
-        accuracy = manifest.accuracy
-        if accuracy is None:  # built without the check: run it now, leave the published artifact untouched
-            accuracy = {**_accuracy(manifest, plan.dest, reporter), "recorded": False}
-    return CompileResult(plan.dest, plan.key, True, plan.inputs.framework, plan.inputs.framework_reason, manifest,
-                         manifest.compile_config, timings, remote_hit=remote_hit, accuracy=accuracy)
+        result.accuracy = data.get("accuracy")
+        if result.accuracy is None:  # built without the check: run it now, leave the published artifact untouched
+            result.accuracy = {**_accuracy(result.manifest, plan.dest, reporter), "recorded": False}
+    return result
 
 
 def _pull_hit(remote: Transport, plan: BuildPlan, timings: dict[str, float], reporter: Reporter) -> Manifest | None:
@@ -167,6 +180,7 @@ def _accuracy(manifest: Manifest, artifact_dir: Path, reporter: Reporter) -> dic
 
 def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool,
            check_accuracy: bool) -> CompileResult:
+    from neuronpack.artifacts.manifest import build_manifest, write_manifest
     from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
 
     inputs, key, final = plan.inputs, plan.key, plan.dest
@@ -221,5 +235,5 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
         raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}",
                          where=str(log) if log else str(final.parent),
                          fix="read the log; rerun with NEURONPACK_DEBUG=1 for a traceback") from exc
-    return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest, config, timings,
-                         accuracy=manifest.accuracy)
+    return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest.to_json(), config,
+                         timings, accuracy=manifest.accuracy, typed_manifest=manifest)

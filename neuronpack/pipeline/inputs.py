@@ -5,17 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from neuronpack.backends.base import Backend
 from neuronpack.buckets import BucketPlan
 from neuronpack.errors import RecipeError
 from neuronpack.progress import Reporter
-from neuronpack.recipe import Recipe, load_recipe
+from neuronpack.recipe_memo import RecipeView, load_recipe_memo
+
+if TYPE_CHECKING:
+    from neuronpack.recipe import Recipe
 
 
 @dataclass(frozen=True)
 class ResolvedInputs:
-    recipe: Recipe
+    recipe: Recipe | RecipeView  # a view when the memo knows this recipe (BuildPlan.for_build validates it)
     recipe_path: Path | None
     framework: str
     framework_reason: str
@@ -37,7 +41,7 @@ def resolve_inputs(
     from neuronpack.backends.select import choose_framework, get_backend
     from neuronpack.checkpoint import resolve_model
 
-    recipe = load_recipe(recipe_path, overrides=list(overrides), model=model)
+    recipe = load_recipe_memo(recipe_path, overrides=list(overrides), model=model)
     if not recipe.model.source:
         raise RecipeError(
             "no model to compile",
@@ -66,13 +70,13 @@ def resolve_inputs(
     )
 
 
-def resolve_lora_adapters(recipe: Recipe, reporter: Reporter) -> dict[str, Path]:
+def resolve_lora_adapters(recipe: Recipe | RecipeView, reporter: Reporter) -> dict[str, Path]:
     """Each ``[lora]`` adapter resolved like MODEL (a local directory or a cached hub id) and validated against the
     recipe (PEFT LoRA options the graphs can apply, target_modules, max_rank): adapter name -> directory."""
-    from neuronpack.checkpoint.lora import read_adapter, resolve_adapter
-
     if recipe.lora is None:
         return {}
+    from neuronpack.checkpoint.lora import read_adapter, resolve_adapter
+
     dirs = {}
     for adapter in recipe.lora.adapters:
         path = resolve_adapter(adapter.path, reporter=reporter)

@@ -9,16 +9,19 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuronpack.artifacts.key import compute_key, key_inputs, toolchain_versions
-from neuronpack.artifacts.manifest import LoraModule, ModelInfo, ServeHints
 from neuronpack.artifacts.store import artifacts_root
 from neuronpack.backends.base import BuildRequest
 from neuronpack.pipeline.inputs import ResolvedInputs
 from neuronpack.progress import Reporter
+from neuronpack.recipe_memo import full_recipe
+
+if TYPE_CHECKING:
+    from neuronpack.artifacts.manifest import ModelInfo, ServeHints
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,12 @@ class BuildPlan:
     prequantize: bool  # offline quantization into model_dir runs before the build
     convert_draft: bool  # EAGLE conversion into draft_dir runs before the build
 
+    def for_build(self) -> BuildPlan:
+        """This plan with the recipe fully validated (``recipe_memo.full_recipe``): what a build or --dry-run runs
+        on. Keying and the cache-hit check work on the memo's view alone."""
+        recipe = full_recipe(self.inputs.recipe)
+        return self if recipe is self.inputs.recipe else replace(self, inputs=replace(self.inputs, recipe=recipe))
+
     def request(self, staging: Path, reporter: Reporter) -> BuildRequest:
         i = self.inputs
         return BuildRequest(model_dir=self.model_dir, recipe=i.recipe, plan=i.plan, staging=staging,
@@ -44,10 +53,14 @@ class BuildPlan:
         return self.inputs.backend.compile_config(self.request(self.dest, reporter))
 
     def model_info(self) -> ModelInfo:
+        from neuronpack.artifacts.manifest import ModelInfo
+
         return ModelInfo(source=self.inputs.recipe.model.source, path=str(self.model_dir),
                          original_path=str(self.inputs.model_dir), config=self.key_inputs["model"]["config"])
 
     def serve_hints(self) -> ServeHints:
+        from neuronpack.artifacts.manifest import LoraModule, ServeHints
+
         r = self.inputs.recipe
         spec_len = r.speculation.length if r.speculation else 0
         return ServeHints(

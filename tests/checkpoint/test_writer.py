@@ -183,3 +183,60 @@ def test_a_stored_tensor_must_be_the_whole_spec(tmp_path):
     for spec in (TensorSpec("a", torch.float16, (4, 2)), TensorSpec("a", torch.float32, (8, 2))):
         with pytest.raises(ValueError, match="is not the whole"):
             write_safetensors_sharded(tmp_path, [spec], iter([("a", stored)]))
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_flush_behind_writes_the_same_bytes_and_syncs_while_writing(tmp_path, monkeypatch, kernel_copy):
+    """flush_behind (convert-eagle): kernel-side copies go in pieces, each counted towards a background fdatasync;
+    the file is the same as without it."""
+    import errno
+    import os
+
+    from neuronpack.checkpoint import writer
+    from neuronpack.fsutil import FlushBehind
+
+    synced = []
+    monkeypatch.setattr(writer, "_FLUSH_PIECE", 16)
+    monkeypatch.setattr(writer, "FlushBehind", lambda fh: FlushBehind(fh, every=1))
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real_fdatasync(fd)))
+    if not kernel_copy:
+        def refuse(*_args):
+            raise OSError(errno.EXDEV, "cross-device")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    source = {"a": torch.randn(50, 3), "c": torch.randn(40, 2).bfloat16()}
+    save_file(source, str(tmp_path / "src.safetensors"))
+    stored = read_safetensors_header(tmp_path / "src.safetensors")
+    specs = [TensorSpec("a", "F32", (50, 3)), TensorSpec("y", torch.float32, (6, 2)), TensorSpec("c", "BF16", (40, 2))]
+    rows = torch.randn(6, 2)
+    for name, flush in (("behind", True), ("plain", False)):
+        (tmp_path / name).mkdir()
+        chunks = [("a", stored["a"]), ("y", rows[:3]), ("y", rows[3:]), ("c", stored["c"])]
+        write_safetensors_sharded(tmp_path / name, specs, iter(chunks), flush_behind=flush)
+    assert (tmp_path / "behind" / "model.safetensors").read_bytes() == \
+        (tmp_path / "plain" / "model.safetensors").read_bytes()
+    assert synced  # fdatasync ran while the file was written
+
+
+def test_flush_behind_raises_a_background_writeback_error(tmp_path, monkeypatch):
+    """A writeback error seen by the background fdatasync is not lost (a later fsync of a new descriptor would not
+    report it): the write fails with it."""
+    import errno
+    import os
+
+    from neuronpack.checkpoint import writer
+    from neuronpack.fsutil import FlushBehind
+
+    def broken(_fd):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    monkeypatch.setattr(writer, "_FLUSH_PIECE", 16)
+    monkeypatch.setattr(writer, "FlushBehind", lambda fh: FlushBehind(fh, every=1))
+    save_file({"w": torch.randn(8, 4)}, str(tmp_path / "src.safetensors"))
+    stored = read_safetensors_header(tmp_path / "src.safetensors")["w"]
+    (tmp_path / "out").mkdir()
+    with pytest.raises(OSError, match="I/O error"):
+        write_safetensors_sharded(tmp_path / "out", [TensorSpec("w", "F32", (8, 4))], iter([("w", stored)]),
+                                  flush_behind=True)

@@ -39,3 +39,23 @@ def test_overflow_is_reported_and_nan_is_left_to_torch():
     assert cast_floats(_bytes(torch.tensor([1.0, float("nan")])), "F32", "BF16") is None
     with pytest.raises(ValueError, match="only F32, F16, BF16"):
         cast_floats(b"\0", "I8", "F16")
+
+
+@pytest.mark.parametrize(("source", "target"), [("F32", "BF16"), ("F32", "F16"), ("BF16", "F16")])
+@pytest.mark.parametrize("edge", [65504.0, 65519.0, 65520.0, -65520.0, 3.3895e38, 3.3961e38, -3.3962e38, 1e6])
+def test_overflow_is_exactly_a_finite_value_becoming_inf(source, target, edge):
+    # the largest magnitude decides overflow: compare with torch at the edges of float16 and bfloat16
+    finite = _values()[torch.isfinite(_values())]
+    values = torch.cat([finite[finite.abs() < 6e4], torch.tensor([edge])]).to(DTYPES[source])
+    cast = cast_floats(_bytes(values), source, target)
+    expected = values.to(DTYPES[target])
+    assert cast is not None and cast.data == _bytes(expected)
+    assert cast.overflow == bool(torch.isinf(expected).any() and torch.isfinite(values).all())
+
+
+@pytest.mark.parametrize(("source", "target"), [("BF16", "F16"), ("BF16", "F32"), ("F16", "BF16"), ("F16", "F32")])
+def test_every_16_bit_pattern_casts_like_torch(source, target):
+    patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(DTYPES[source])
+    values = patterns[~torch.isnan(patterns)]  # every non-NaN value of the 16-bit dtype
+    cast = cast_floats(_bytes(values), source, target)
+    assert cast is not None and cast.data == _bytes(values.to(DTYPES[target]))

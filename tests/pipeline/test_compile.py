@@ -19,10 +19,11 @@ from neuronpack.pipeline import compile_model, verify_artifact
 from tests.fresh_interpreter import run_fresh
 from tests.pipeline.builds import FAST, RECIPE
 
-# What a cache hit must not import: torch, transformers, numpy and the code only a build, a conversion, a remote
-# store or a server runs (a hit costs little more than `neuronpack --version`; bench/cache_hit.py).
+# What a cache hit must not import: torch, transformers, numpy, pydantic (the recipe comes from recipe_memo once it
+# was validated, the manifest is checked as JSON) and the code only a build, a conversion, a remote store or a server
+# runs (a hit costs little more than `neuronpack --version`; bench/cache_hit.py).
 BUILD_ONLY_MODULES = (
-    "torch", "transformers", "safetensors", "numpy",
+    "torch", "transformers", "safetensors", "numpy", "pydantic",
     "neuronpack.models", "neuronpack.convert.eagle", "neuronpack.convert.quantize", "neuronpack.accuracy",
     "neuronpack.backends.torch_aot.build", "neuronpack.backends.torch_aot.load",
     "neuronpack.backends.torch_aot.compile",
@@ -61,7 +62,9 @@ def test_second_compile_is_a_cache_hit(built_artifact, tiny_llama):
     assert again.cache_hit and again.path == built_artifact.path and again.key == built_artifact.key
 
 
-def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama):
+def _cli_hit(built_artifact, tiny_llama, probe: str) -> tuple[str, str, bool]:
+    """`neuronpack compile` of the built artifact's inputs in a fresh interpreter: (its JSON line, what the Python
+    expression ``probe`` printed afterwards, whether torch was imported)."""
     argv = ["neuronpack", "compile", str(tiny_llama), "--recipe", str(RECIPE), *[a for o in FAST for a in ("--set", o)],
             "--out-root", str(built_artifact.path.parents[1]), "--format", "json", "--quiet"]
     code = (
@@ -69,12 +72,34 @@ def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama
         "from neuronpack.cli.app import app\n"
         f"sys.argv = {argv!r}\n"
         "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
-        f"print(sorted(m for m in sys.modules if m.startswith({BUILD_ONLY_MODULES!r})))\n"
+        f"print({probe})\n"
     )
     out, torch_imported = run_fresh(code)
-    result, _, loaded = out.rpartition("\n")
+    result, _, probed = out.rpartition("\n")
+    return result, probed, torch_imported
+
+
+def test_cache_hit_from_the_cli_imports_no_build_code(built_artifact, tiny_llama):
+    # validated once here (in this test's cache directory): the CLI hit reads the recipe from the memo
+    compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=built_artifact.path.parents[1])
+    result, loaded, torch_imported = _cli_hit(built_artifact, tiny_llama,
+                                              f"sorted(m for m in sys.modules if m.startswith({BUILD_ONLY_MODULES!r}))")
     assert json.loads(result)["cache_hit"] is True
     assert loaded == "[]" and not torch_imported
+
+
+def test_a_cli_hit_validates_a_recipe_it_has_not_seen_then_remembers_it(built_artifact, tiny_llama, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setenv("NEURONPACK_CACHE_DIR", str(tmp_path / "empty-cache"))  # no memo, no digests
+    for validated in ("True", "False"):  # validated (pydantic) the first time, from the memo the second
+        result, pydantic_imported, _ = _cli_hit(built_artifact, tiny_llama, "'pydantic' in sys.modules")
+        assert json.loads(result)["key"] == built_artifact.key and json.loads(result)["cache_hit"] is True
+        assert pydantic_imported == validated
+    bad = tmp_path / "bad.toml"  # a bad recipe is refused as ever, with the memo filled
+    bad.write_text(RECIPE.read_text() + "\n[sampling]\ntop_p = 2.0\n")
+    proc = subprocess.run([sys.executable, "-m", "neuronpack", "compile", str(tiny_llama), "--recipe", str(bad),
+                           "--out-root", str(built_artifact.path.parents[1])], capture_output=True, text=True)
+    assert proc.returncode == 1 and "sampling.top_p" in proc.stderr and str(bad) in proc.stderr
 
 
 def test_changed_recipe_builds_a_new_key(built_artifact, tiny_llama, tmp_path):
@@ -173,3 +198,26 @@ def test_internal_build_failure_is_wrapped_with_log(tiny_llama, tmp_path, monkey
     assert Path(info.value.where).is_file()
     store = artifacts_root(tmp_path)
     assert [p.name for p in store.iterdir() if not p.name.startswith(".")] == []
+
+
+def test_neuron_frameworks_key_a_remembered_recipe_without_pydantic(tiny_llama, tmp_path):
+    """A cache hit on a Neuron machine keys the inputs with the nxd / tnx backend (versions and target): from the
+    recipe memo that takes no pydantic either, and gives the key --dry-run gives."""
+    recipe = Path(__file__).parents[2] / "recipes" / "llama-3.1-8b-instruct-trn1.toml"
+    keys = [compile_model(str(tiny_llama), recipe=recipe, framework=fw, out_root=tmp_path, dry_run=True).key
+            for fw in ("nxd", "tnx")]  # validated here: the memo knows the recipe now
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from neuronpack.pipeline.inputs import resolve_inputs\n"
+        "from neuronpack.pipeline.plan import plan_build\n"
+        "from neuronpack.progress import NullReporter\n"
+        "for fw in ('nxd', 'tnx'):\n"
+        f"    inputs = resolve_inputs({str(tiny_llama)!r}, recipe_path=Path({str(recipe)!r}), overrides=[],\n"
+        "                            framework=fw, reporter=NullReporter())\n"
+        f"    print(plan_build(inputs, out_root=Path({str(tmp_path)!r}), dest=None).key)\n"
+        "print('pydantic' in sys.modules)\n"
+    )
+    out, torch_imported = run_fresh(code)
+    *fresh_keys, pydantic_imported = out.splitlines()
+    assert fresh_keys == keys and pydantic_imported == "False" and not torch_imported
