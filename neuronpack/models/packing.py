@@ -2,9 +2,9 @@
 
 torch's plain ``F.linear`` (MKL) is a fast GEMV at one row but slow for 2-8 rows, and inductor's compiled matmul is
 slower still; oneDNN's matmul over a weight reordered once into its blocked layout
-(``torch.ops.mkldnn._reorder_linear_weight``) serves 1..8 rows at nearly the cost of one (measured on SmolLM2-135M's
-210 layer linears, 1 thread, Zen 4: float32 32/26/33 ms at 1/4/8 rows against F.linear's 34/45/55 and compiled
-F.linear's 44/55/64; bfloat16 17/14/18 against 27/30/34 and 63/66/66; see bench/linears.py and docs/bench/).
+(``torch.ops.mkldnn._reorder_linear_weight``) serves 1..8 rows at about the cost of one (SmolLM2-135M's 210 layer
+linears, 1 thread, Zen 4, CPU ms at 1/4/8 rows: float32 34/26/35 against F.linear's 34/44/53 and compiled F.linear's
+41/56/64; bfloat16 18/17/20 against 28/31/35 and 38/41/46; bench/linears.py, docs/bench/linears.json).
 
 A packed weight is an opaque ``torch._mkldnn`` tensor: it has no strides and cannot be saved, so artifacts store plain
 weights and ``pack_linears`` packs a loaded model in place; ``Linear.forward`` (models/llama.py) runs the packed
