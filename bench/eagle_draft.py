@@ -5,7 +5,8 @@ There is no trained EAGLE draft for SmolLM2 offline, so the drafts are random, i
 fc [H, 2H] + one decoder layer; EAGLE-3: fc [H, 3H], midlayer.* with 2H-input q/k/v, its own norm and full-vocabulary
 head, d2t / t2d) and converted by ``convert_eagle`` against the real target. Their acceptance means nothing; their
 cost is the real cost of a draft of these shapes. The draft graphs are compiled here exactly as the build compiles
-them (``export_draft_graph`` + AOTInductor, weights as inputs) and run through ``CompiledDraft``.
+them (``export_draft_graph`` + AOTInductor, weights as inputs, oneDNN-packed linears) and run through
+``CompiledDraft``; the eager side is the same draft with plain weights.
 
 One measured step is what the EAGLE proposer does per engine step in steady state: the verified positions' hidden
 states come in (``verified``, 3 kept of k + 1 = 5), then ``propose`` catches up over them (one call of T = 3 per
@@ -89,21 +90,26 @@ def make_draft(target: Path, layout: str, out: Path) -> Path:
 
 
 def compiled_draft(draft, work: Path, layout: str, limits):
-    """The draft graphs compiled with AOTInductor as the build does (cached per layout in ``work``)."""
+    """The draft graphs compiled with AOTInductor as the build does (oneDNN-packed linear weights where this torch
+    can: ``packed_linears``; cached per layout in ``work``), bound to ``draft`` (packed in place)."""
     from neuronpack.backends.torch_aot.draft_graphs import CompiledDraft, export_draft_graph
     from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS
     from neuronpack.backends.torch_aot.load import _boxed
+    from neuronpack.backends.torch_aot.onednn import packed_linear_lowering
+    from neuronpack.models.packing import can_pack
 
+    packed = can_pack(draft.dtype)
     runners, seconds = {}, {}
     for name in DRAFT_GRAPHS:
-        package = work / f"{layout}-{name}.pt2"
+        package = work / f"{layout}-{name}{'-packed' if packed else ''}.pt2"
         if not package.is_file():
             start = time.perf_counter()
-            torch._inductor.aoti_compile_and_package(export_draft_graph(draft, name, limits),
-                                                     package_path=str(package))
+            program = export_draft_graph(draft, name, limits, packed=packed)
+            with packed_linear_lowering():
+                torch._inductor.aoti_compile_and_package(program, package_path=str(package))
             seconds[name] = round(time.perf_counter() - start, 1)
         runners[name] = _boxed(torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1))
-    return CompiledDraft(runners, draft, limits.max_tokens), seconds
+    return CompiledDraft(runners, draft, limits.max_tokens, packed=packed), seconds
 
 
 def one_step(proposer, state: dict, hidden_in: int, gen) -> tuple[float, float, list[list[int]]]:
@@ -131,10 +137,10 @@ def start(proposer, n: int, hidden_in: int, seed: int) -> dict:
     return state
 
 
-def measure(draft, graphs, batch: int, repeat: int, hidden_in: int) -> dict:
+def measure(drafts: dict, graphs, batch: int, repeat: int, hidden_in: int) -> dict:
     from neuronpack.runtime.speculation.eagle import EagleProposer
 
-    sides = {"eager": EagleProposer(draft), "compiled": EagleProposer(draft, graphs)}
+    sides = {"eager": EagleProposer(drafts["eager"]), "compiled": EagleProposer(drafts["compiled"], graphs)}
     states = {name: start(p, batch, hidden_in, seed=1) for name, p in sides.items()}
     gens = {name: torch.Generator().manual_seed(2) for name in sides}
     times = {name: {"cpu": [], "wall": []} for name in sides}
@@ -173,11 +179,13 @@ def main() -> None:
     limits = GraphLimits(batch_size=max(args.batches), max_tokens=PROMPT_LEN, max_seq=256)
     rows, compile_seconds = [], {}
     for layout in args.layouts:
-        draft = load_eagle_draft(make_draft(target, layout, args.work), torch.float32, target_layers=layers)
-        graphs, compile_seconds[layout] = compiled_draft(draft, args.work, layout, limits)
-        hidden_in = draft.fc.weight.shape[1] - (0 if draft.eagle3 else draft.config.hidden_size)
+        path = make_draft(target, layout, args.work)
+        drafts = {side: load_eagle_draft(path, torch.float32, target_layers=layers) for side in ("eager", "compiled")}
+        hidden_in = drafts["eager"].fc.weight.shape[1] - (0 if drafts["eager"].eagle3 else
+                                                          drafts["eager"].config.hidden_size)
+        graphs, compile_seconds[layout] = compiled_draft(drafts["compiled"], args.work, layout, limits)
         for batch in args.batches:
-            rows.append({"layout": layout, "sequences": batch, **measure(draft, graphs, batch, args.repeat,
+            rows.append({"layout": layout, "sequences": batch, **measure(drafts, graphs, batch, args.repeat,
                                                                          hidden_in)})
     print(f"{'layout':8} {'seqs':>4} {'eager cpu ms':>13} {'compiled cpu ms':>16} {'ratio':>6} "
           f"{'eager wall':>11} {'compiled wall':>14} {'ratio':>6} {'same drafts':>12}")

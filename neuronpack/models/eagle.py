@@ -109,10 +109,15 @@ class EagleDraft(nn.Module):
         self.lm_head = Linear(h, cfg.vocab_size)
         self.register_buffer("rope_inv_freq", rope_inv_freq(cfg), persistent=False)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The draft's compute dtype (its embedding's: linear weights may be oneDNN-packed)."""
+        return self.embed_tokens.weight.dtype
+
     def from_target(self, hidden: Tensor) -> Tensor:
         """The draft's hidden input for verified positions from the target's hidden states (EAGLE-3: fc over the
         concatenated layer inputs [.., 3H] -> [.., H]; EAGLE-1/2: the final-normed states as they are)."""
-        hidden = hidden.to(self.fc.weight.dtype)
+        hidden = hidden.to(self.dtype)
         return self.fc(hidden) if self.eagle3 else hidden
 
     def forward_step(self, tokens: Tensor, hidden: Tensor, starts: Tensor, k_past: Tensor, v_past: Tensor,
@@ -125,8 +130,8 @@ class EagleDraft(nn.Module):
         b, t = tokens.shape
         positions = starts.view(b, 1) + torch.arange(t)
         past = (torch.arange(n_past)[None, :] < starts.view(b, 1))[:, None, None, :]
-        cos, sin = rope_cos_sin(self.rope_inv_freq, positions, self.fc.weight.dtype)
-        return (run_core or self)(tokens, hidden.to(self.fc.weight.dtype), cos, sin, past, k_past, v_past)
+        cos, sin = rope_cos_sin(self.rope_inv_freq, positions, self.dtype)
+        return (run_core or self)(tokens, hidden.to(self.dtype), cos, sin, past, k_past, v_past)
 
     def forward(self, tokens: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, past: Tensor, k_past: Tensor,
                 v_past: Tensor) -> tuple[Tensor, Tensor, Tensor]:

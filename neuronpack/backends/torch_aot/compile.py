@@ -157,10 +157,8 @@ def _compile_one(model, name: str, limits, config: dict) -> Any:
     from neuronpack.backends.torch_aot import graphs as G
     from neuronpack.backends.torch_aot.draft_graphs import export_draft_graph
 
-    if name in DRAFT_GRAPHS:
-        program = export_draft_graph(model, name, limits)
-    else:
-        program = G.export_graph(model, name, limits, packed=config.get("packed_linears", False))
+    export = export_draft_graph if name in DRAFT_GRAPHS else G.export_graph
+    program = export(model, name, limits, packed=config.get("packed_linears", False))
     if config["compiler"] == "export":
         return program
     module = program.module(check_guards=False)

@@ -7,9 +7,12 @@ inputs (the artifact stores them once, in ``draft/``) and have dynamic shapes:
   running sequences, T in 1..max_tokens (a catch-up over a prompt, or one pair per further draft), L in 1..max_seq
 - ``draft_head``: ``EagleDraft.logits``: z [b, H] -> (float32 logits [b, vocab],)
 
+Exported with ``packed=True`` (an artifact's ``packed_linears``) they take the draft's float linears' weights
+oneDNN-packed, as the target's graphs do (models/packing.py; ``CompiledDraft`` packs the loaded draft once).
+
 Example::
 
-    programs = {name: export_draft_graph(draft, name, limits) for name in DRAFT_GRAPHS}
+    programs = {name: export_draft_graph(draft, name, limits, packed=True) for name in DRAFT_GRAPHS}
     graphs = CompiledDraft(runners, draft, limits.max_tokens)      # at load: what EagleProposer(graphs=) runs
 """
 
@@ -63,25 +66,29 @@ def draft_weights(draft: EagleDraft, name: str) -> dict[str, Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-def export_draft_graph(draft: EagleDraft, name: str, limits: GraphLimits):
-    """torch.export the draft graph ``name`` (``DRAFT_GRAPHS``) with its dynamic dimensions; weights are inputs."""
-    module, args, shapes = _graph_and_inputs(draft, name, limits)
+def export_draft_graph(draft: EagleDraft, name: str, limits: GraphLimits, packed: bool = False):
+    """torch.export the draft graph ``name`` (``DRAFT_GRAPHS``) with its dynamic dimensions; weights are inputs (the
+    float linears' oneDNN-packed when ``packed``)."""
+    module, args, shapes = _graph_and_inputs(draft, name, limits, packed)
     with torch.no_grad():
         return torch.export.export(module, args, strict=False, dynamic_shapes=shapes)
 
 
-def _graph_and_inputs(draft: EagleDraft, name: str, limits: GraphLimits):
+def _graph_and_inputs(draft: EagleDraft, name: str, limits: GraphLimits, packed: bool):
     from neuronpack.backends.torch_aot.graphs import _dim, _example_size
+    from neuronpack.models.packing import packed_weights
 
     cfg = draft.config
-    dtype = draft.fc.weight.dtype
+    dtype = draft.dtype
     meta = _meta_copy(draft)
+    module = meta if name == DRAFT_STEP else DraftHead(meta)
     weights = draft_weights(draft, name)
+    if packed:
+        weights = packed_weights(module, weights)
     b, batch = _example_size(limits.batch_size), _dim("batch", limits.batch_size)
     fixed = {n: None for n in weights}
     if name == DRAFT_HEAD:
-        return DraftHeadGraph(DraftHead(meta)), (weights, torch.zeros(b, cfg.hidden_size, dtype=dtype)), (
-            fixed, {0: batch})
+        return DraftHeadGraph(module), (weights, torch.zeros(b, cfg.hidden_size, dtype=dtype)), (fixed, {0: batch})
     t, tokens = _example_size(limits.max_tokens), _dim("tokens", limits.max_tokens)
     n, attend = _example_size(limits.max_seq), _dim("attend_len", limits.max_seq)
     rope = torch.zeros(b, t, cfg.head_dim, dtype=dtype)
@@ -90,7 +97,7 @@ def _graph_and_inputs(draft: EagleDraft, name: str, limits: GraphLimits):
             rope.clone(), torch.ones(b, 1, 1, n, dtype=torch.bool), past_kv, past_kv.clone())
     row = {0: batch, 1: tokens}
     shapes = (fixed, row, row, row, row, {0: batch, 3: attend}, {1: batch, 3: attend}, {1: batch, 3: attend})
-    return DraftStepGraph(meta), args, shapes
+    return DraftStepGraph(module), args, shapes
 
 
 def _meta_copy(draft: EagleDraft) -> EagleDraft:
@@ -102,16 +109,21 @@ def _meta_copy(draft: EagleDraft) -> EagleDraft:
                           layer0_norm=not isinstance(draft.layers[0].input_layernorm, nn.Identity),
                           target_layers=draft.target_layers,
                           norm_before_residual=getattr(draft.layers[0], "norm_before_residual", False))
-    meta = meta.to(draft.fc.weight.dtype)
+    meta = meta.to(draft.dtype)
     meta.rope_inv_freq = rope_inv_freq(draft.config)
     return meta.eval()
 
 
 class CompiledDraft:
     """The draft graphs bound to a loaded draft's tensors: ``core`` and ``logits`` as ``EagleProposer`` runs them.
-    A catch-up longer than the graphs' ``max_tokens`` runs the draft's own module."""
+    A catch-up longer than the graphs' ``max_tokens`` runs the draft's own module. ``packed``: the graphs take
+    oneDNN-packed linear weights, so the draft's linears are packed here, in place (its eager module runs them too)."""
 
-    def __init__(self, runners: dict[str, Callable], draft: EagleDraft, max_tokens: int) -> None:
+    def __init__(self, runners: dict[str, Callable], draft: EagleDraft, max_tokens: int, packed: bool = False) -> None:
+        if packed:
+            from neuronpack.models.packing import pack_linears
+
+            pack_linears(draft)
         self._step, self._head = runners[DRAFT_STEP], runners[DRAFT_HEAD]
         self._step_inputs, self._head_inputs = draft_weights(draft, DRAFT_STEP), draft_weights(draft, DRAFT_HEAD)
         self._draft, self.max_tokens = draft, max_tokens

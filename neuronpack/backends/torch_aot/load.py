@@ -157,7 +157,8 @@ class CompiledLM:
             return None
         from neuronpack.backends.torch_aot.draft_graphs import CompiledDraft
 
-        return CompiledDraft(self._draft_runners, draft, self.max_verify_tokens)
+        return CompiledDraft(self._draft_runners, draft, self.max_verify_tokens,
+                             packed=bool(self.config.get("packed_linears")))
 
     def _run_layer(self, i: int, x, cos, sin, masks, k_rows, v_rows, *lora):
         if self._captured is not None:

@@ -193,7 +193,7 @@ class EagleProposer:
             new_positions = max(INITIAL_CACHE, 2 * old_positions, positions)
         cfg = self.draft.config
         shape = (cfg.num_layers, new_rows, cfg.num_kv_heads, max(new_positions, INITIAL_CACHE), cfg.head_dim)
-        k, v = (torch.zeros(shape, dtype=self.draft.fc.weight.dtype) for _ in range(2))
+        k, v = (torch.zeros(shape, dtype=self.draft.dtype) for _ in range(2))
         if self.k is not None:
             k[:, :old_rows, :, :old_positions], v[:, :old_rows, :, :old_positions] = self.k, self.v
         self.k, self.v = k, v
