@@ -64,6 +64,22 @@ def run_uncached(draft, tokens: list[int], hidden: torch.Tensor) -> torch.Tensor
     return z[0]
 
 
+def run_in_chunks(draft, tokens: list[int], hidden: torch.Tensor, chunks) -> torch.Tensor:
+    """The same pairs fed chunk by chunk ((lo, hi) index ranges) through the draft's own cache: z [T, H]."""
+    cfg = draft.config
+    k = torch.zeros(cfg.num_layers, 1, cfg.num_kv_heads, 16, cfg.head_dim)
+    v = torch.zeros_like(k)
+    outs = []
+    for lo, hi in chunks:
+        start, n = torch.tensor([lo]), max(lo, 1)
+        out, nk, nv = draft.forward_step(torch.tensor([tokens[lo:hi]]), hidden[None, lo:hi], start,
+                                         k[:, :, :, :n], v[:, :, :, :n], n)
+        store_kv(k, torch.tensor([0]), start, nk)
+        store_kv(v, torch.tensor([0]), start, nv)
+        outs.append(out[0])
+    return torch.cat(outs)
+
+
 def test_draft_logits_equal_the_reference_with_and_without_cache(converted):
     draft = load_eagle_draft(converted, torch.float32)
     assert isinstance(draft.layers[0].input_layernorm, torch.nn.Identity) and draft.fc.bias is not None
@@ -75,19 +91,8 @@ def test_draft_logits_equal_the_reference_with_and_without_cache(converted):
         full = run_uncached(draft, tokens, hidden)
         torch.testing.assert_close(draft.logits(full), expected, rtol=1e-4, atol=1e-4)
         # The same pairs in chunks of 4, 1 and 4 through the draft's own cache.
-        cfg = draft.config
-        k = torch.zeros(cfg.num_layers, 1, cfg.num_kv_heads, 16, cfg.head_dim)
-        v = torch.zeros_like(k)
-        outs = []
-        for lo, hi in ((0, 4), (4, 5), (5, 9)):
-            start = torch.tensor([lo])
-            n = max(lo, 1)
-            out, nk, nv = draft.forward_step(torch.tensor([tokens[lo:hi]]), hidden[None, lo:hi], start,
-                                             k[:, :, :, :n], v[:, :, :, :n], n)
-            store_kv(k, torch.tensor([0]), start, nk)
-            store_kv(v, torch.tensor([0]), start, nv)
-            outs.append(out[0])
-        torch.testing.assert_close(draft.logits(torch.cat(outs)), expected, rtol=1e-3, atol=1e-3)
+        chunked = run_in_chunks(draft, tokens, hidden, ((0, 4), (4, 5), (5, 9)))
+        torch.testing.assert_close(draft.logits(chunked), expected, rtol=1e-3, atol=1e-3)
 
 
 def test_proposer_chain_drafts_equal_the_reference(converted):
@@ -207,18 +212,8 @@ def test_eagle3_draft_equals_the_reference_with_and_without_cache(converted3):
         z = run_uncached(draft, tokens, hidden)
         torch.testing.assert_close(z, expected_z, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(draft.logits(z), expected, rtol=1e-4, atol=1e-4)
-        cfg = draft.config
-        k = torch.zeros(cfg.num_layers, 1, cfg.num_kv_heads, 16, cfg.head_dim)
-        v = torch.zeros_like(k)
-        outs = []
-        for lo, hi in ((0, 5), (5, 6), (6, 9)):
-            start, n = torch.tensor([lo]), max(lo, 1)
-            out, nk, nv = draft.forward_step(torch.tensor([tokens[lo:hi]]), hidden[None, lo:hi], start,
-                                             k[:, :, :, :n], v[:, :, :, :n], n)
-            store_kv(k, torch.tensor([0]), start, nk)
-            store_kv(v, torch.tensor([0]), start, nv)
-            outs.append(out[0])
-        torch.testing.assert_close(draft.logits(torch.cat(outs)), expected, rtol=1e-3, atol=1e-3)
+        chunked = run_in_chunks(draft, tokens, hidden, ((0, 5), (5, 6), (6, 9)))
+        torch.testing.assert_close(draft.logits(chunked), expected, rtol=1e-3, atol=1e-3)
 
 
 def test_eagle3_proposer_chain_feeds_the_drafts_own_prenorm_output_back(converted3):
