@@ -94,8 +94,8 @@ def compiled_draft(draft, work: Path, layout: str, limits):
     can: ``packed_linears``; cached per layout in ``work``), bound to ``draft`` (packed in place)."""
     from neuronpack.backends.torch_aot.draft_graphs import CompiledDraft, export_draft_graph
     from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS
-    from neuronpack.backends.torch_aot.load import _boxed
     from neuronpack.backends.torch_aot.onednn import packed_linear_lowering
+    from neuronpack.backends.torch_aot.runners import boxed
     from neuronpack.models.packing import can_pack
 
     packed = can_pack(draft.dtype)
@@ -108,7 +108,7 @@ def compiled_draft(draft, work: Path, layout: str, limits):
             with packed_linear_lowering():
                 torch._inductor.aoti_compile_and_package(program, package_path=str(package))
             seconds[name] = round(time.perf_counter() - start, 1)
-        runners[name] = _boxed(torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1))
+        runners[name] = boxed(torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1))
     return CompiledDraft(runners, draft, limits.max_tokens, packed=packed), seconds
 
 

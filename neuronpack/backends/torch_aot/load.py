@@ -26,6 +26,7 @@ from neuronpack.backends.torch_aot import layout as L
 from neuronpack.backends.torch_aot.layout import FORMAT, FORMAT_VERSION, GRAPHS_FILE, NEURON_CONFIG, WEIGHTS_DIR
 from neuronpack.backends.torch_aot.lora import adapter_names, attach_artifact_lora
 from neuronpack.backends.torch_aot.rows import RowMap
+from neuronpack.backends.torch_aot.runners import load_runners
 from neuronpack.backends.torch_aot.target import current_target, target_mismatch
 from neuronpack.errors import ArtifactError, BucketError
 from neuronpack.progress import NullReporter, Reporter
@@ -99,7 +100,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     if config.get("packed_linears"):
         _pack_linears(model, dtype, artifact_dir)
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
-        runners = _load_runners(artifact_dir / GRAPHS_FILE, config, task)
+        runners = load_runners(artifact_dir / GRAPHS_FILE, config, task)
     return CompiledLM(config, model, runners, _eos_token_ids(artifact_dir))
 
 
@@ -413,49 +414,6 @@ def _untouched_zeros(shape: tuple[int, ...], dtype):
     nbytes = max(1, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
     buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(buffer, dtype=dtype).view(shape)
-
-
-def _load_runners(package: Path, config: dict, task) -> dict[str, Callable]:
-    """name -> ``run(weights: dict[str, Tensor], *args) -> tuple`` for every graph of the artifact (the weights in
-    the graph's input order: ``layer_weights`` / ``head_weights``)."""
-    runners = {}
-    if config["compiler"] == "aoti":
-        import torch
-
-        for name, model_name in config["graphs"].items():
-            # The C++ loader directly: torch._inductor's Python wrapper would import dynamo and probe the
-            # compiler's vector ISA (seconds), and re-read every model of the package for each graph.
-            loader = torch._C._aoti.AOTIModelPackageLoader(str(package), model_name, False, 1, -1)
-            if loader.get_constant_fqns():  # weights are inputs: a graph holding constants is not ours
-                raise ArtifactError(f"graph {name} expects constants {loader.get_constant_fqns()[:3]}",
-                                    where=str(package), fix="recompile the artifact (neuronpack compile --force)")
-            runners[name] = _boxed(loader)
-            task.advance()
-        return runners
-    from torch.export.pt2_archive._package import load_pt2
-
-    programs = load_pt2(str(package)).exported_programs
-    for name, model_name in config["graphs"].items():
-        runners[name] = _exported(programs[model_name])
-        task.advance()
-    return runners
-
-
-def _boxed(loader) -> Callable:
-    # Skip AOTICompiledModel.__call__'s per-call pytree flattening: the inputs are flat tensors already.
-    def run(weights: dict, *args):
-        return tuple(loader.boxed_run([*weights.values(), *args]))
-
-    return run
-
-
-def _exported(program) -> Callable:
-    module = program.module()
-
-    def run(weights: dict, *args):
-        return tuple(module(weights, *args))
-
-    return run
 
 
 def _eos_token_ids(artifact_dir: Path) -> tuple[int, ...]:

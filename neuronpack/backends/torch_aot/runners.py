@@ -1,0 +1,59 @@
+"""The compiled graphs of a portable artifact as plain callables: ``run(weights, *args) -> tuple`` (weights: a dict
+in the graph's input order, e.g. ``graphs.layer_weights``; args: the graph's other inputs). AOTInductor graphs run
+through the C++ package loader, export-only programs through their ``module()``.
+
+Example::
+
+    runners = load_runners(Path("artifact/graphs.pt2"), neuron_config, task)
+    x, k, v = runners["layer_decode"](layer_weights(model, 0), x, cos, sin, past, k_rows, v_rows)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from neuronpack.errors import ArtifactError
+
+
+def load_runners(package: Path, config: dict, task) -> dict[str, Callable]:
+    """name -> ``run(weights: dict[str, Tensor], *args) -> tuple`` for every graph of the artifact (the weights in
+    the graph's input order: ``layer_weights`` / ``head_weights``)."""
+    runners = {}
+    if config["compiler"] == "aoti":
+        import torch
+
+        for name, model_name in config["graphs"].items():
+            # The C++ loader directly: torch._inductor's Python wrapper would import dynamo and probe the
+            # compiler's vector ISA (seconds), and re-read every model of the package for each graph.
+            loader = torch._C._aoti.AOTIModelPackageLoader(str(package), model_name, False, 1, -1)
+            if loader.get_constant_fqns():  # weights are inputs: a graph holding constants is not ours
+                raise ArtifactError(f"graph {name} expects constants {loader.get_constant_fqns()[:3]}",
+                                    where=str(package), fix="recompile the artifact (neuronpack compile --force)")
+            runners[name] = boxed(loader)
+            task.advance()
+        return runners
+    from torch.export.pt2_archive._package import load_pt2
+
+    programs = load_pt2(str(package)).exported_programs
+    for name, model_name in config["graphs"].items():
+        runners[name] = exported(programs[model_name])
+        task.advance()
+    return runners
+
+
+def boxed(loader) -> Callable:
+    # Skip AOTICompiledModel.__call__'s per-call pytree flattening: the inputs are flat tensors already.
+    def run(weights: dict, *args):
+        return tuple(loader.boxed_run([*weights.values(), *args]))
+
+    return run
+
+
+def exported(program) -> Callable:
+    module = program.module()
+
+    def run(weights: dict, *args):
+        return tuple(module(weights, *args))
+
+    return run
