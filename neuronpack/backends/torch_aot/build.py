@@ -146,7 +146,7 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     config["packed_linears"] = config["compiler"] == "aoti" and can_pack(dtype)
     groups = layer_groups(model)
     config["layer_graphs"] = groups  # layer -> its kind of layer graph (one kind unless some layers differ)
-    names = graph_names(groups)
+    names, draft = graph_names(groups), None
     if config["speculation"] and config["speculation"]["kind"] == "eagle":  # checked before the compile
         draft = copy_eagle_draft(request.draft_dir, staging / DRAFT_DIR, dtype, target_layers=config["num_layers"])
         config["speculation"]["layout"] = "eagle3" if draft.eagle3 else "eagle1"
@@ -158,7 +158,7 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     copy_aux_files(request.model_dir, staging)
     copy_artifact_adapters(config, request.adapter_dirs(), staging)
     attach_artifact_lora(model, config, staging)  # after write_weights: the artifact keeps the PEFT copies only
-    seconds = compile_graphs(model, request.plan, config, staging, reporter)
+    seconds = compile_graphs(model, request.plan, config, staging, reporter, draft=draft)
     (staging / NEURON_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {"bucket_seconds": seconds, "compiler": config["compiler"]}
 

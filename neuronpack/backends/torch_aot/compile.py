@@ -27,10 +27,10 @@ from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS
 from neuronpack.errors import BuildError
 
 
-def compile_graphs(model, plan, config: dict, staging: Path, reporter) -> dict[str, float]:
-    """Export (and with AOTInductor, compile) every graph; package them into ``staging/graphs.pt2``.
-    ``staging/weights`` (and with EAGLE graphs ``staging/draft``) must already hold the weights (the parallel
-    workers read them)."""
+def compile_graphs(model, plan, config: dict, staging: Path, reporter, draft=None) -> dict[str, float]:
+    """Export (and with AOTInductor, compile) every graph; package them into ``staging/graphs.pt2``. ``draft``: the
+    loaded EAGLE draft when the artifact has draft graphs. ``staging/weights`` (and ``staging/draft``) must already
+    hold the weights (the parallel workers read them)."""
     limits = _limits(plan, config)
     names = list(config["graphs"])
     workers = min(_parallel_workers(), len(names)) if config["compiler"] == "aoti" else 1
@@ -40,9 +40,7 @@ def compile_graphs(model, plan, config: dict, staging: Path, reporter) -> dict[s
         if workers > 1:
             jobs = _compile_in_workers(Path(staging) / WEIGHTS_DIR, config, limits, workers)
         else:
-            draft = staged_draft(staging, config) if any(n in DRAFT_GRAPHS for n in names) else None
-            jobs = (_compile_timed(draft if name in DRAFT_GRAPHS else model, name, limits, config)
-                    for name in names)
+            jobs = _compile_each(model, draft, names, limits, config)
         for name, result, elapsed in jobs:
             compiled[config["graphs"][name]], seconds[name] = result, round(elapsed, 3)
             task.advance()
@@ -135,12 +133,17 @@ def compile_in_this_process(weights_dir: Path, config: dict, limits, names: list
     model = load_model(open_checkpoint(Path(weights_dir)), getattr(torch, config["torch_dtype"]),
                        max_seq_len=limits.max_seq)
     attach_artifact_lora(model, config, Path(weights_dir).parent)  # the staging dir: its lora/ copies
-    draft = staged_draft(Path(weights_dir).parent, config) if any(n in DRAFT_GRAPHS for n in names) else None
+    draft = _staged_draft(Path(weights_dir).parent, config) if set(names) & set(DRAFT_GRAPHS) else None
+    yield from _compile_each(model, draft, names, limits, config)
+
+
+def _compile_each(model, draft, names: list[str], limits, config: dict):
+    """Compile ``names`` in this process, the draft graphs from ``draft``; yield (name, result, seconds)."""
     for name in names:
         yield _compile_timed(draft if name in DRAFT_GRAPHS else model, name, limits, config)
 
 
-def staged_draft(staging: Path, config: dict):
+def _staged_draft(staging: Path, config: dict):
     """The EAGLE draft as the artifact ships it (``draft/``), loaded as the runtime loads it."""
     import torch
 
