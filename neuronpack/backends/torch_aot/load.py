@@ -283,9 +283,7 @@ class CompiledLM:
         tokens = torch.tensor([list(r) for r in token_rows], dtype=torch.long)
         positions = torch.as_tensor(list(starts), dtype=torch.long)
         self._check_decode(tokens[:, 0], positions + (width - 1), slots)
-        # contiguous: a compiled graph reads its inputs with the strides it was compiled for (an expand's stride 0
-        # made the head gather garbage positions for every row after the first)
-        index = torch.arange(width).expand(len(slots), width).contiguous()
+        index = torch.arange(width).expand(len(slots), width)  # a broadcast view: the runner makes it contiguous
         logits, hidden = self._run_rows(slots, tokens, positions, index, adapters,
                                         self._check_hidden_layers(hidden_layers))
         return (logits, hidden) if return_hidden else logits

@@ -43,9 +43,11 @@ def load_runners(package: Path, config: dict, task) -> dict[str, Callable]:
 
 
 def boxed(loader) -> Callable:
-    # Skip AOTICompiledModel.__call__'s per-call pytree flattening: the inputs are flat tensors already.
+    # Skip AOTICompiledModel.__call__'s per-call pytree flattening: the inputs are flat tensors already. The compiled
+    # code indexes each input with the strides it was traced with (contiguous): a broadcast view (an expand's stride
+    # 0) would be read as garbage, so every non-weight input is made contiguous (free when it already is).
     def run(weights: dict, *args):
-        return tuple(loader.boxed_run([*weights.values(), *args]))
+        return tuple(loader.boxed_run([*weights.values(), *(a.contiguous() for a in args)]))
 
     return run
 
