@@ -126,6 +126,28 @@ inline void dot_rows_pair(const typename W::T* w, const float* x, int64_t K, flo
 }
 
 template <class W>
+inline void dot_two_streams(const typename W::T* w0, const typename W::T* w1, const float* x, int64_t K, float* y0, float* y1) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+    a0 = _mm512_fmadd_ps(W::load(w0 + k), x0, a0);
+    b0 = _mm512_fmadd_ps(W::load(w1 + k), x0, b0);
+    a1 = _mm512_fmadd_ps(W::load(w0 + k + 16), x1, a1);
+    b1 = _mm512_fmadd_ps(W::load(w1 + k + 16), x1, b1);
+  }
+  for (; k < K; k += 16) {
+    const int64_t left = K - k;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 xv = _mm512_maskz_loadu_ps(mask, x + k);
+    a0 = _mm512_fmadd_ps(W::load(w0 + k, mask), xv, a0);
+    b0 = _mm512_fmadd_ps(W::load(w1 + k, mask), xv, b0);
+  }
+  *y0 = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  *y1 = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+}
+
+template <class W>
 using DotFn = void (*)(const typename W::T*, const float*, int64_t, float*, int64_t, int64_t);
 
 template <class W>
@@ -164,9 +186,11 @@ void rows_times_weight(const float* x, int64_t M, int64_t K, const typename W::T
   const DotFn<W> dot_full = dot_for<W>(chunk), dot_tail = dot_for<W>(tail);
   // Software prefetch pays where a row takes long to compute (several rows of x, int8 conversions); with one
   // float row the hardware prefetcher keeps up alone and the extra instructions cost ~20%.
-  if (M == 1 && sizeof(typename W::T) > 1) {  // one plain stream, nothing else in the loop
+  if (M == 1) {  // two streams: rows n and n + half at once
     at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) dot_rows<W, 1, 4>(w + n * K, x, K, out + n, N, 0);
+      const int64_t half = (n1 - n0) / 2;
+      for (int64_t n = n0; n < n0 + half; ++n) dot_two_streams<W>(w + n * K, w + (n + half) * K, x, K, out + n, out + n + half);
+      for (int64_t n = n0 + 2 * half; n < n1; ++n) dot_rows<W, 1, 4>(w + n * K, x, K, out + n, N, 0);
     });
     return;
   }
