@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -332,9 +333,11 @@ void bf16_rows_times_weight(const uint16_t* x, int64_t M, int64_t K, const uint1
   });
 }
 
+std::atomic<bool> bf16_dot_enabled{true};  // set_bf16_dot(False): the widening kernel (tests run both)
+
 bool cpu_has_bf16_dot() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
+  return has && bf16_dot_enabled.load(std::memory_order_relaxed);
 }
 
 #endif  // NEURONPACK_AVX512
@@ -416,8 +419,11 @@ TORCH_LIBRARY(neuronpack, m) {
   m.def("linear_int8(Tensor x, Tensor weight, Tensor scale, Tensor? bias=None) -> Tensor");
 #ifdef NEURONPACK_AVX512
   m.def("has_kernel() -> bool", []() { return true; });  // whether this build has the kernel (else: at::linear)
+  // whether bfloat16 runs vdpbf16ps where the CPU has it (default) or the widening kernel; returns the old setting
+  m.def("set_bf16_dot(bool enabled) -> bool", [](bool enabled) { return bf16_dot_enabled.exchange(enabled); });
 #else
   m.def("has_kernel() -> bool", []() { return false; });
+  m.def("set_bf16_dot(bool enabled) -> bool", [](bool enabled) { return false; });
 #endif
 }
 

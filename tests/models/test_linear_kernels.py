@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuronpack.kernels import _library_path, has_kernel, load_kernels
@@ -30,10 +30,19 @@ def _relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.fixture(params=["bf16 dot", "widening"])
+def bf16_kernel(request):
+    """bfloat16 weights run vdpbf16ps on CPUs with AVX512_BF16, else the widening kernel: test both here (the
+    setting holds for the whole hypothesis run of a test)."""
+    before = torch.ops.neuronpack.set_bf16_dot(request.param == "bf16 dot")
+    yield request.param
+    torch.ops.neuronpack.set_bf16_dot(before)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 20), k=st.integers(1, 200), n=st.integers(1, 70), bias=st.booleans(),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]))
-def test_linear_matches_f_linear(rows, k, n, bias, dtype):
+def test_linear_matches_f_linear(bf16_kernel, rows, k, n, bias, dtype):
     gen = torch.Generator().manual_seed(rows * 1000 + k * 7 + n)
     x = torch.randn(rows, k, generator=gen).to(dtype)
     w = torch.randn(n, k, generator=gen).to(dtype)
