@@ -41,7 +41,7 @@ from neuronpack.convert.eagle_layouts import (
     detect_layout,
     plan_eagle_conversion,
 )
-from neuronpack.convert.float_cast import cast_floats
+from neuronpack.convert.float_cast import FloatCaster
 from neuronpack.digest import file_sha256
 from neuronpack.errors import ConversionError
 from neuronpack.fsutil import atomic_output_dir, check_output_path
@@ -157,7 +157,10 @@ def eagle_nxd_hints(out_dir: Path) -> dict:
 
 # --- streaming ------------------------------------------------------------------------------------------------------
 class _TensorStream:
-    """Yields (name, tensor) in plan order for the writer; compares a replaced head with the new one on the way."""
+    """Yields (name, tensor) in plan order for the writer; compares a replaced head with the new one on the way.
+
+    Rows cast without torch are read into one buffer and cast into another, both reused for every chunk: the writer
+    writes a chunk before it asks for the next (``write_safetensors_sharded``), so no chunk allocates memory."""
 
     def __init__(self, plan: EaglePlan, draft: Checkpoint, target: Checkpoint) -> None:
         self.plan = plan
@@ -168,8 +171,11 @@ class _TensorStream:
             old = draft.info(HEAD)
             new = next(t for t in plan.tensors if t.name == HEAD)
             self.head_identical = old.dtype == new.dtype and tuple(old.shape) == new.shape
+        self._casters: dict[tuple[str, str], FloatCaster] = {}
+        self._raw = bytearray()  # stored rows read for a cast
+        self._cast = bytearray()  # their cast bytes
 
-    def chunks(self) -> Iterator[tuple[str, torch.Tensor | bytes | TensorInfo]]:
+    def chunks(self) -> Iterator[tuple[str, torch.Tensor | bytes | memoryview | TensorInfo]]:
         # Reading the next chunk in a worker thread, to overlap it with the write, measured no faster on the 2 busy
         # cores of the build machine (4.4-7.7 s either way), so the stream stays single-threaded.
         for spec in self.plan.tensors:
@@ -196,16 +202,26 @@ class _TensorStream:
         comparing = spec.name == HEAD and self.head_identical
         return not spec.cast and not comparing and ckpt.format == "safetensors"
 
-    def _cast_without_torch(self, spec: OutputTensor, ckpt: Checkpoint, start: int, stop: int) -> bytes | None:
-        """Rows of a safetensors tensor cast on their stored bytes (``float_cast``: numpy, bit for bit torch's cast);
-        None when torch casts them: a .bin source, a scalar, a head being compared, or a NaN in the rows."""
+    def _cast_without_torch(self, spec: OutputTensor, ckpt: Checkpoint, start: int, stop: int) -> memoryview | None:
+        """Rows of a safetensors tensor cast on their stored bytes (``float_cast``: numpy, bit for bit torch's cast),
+        as a view of the reused cast buffer; None when torch casts them: a .bin source, a scalar, a head being
+        compared, or a NaN in the rows."""
         comparing = spec.name == HEAD and self.head_identical
         if not spec.cast or comparing or not spec.shape or ckpt.format != "safetensors":
             return None
-        cast = cast_floats(ckpt.raw_rows(spec.source_name, start, stop), spec.source_dtype, spec.dtype)
-        if cast is not None and cast.overflow:
+        caster = self._casters.get((spec.source_dtype, spec.dtype))
+        if caster is None:
+            caster = self._casters[spec.source_dtype, spec.dtype] = FloatCaster(spec.source_dtype, spec.dtype)
+        rows = (stop - start, *spec.shape[1:])
+        raw_size, cast_size = expected_nbytes(spec.source_dtype, rows), expected_nbytes(spec.dtype, rows)
+        if len(self._raw) < raw_size or len(self._cast) < cast_size:  # new buffers: views of the old ones may live on
+            self._raw, self._cast = bytearray(raw_size), bytearray(cast_size)
+        raw = ckpt.raw_rows(spec.source_name, start, stop, into=self._raw)
+        out = memoryview(self._cast)[:cast_size]
+        overflow = caster.cast_into(raw, out)
+        if overflow:
             raise _overflow(spec)
-        return None if cast is None else cast.data
+        return None if overflow is None else out
 
 
 def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
