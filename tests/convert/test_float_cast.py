@@ -63,7 +63,7 @@ def test_every_16_bit_pattern_casts_like_torch(source, target):
 
 @pytest.mark.parametrize(("source", "target"), [("F32", "BF16"), ("BF16", "F16"), ("F16", "F32")])
 def test_a_caster_casts_block_by_block_into_a_reused_buffer(source, target):
-    values = _values()[torch.isfinite(_values())].to(DTYPES[source])
+    values = _values()[_values().abs() < 6e4].to(DTYPES[source])  # finite, no overflow in float16
     caster = FloatCaster(source, target, block=1000)  # ~100 blocks, the last one partial
     out = bytearray(values.numel() * DTYPES[target].itemsize)
     for _ in range(2):
