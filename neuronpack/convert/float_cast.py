@@ -61,7 +61,8 @@ class FloatCaster:
         self._src_type = np.dtype(f"<u{ITEMSIZE[source]}")
         self._dst_type = np.dtype(f"<u{ITEMSIZE[target]}")
         self._magnitude = np.empty(block, self._src_type)  # scratch: |x| bits of a block
-        self._scratch = np.empty(block, np.uint32) if source == "F32" and target == "BF16" else None
+        self._scratch = np.empty(block, np.uint32 if source == "F32" else np.uint16)
+        self._mask = np.empty(block, np.bool_)
         self._table = _table(source, target) if ITEMSIZE[source] == 2 and source != target else None
 
     def cast_into(self, raw, out) -> bool | None:
@@ -80,12 +81,16 @@ class FloatCaster:
             if block_top > _INF[self.source]:
                 return None  # a NaN: its bits are torch's business
             top = max(top, block_top)
-            self._cast_block(block, into)
+            self._cast_block(block, into, block_top)
         return top < _INF[self.source] and self._casts_to_inf(top)
 
-    def _cast_block(self, block, into) -> None:
+    def _cast_block(self, block, into, top: int) -> None:
         np = self._np
-        if self._table is not None:
+        if self.source == "BF16" and self.target == "F16":
+            self._bf16_to_f16(block, into, top)
+        elif self.source == "BF16" and self.target == "F32":
+            np.left_shift(block, np.uint32(16), out=into)  # exact: bfloat16 is float32's upper half
+        elif self._table is not None:
             np.take(self._table, block, out=into, mode="clip")  # clip: no bounds check (a u16 index is in range)
         elif self.source == self.target:
             np.copyto(into, block)
@@ -95,12 +100,42 @@ class FloatCaster:
             with np.errstate(over="ignore"):  # overflow is reported, not warned about
                 np.copyto(into.view(np.float16), block.view(np.float32), casting="same_kind")
 
+    def _bf16_to_f16(self, block, into, top: int) -> None:
+        """EAGLE drafts are often fp16 for a bf16 target: values in float16's normal range move their bits (exact,
+        a few integer passes); the rest (zeros, float16 subnormals, overflow to inf; ~0.3% of a weight matrix) are
+        looked up in the table."""
+        np = self._np
+        size = block.size
+        magnitude = np.bitwise_and(block, 0x7FFF, out=self._magnitude[:size])  # (e << 7 | m) of a NaN-free block
+        # (e << 7 | m) << 3 - (112 << 10) is float16's (e - 112) << 10 | m << 3; uint16 arithmetic wraps to exactly
+        # that (+ 0x4000 == - 0xC000), and the shift drops the sign bit, put back after
+        np.left_shift(magnitude, 3, out=into)
+        np.add(into, 0x4000, out=into)
+        np.bitwise_or(into, np.bitwise_and(block, 0x8000, out=self._scratch[:size]), out=into)
+        low, high = _BF16_F16_NORMAL
+        other = np.less(magnitude, low, out=self._mask[:size])
+        if top > high:
+            np.logical_or(other, np.greater(magnitude, high), out=other)
+        where = np.flatnonzero(other)
+        if where.size:
+            np.put(into, where, np.take(self._table, np.take(block, where)))
+
     def _casts_to_inf(self, top: int) -> bool:
         np = self._np
         one = np.array([top], dtype=self._src_type)
         cast = np.empty(1, dtype=self._dst_type)
-        self._cast_block(one, cast)
+        self._cast_block(one, cast, top)
         return int(cast[0]) & _MAGNITUDE[self.target] == _INF[self.target]
+
+
+def warm_up(casts: set[tuple[str, str]]) -> None:
+    """Import numpy and make the tables of these (source, target) casts now, e.g. in a thread while other work runs
+    (the first ``FloatCaster`` would wait for both)."""
+    import numpy  # noqa: F401
+
+    for source, target in casts:
+        if source in CODES and target in CODES and ITEMSIZE[source] == 2 and source != target:
+            _table(source, target)
 
 
 def _round_to_bf16(np, bits, into, scratch) -> None:
@@ -112,6 +147,11 @@ def _round_to_bf16(np, bits, into, scratch) -> None:
     rounded += bits
     rounded >>= 16
     np.copyto(into, rounded, casting="unsafe")  # the upper 16 bits are zero now
+
+
+# bfloat16 magnitudes (exponent and mantissa bits) of float16's normal range, 2**-14 <= |x| < 65536: exactly
+# representable in float16 (7 mantissa bits fit in 10), the exponent rebiased from 127 to 15
+_BF16_F16_NORMAL = (113 << 7, (143 << 7) - 1)
 
 
 @functools.cache
