@@ -119,7 +119,8 @@ def convert_eagle(
         digests = pool.submit(_source_digests, draft_ckpt, target_ckpt, plan)
         # Import numpy and make the cast tables while the draft's tensors are copied (the kernel copies them, with
         # the GIL released): ~60 ms the first cast would otherwise wait for. Best effort: a failure shows in the cast.
-        pool.submit(warm_up, {(t.source_dtype, t.dtype) for t in plan.casts})
+        if plan.casts:
+            pool.submit(warm_up, {(t.source_dtype, t.dtype) for t in plan.casts})
         with atomic_output_dir(Path(out), inputs=[draft_dir, target_dir], label="eagle-") as staging:
             stream = _TensorStream(plan, draft_ckpt, target_ckpt)
             specs = [TensorSpec(t.name, t.dtype, t.shape) for t in plan.tensors]
