@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr, stdout
+from neuronpack.cli._console import LazyConsole, OutputFormat, RichReporter, cell, print_result, stderr, stdout
 from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
 from neuronpack.cli._progress import ProgressMode
 
@@ -78,7 +78,7 @@ def exit_code(accuracy: dict[str, Any]) -> int:
     return 0 if status == PASSED else EXIT_NOT_RUN if status == NOT_RUN else 1
 
 
-def print_report(data: dict[str, Any], artifact: str, console: Console = stdout) -> None:
+def print_report(data: dict[str, Any], artifact: str, console: Console | LazyConsole = stdout) -> None:
     """The human-readable report of ``AccuracyReport.to_dict()``: one row per prompt, the summary, the verdict
     (failures on stderr). Shared with ``compile --check-accuracy``, which prints it on stderr."""
     if data["plan"]:
