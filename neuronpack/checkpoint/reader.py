@@ -131,6 +131,8 @@ class Checkpoint:
             raise ValueError(f"no stored rows [{start}:{stop}] of {name} ({self.format}, shape {info.shape})")
         row_bytes = info.nbytes // rows if rows else 0
         size, offset = (stop - start) * row_bytes, info.offset + start * row_bytes
+        if into is not None and len(into) < size:
+            raise ValueError(f"a buffer of {len(into)} bytes cannot hold rows [{start}:{stop}] of {name} ({size})")
         with open(info.file, "rb") as fh:
             if into is None:
                 data = os.pread(fh.fileno(), size, offset)
