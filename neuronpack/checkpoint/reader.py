@@ -19,7 +19,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.checkpoint import bin_loader
 from neuronpack.checkpoint.safetensors_header import TensorInfo, duplicate_tensor_error, read_safetensors_header
 from neuronpack.errors import CheckpointError
 
@@ -153,11 +152,15 @@ class Checkpoint:
     # --- internals ----------------------------------------------------------------------------------------------
     def _all_infos(self) -> dict[str, TensorInfo]:
         if self._infos is None:
+            from neuronpack.checkpoint import bin_loader
+
             self._infos = bin_loader.tensor_infos(self._bin(), self._bin_files_by_name)
         return self._infos
 
     def _bin(self) -> dict[str, torch.Tensor]:
         if self._bin_tensors is None:
+            from neuronpack.checkpoint import bin_loader  # .bin only (it imports pickle)
+
             self._bin_tensors, self._bin_files_by_name = bin_loader.load_bin_files(self.files)
             if self._index is not None:
                 _check_index_matches(self._index, self._bin_files_by_name, self.root)
