@@ -5,8 +5,9 @@ nearest-even (bfloat16 by torch's own bias formula, float16 by IEEE conversion),
 torch's business (they differ between its scalar and vector paths), so rows holding one are left to torch.
 
 ``FloatCaster`` casts into a buffer the caller keeps, in blocks of ``BLOCK`` values through scratch arrays it keeps:
-every pass over a block stays in the CPU cache and nothing is allocated per call. A 16-bit source is cast through a
-65536-entry table (one gather), made once from an exact cast of every bit pattern.
+every pass over a block stays in the CPU cache and nothing is allocated per call. bf16 -> fp16 moves the bits of
+values in fp16's normal range, bf16 -> fp32 is a shift, the other 16-bit sources (and the bf16 values outside fp16's
+normal range) are looked up in a 65536-entry table made once from an exact cast of every bit pattern.
 
 Example::
 
@@ -81,13 +82,14 @@ class FloatCaster:
             if block_top > _INF[self.source]:
                 return None  # a NaN: its bits are torch's business
             top = max(top, block_top)
-            self._cast_block(block, into, block_top)
+            self._cast_block(block, into, magnitude, block_top)
         return top < _INF[self.source] and self._casts_to_inf(top)
 
-    def _cast_block(self, block, into, top: int) -> None:
+    def _cast_block(self, block, into, magnitude, top: int) -> None:
+        """Cast ``block`` into ``into``; ``magnitude``: the block's |x| bits, ``top`` their largest (no NaN)."""
         np = self._np
         if self.source == "BF16" and self.target == "F16":
-            self._bf16_to_f16(block, into, top)
+            self._bf16_to_f16(block, into, magnitude, top)
         elif self.source == "BF16" and self.target == "F32":
             np.left_shift(block, np.uint32(16), out=into)  # exact: bfloat16 is float32's upper half
         elif self._table is not None:
@@ -100,15 +102,14 @@ class FloatCaster:
             with np.errstate(over="ignore"):  # overflow is reported, not warned about
                 np.copyto(into.view(np.float16), block.view(np.float32), casting="same_kind")
 
-    def _bf16_to_f16(self, block, into, top: int) -> None:
+    def _bf16_to_f16(self, block, into, magnitude, top: int) -> None:
         """EAGLE drafts are often fp16 for a bf16 target: values in float16's normal range move their bits (exact,
         a few integer passes); the rest (zeros, float16 subnormals, overflow to inf; ~0.3% of a weight matrix) are
         looked up in the table."""
         np = self._np
         size = block.size
-        magnitude = np.bitwise_and(block, 0x7FFF, out=self._magnitude[:size])  # (e << 7 | m) of a NaN-free block
-        # (e << 7 | m) << 3 - (112 << 10) is float16's (e - 112) << 10 | m << 3; uint16 arithmetic wraps to exactly
-        # that (+ 0x4000 == - 0xC000), and the shift drops the sign bit, put back after
+        # magnitude is (e << 7 | m), and (e << 7 | m) << 3 - (112 << 10) is float16's (e - 112) << 10 | m << 3:
+        # uint16 arithmetic wraps to exactly that (+ 0x4000 == - 0xC000); the sign bit is put back after
         np.left_shift(magnitude, 3, out=into)
         np.add(into, 0x4000, out=into)
         np.bitwise_or(into, np.bitwise_and(block, 0x8000, out=self._scratch[:size]), out=into)
@@ -124,7 +125,7 @@ class FloatCaster:
         np = self._np
         one = np.array([top], dtype=self._src_type)
         cast = np.empty(1, dtype=self._dst_type)
-        self._cast_block(one, cast, top)
+        self._cast_block(one, cast, one, top)  # top is a magnitude: its own |x| bits
         return int(cast[0]) & _MAGNITUDE[self.target] == _INF[self.target]
 
 
