@@ -6,6 +6,7 @@ Command modules import heavy libraries (torch, transformers) inside their functi
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from typing import Annotated
@@ -83,7 +84,9 @@ def main() -> None:
     builds the click parameters of every registered command before it parses a flag (~15 ms of start-up), and the
     command's usage, help and errors are the same either way (they name ``neuronpack <command>``)."""
     command = dict(_COMMANDS).get(sys.argv[1]) if len(sys.argv) > 1 else None
-    if command is None:
-        app()
-    else:
-        _typer_app([(sys.argv[1], command)])()
+    try:
+        (app if command is None else _typer_app([(sys.argv[1], command)]))()
+    finally:
+        # The interpreter's exit then skips a last garbage collection over every object of typer, click, rich and
+        # numpy (~8 ms of each command's wall time); files, threads and atexit hooks are closed as before.
+        gc.freeze()
