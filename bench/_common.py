@@ -16,6 +16,26 @@ OUT_DIR = ROOT / "docs" / "bench"
 NEURONPACK = [sys.executable, "-m", "neuronpack"]
 
 
+def read_bandwidth_gbs(nbytes: int = 2**30, repeat: int = 5) -> float:
+    """Streaming READ bandwidth in GB/s (the physical bound of a decode step): bytes summed per second over a buffer
+    far larger than the caches, with this process's torch threads; the best of an ordinary allocation and one on
+    transparent huge pages (where the runtime keeps its weights, models/weight_arena.py), the higher being what this
+    machine can read."""
+    import torch
+
+    from neuronpack.models.weight_arena import huge_page_arena
+
+    best = float("inf")
+    for src in (torch.ones(nbytes // 4), huge_page_arena(nbytes).view(torch.float32).fill_(1.0)):
+        src.sum()
+        for _ in range(repeat):
+            start = time.perf_counter()
+            src.sum()
+            best = min(best, time.perf_counter() - start)
+        del src
+    return nbytes / best / 1e9
+
+
 def neuronpack_argv(code: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv prefix, environment additions) that run the ``neuronpack`` CLI from the source tree ``code`` (default:
     this checkout). For before/after figures in one run, pass a ``git archive`` of the old code (``unpack``).

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from _common import read_bandwidth_gbs
 
 from neuronpack.backends.torch_aot import load_artifact
 
@@ -67,14 +68,6 @@ def build(model_dir: Path, dtype: str, out: Path) -> Path:
     info = TorchAotBackend().build(BuildRequest(model_dir, recipe, plan, out))
     (out / "build-info.json").write_text(json.dumps(info))
     return out
-
-
-def read_bandwidth_gbs(nbytes: int = 2**30, repeat: int = 5) -> float:
-    """Streaming READ bandwidth: bytes summed per second over a tensor far larger than the caches."""
-    src = torch.ones(nbytes // 4)
-    src.sum()
-    best = min(_timed(src.sum) for _ in range(repeat))
-    return nbytes / best / 1e9
 
 
 def _timed(fn) -> float:

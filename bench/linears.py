@@ -22,9 +22,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import read_bandwidth_gbs
 
-from neuronpack.models.packing import PACK_ROWS_HINT
+from neuronpack.kernels import load_kernels
 from neuronpack.models.quant import int8_gemv
+from neuronpack.models.weight_arena import arena_copies
+
+load_kernels()
+np_linear, np_linear_int8 = torch.ops.neuronpack.linear, torch.ops.neuronpack.linear_int8
 
 ROOT = Path(__file__).resolve().parent.parent
 HIDDEN, INTERMEDIATE, KV, LAYERS = 576, 1536, 192, 30
@@ -32,26 +37,18 @@ SHAPES = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN),
           (INTERMEDIATE, HIDDEN), (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]  # (out, in) per layer
 
 
-def read_bandwidth_gbs(nbytes: int = 2**30, repeat: int = 5) -> float:
-    src = torch.ones(nbytes // 4)
-    src.sum()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        src.sum()
-        best = min(best, time.perf_counter() - start)
-    return nbytes / best / 1e9
-
-
 def float_weights(dtype: torch.dtype) -> list[torch.Tensor]:
+    """The 210 weights, in one huge-page arena as the runtime keeps them (models/weight_arena.py)."""
     torch.manual_seed(0)
-    return [(torch.randn(o, i) * 0.02).to(dtype) for _ in range(LAYERS) for o, i in SHAPES]
+    return arena_copies([(torch.randn(o, i) * 0.02).to(dtype) for _ in range(LAYERS) for o, i in SHAPES])
 
 
 def int8_weights() -> list[tuple[torch.Tensor, torch.Tensor]]:
     torch.manual_seed(0)
-    return [(torch.randint(-127, 128, (o, i), dtype=torch.int8), torch.rand(o, 1) * 1e-3)
-            for _ in range(LAYERS) for o, i in SHAPES]
+    qs = [(torch.randint(-127, 128, (o, i), dtype=torch.int8), torch.rand(o, 1) * 1e-3)
+          for _ in range(LAYERS) for o, i in SHAPES]
+    flat = arena_copies([t for pair in qs for t in pair])
+    return list(zip(flat[0::2], flat[1::2], strict=True))
 
 
 def compiled_per_shape(fn: Callable) -> Callable:
@@ -78,8 +75,9 @@ def paths(group: str):
         ws = float_weights(dtype)
         nbytes = sum(w.numel() * w.element_size() for w in ws)
         yield f"{group} F.linear", dtype, lambda m: [lambda x, w=w: F.linear(x, w) for w in ws], nbytes
-        # oneDNN prepacked for a row count (hint): one layout must serve every batch; PACK_ROWS_HINT is what runs
-        for hint in ("M", 1, PACK_ROWS_HINT):
+        yield f"{group} neuronpack kernel", dtype, lambda m: [lambda x, w=w: np_linear(x, w) for w in ws], nbytes
+        # oneDNN prepacked for a row count (hint): one layout must serve every batch (format 4 packed for 8)
+        for hint in ("M", 1, 8):
             def mkldnn(m, hint=hint):
                 packed = [torch.ops.mkldnn._reorder_linear_weight(w, m if hint == "M" else hint) for w in ws]
                 return [lambda x, p=p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in packed]
@@ -98,6 +96,8 @@ def paths(group: str):
     qs = int8_weights()
     nbytes = sum(w.numel() + s.numel() * 4 for w, s in qs)
     for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        yield (f"int8 neuronpack kernel, {tag} act", dtype,
+               lambda m: [lambda x, w=w, s=s: np_linear_int8(x, w, s) for w, s in qs], nbytes)
         gemv = compiled_per_shape(lambda x, w, s: (int8_gemv(x, w) * s.reshape(1, -1)).to(x.dtype))
         yield (f"int8 compiled gemv, {tag} act", dtype,
                lambda m, g=gemv: [lambda x, w=w, s=s: g(x, w, s) for w, s in qs], nbytes)

@@ -111,7 +111,7 @@ class EagleDraft(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The draft's compute dtype (its embedding's: linear weights may be oneDNN-packed)."""
+        """The draft's compute dtype (its embedding's; an int8 linear's weight is int8)."""
         return self.embed_tokens.weight.dtype
 
     def from_target(self, hidden: Tensor) -> Tensor:

@@ -70,18 +70,18 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Module):
     """nn.Linear without random init: weights always come from a checkpoint, and initialising on the meta device
-    would pull in torch's Python reference kernels (seconds of imports at load time). ``packed``: the weight is
-    oneDNN-packed (models/packing.py; a flag, since export's fake tensors do not keep the packed layout)."""
+    would pull in torch's Python reference kernels (seconds of imports at load time). ``kernel``: run neuronpack's
+    decode kernel (``torch.ops.neuronpack.linear``, models/linear_kernels.py) instead of ``F.linear``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed = False
+        self.kernel = False
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.packed:  # scalars [-1]: "none" takes none, and an empty list does not serialize in an exported program
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [-1], "")
+        if self.kernel:
+            return torch.ops.neuronpack.linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

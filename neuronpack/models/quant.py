@@ -3,11 +3,13 @@
 A quantized linear is stored as ``<prefix>.weight`` (int8 or float8_e4m3fn, [out, in]) plus ``<prefix>.scale``
 (float32, [out, 1] per-channel or [1] per-tensor), symmetric: ``w ≈ weight * scale``.
 
-- int8 stays int8 in memory. The matmul is written so that AOTInductor compiles it well (measured on SmolLM2-135M
-  shapes, 1 thread, see docs/quantize.md): few rows (decode) run as a float32 reduction
-  ``sum(x[:, None, :] * weight, -1) * scale`` that inductor fuses into one pass over the int8 bytes (~6x faster
-  than a float32 GEMV, ~4x faster than a bfloat16 one); many rows (context encoding) dequantize the weight to the
-  activation dtype and use a regular matmul. ``torch._weight_int8pack_mm`` is not used: its CPU kernel is slower
+- int8 stays int8 in memory. With ``kernel`` set (models/linear_kernels.py; what a portable artifact's graphs run)
+  the matmul is neuronpack's kernel ``torch.ops.neuronpack.linear_int8``: up to 16 rows convert each int8 weight in
+  registers as they read it once, more rows dequantize and run a regular matmul. Without it (a reference, or an
+  export-only program), the matmul is written so that AOTInductor compiles it well: few rows (decode) run as a
+  float32 reduction ``sum(x[:, None, :] * weight, -1) * scale`` that inductor fuses into one pass over the int8
+  bytes; many rows (context encoding) dequantize the weight to the activation dtype and use a regular matmul.
+  ``torch._weight_int8pack_mm`` is not used: its CPU kernel is slower
   than float32 for float32 activations, and AOTInductor fails to lower it (``LoweringException``) when its scale
   is cast to bfloat16 inside the graph.
 - fp8: CPU PyTorch has no weight-only fp8 matmul (``_scaled_mm`` would also quantize activations), so fp8 weights
@@ -41,8 +43,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scale", torch.empty(out_features, 1, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.kernel = False
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernel:
+            return torch.ops.neuronpack.linear_int8(x, self.weight, self.scale, self.bias)
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)  # [M, in]; M may be symbolic (dynamic shapes): decided statically
         if _few_rows(rows.shape[0], GEMV_MAX_ROWS.get(x.dtype, GEMV_MAX_ROWS_DEFAULT)):

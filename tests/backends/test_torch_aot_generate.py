@@ -221,16 +221,21 @@ def test_aoti_artifact_built_for_another_cpu_is_refused(artifacts, tmp_path):
     assert "compiler=export" in info.value.fix
 
 
-@pytest.mark.parametrize(("arch", "packed"), [("llama", True), ("qwen2", False)])
-def test_aoti_graphs_take_packed_float_linears(artifacts, arch, packed):
-    """AOTInductor artifacts record packed_linears and the loader packs every float linear; export-only ones keep
-    plain weights (the greedy tests above check the packed graphs' output)."""
+@pytest.mark.parametrize(("arch", "kernels"), [("llama", True), ("qwen2", False)])
+def test_aoti_graphs_call_the_linear_kernels(artifacts, arch, kernels):
+    """AOTInductor artifacts record linear_kernels, their graphs call torch.ops.neuronpack.linear by name and the
+    loader flags every linear; export-only ones run F.linear (the greedy tests above check both graphs' output).
+    Weights stay plain tensors either way."""
+    import zipfile
+
     from neuronpack.models.llama import Linear
-    from neuronpack.models.packing import can_pack
 
     _, artifact = artifacts(arch)
     lm = load_artifact(artifact)
-    expected = packed and can_pack(torch.float32)
-    assert lm.config["packed_linears"] is expected
+    assert lm.config["linear_kernels"] is kernels
+    assert (artifact / "neuronpack_kernels.so").is_file() is kernels  # shipped: serving needs no compiler
     linears = [m for m in lm._model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.weight.is_mkldnn is expected for m in linears)
+    assert linears and all(m.kernel is kernels and m.weight.layout == torch.strided for m in linears)
+    with zipfile.ZipFile(artifact / "graphs.pt2") as package:
+        calls = b"".join(package.read(n) for n in package.namelist() if n.endswith((".json", ".cpp")))
+    assert (b"neuronpack::linear" in calls) is kernels

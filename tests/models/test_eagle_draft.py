@@ -261,11 +261,12 @@ def test_eagle3_checkpoints_the_runtime_refuses(tmp_path, converted3):
 
 
 # -- the draft graphs --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("kernels", [False, True])
 @pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
-def test_exported_draft_graphs_equal_the_eager_draft(layout, packed, converted, converted3):
-    """draft_step and draft_head exported with dynamic shapes (weights as inputs; packed: oneDNN-packed linear
-    weights, as AOTInductor artifacts take them) give the eager draft's outputs at sizes other than the traced ones."""
+def test_exported_draft_graphs_equal_the_eager_draft(layout, kernels, converted, converted3):
+    """draft_step and draft_head exported with dynamic shapes (weights as inputs; kernels: the linears call
+    neuronpack's kernels, as AOTInductor artifacts' graphs do) give the eager draft's outputs at sizes other than
+    the traced ones."""
     from neuronpack.backends.torch_aot.draft_graphs import (
         CompiledDraft,
         draft_weights,
@@ -273,22 +274,18 @@ def test_exported_draft_graphs_equal_the_eager_draft(layout, packed, converted, 
     )
     from neuronpack.backends.torch_aot.graphs import GraphLimits
     from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS
-    from neuronpack.models.packing import can_pack
-
-    if packed and not can_pack(torch.float32):
-        pytest.skip("this torch has no oneDNN")
     path = converted if layout == "eagle1" else converted3
     draft = load_eagle_draft(path, torch.float32, target_layers=3)
     limits = GraphLimits(batch_size=4, max_tokens=8, max_seq=32)
     runners = {}
     for name in DRAFT_GRAPHS:
-        module = export_draft_graph(draft, name, limits, packed=packed).module()
+        module = export_draft_graph(draft, name, limits, kernels=kernels).module()
         runners[name] = lambda weights, *args, module=module: tuple(module(weights, *args))
     assert set(draft_weights(draft, "draft_head")) == ({"lm_head.weight", "norm.weight"} if draft.eagle3
                                                       else {"lm_head.weight"})
-    compiled_draft = load_eagle_draft(path, torch.float32, target_layers=3)  # packed in place when packed
-    graphs = CompiledDraft(runners, compiled_draft, limits.max_tokens, packed=packed)
-    assert compiled_draft.lm_head.weight.is_mkldnn == packed
+    compiled_draft = load_eagle_draft(path, torch.float32, target_layers=3)  # its linears flagged when kernels
+    graphs = CompiledDraft(runners, compiled_draft, limits.max_tokens, kernels=kernels)
+    assert compiled_draft.lm_head.kernel == kernels and not draft.lm_head.kernel
     cfg, gen = draft.config, torch.Generator().manual_seed(4)
     k = torch.randn(cfg.num_layers, 3, cfg.num_kv_heads, 7, cfg.head_dim, generator=gen)
     v = torch.randn_like(k)
@@ -298,13 +295,15 @@ def test_exported_draft_graphs_equal_the_eager_draft(layout, packed, converted, 
     with torch.no_grad():
         eager = draft.forward_step(tokens, hidden, starts, k, v, 7)
         compiled = compiled_draft.forward_step(tokens, hidden, starts, k, v, 7, run_core=graphs.core)
+        # kernels: sums in another order than MKL, and the fixture's randn weights (values O(10), attention logits
+        # far larger) amplify float32 rounding through the softmax
+        tol = dict(rtol=2e-3, atol=2e-2) if kernels else dict(rtol=1e-4, atol=1e-4)
         for a, b in zip(eager, compiled, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-        # packed: oneDNN sums in another order (the fixture's weights are randn, so logits are O(10))
+            torch.testing.assert_close(a, b, **tol)
         torch.testing.assert_close(graphs.logits(eager[0][:, -1]), draft.logits(eager[0][:, -1]), rtol=1e-4,
                                    atol=1e-3)
         long_tokens = torch.randint(0, cfg.vocab_size, (1, 9), generator=gen)  # > max_tokens: the eager module
         long_hidden = torch.randn(1, 9, cfg.hidden_size, generator=gen)
         args = (long_tokens, long_hidden, torch.tensor([0]), k[:, :1, :, :1], v[:, :1, :, :1], 1)
         torch.testing.assert_close(compiled_draft.forward_step(*args, run_core=graphs.core)[0],
-                                   draft.forward_step(*args)[0], rtol=1e-4, atol=1e-3)
+                                   draft.forward_step(*args)[0], **(tol if kernels else dict(rtol=1e-4, atol=1e-3)))

@@ -199,8 +199,8 @@ def test_eagle3_on_compiled_draft_graphs_keeps_greedy_output(eagle3_artifact):
     spec = load_engine(eagle3_artifact).engine
     proposer = spec.speculator.proposer
     assert proposer.hidden_layers == (0, 1, 2) and proposer._core is not None  # the compiled draft graphs run
-    if config["packed_linears"]:  # they take oneDNN-packed weights, as the target's graphs do
-        assert proposer.draft.fc.weight.is_mkldnn and proposer.draft.lm_head.weight.is_mkldnn
+    if config["linear_kernels"]:  # their linears call neuronpack's kernels, as the target's graphs do
+        assert proposer.draft.fc.kernel and proposer.draft.lm_head.kernel
     plain = Engine(spec.model, spec.tokenizer)
     reqs = requests(spec.tokenizer)
     assert run_all(spec, reqs) == run_all(plain, reqs)

@@ -134,16 +134,19 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     from neuronpack.backends.torch_aot.graphs import graph_names, layer_groups
     from neuronpack.checkpoint import copy_aux_files, open_checkpoint
     from neuronpack.models.loading import load_model
-    from neuronpack.models.packing import can_pack
 
     config = neuron_config(request)
     staging, reporter = Path(request.staging), request.reporter
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(request.model_dir), dtype, max_seq_len=request.plan.seq_len,
                        reporter=reporter)
-    # AOTInductor graphs take the float linears' weights oneDNN-packed (the loader packs them) where this torch can
-    # run them; export-only programs keep plain weights (a program's saved example inputs cannot hold packed ones).
-    config["packed_linears"] = config["compiler"] == "aoti" and can_pack(dtype)
+    # AOTInductor graphs call neuronpack's decode kernels for their linears (built on each machine that runs them;
+    # models/linear_kernels.py); export-only programs keep F.linear, which any torch runs.
+    config["linear_kernels"] = config["compiler"] == "aoti"
+    if config["linear_kernels"]:  # the artifact ships them: a serving machine needs no compiler
+        from neuronpack.kernels import machine_library
+
+        shutil.copy2(machine_library(), staging / L.KERNELS_LIBRARY)
     groups = layer_groups(model)
     config["layer_graphs"] = groups  # layer -> its kind of layer graph (one kind unless some layers differ)
     names, draft = graph_names(groups), None

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS, GRAPHS_FILE, WEIGHTS_DIR
-from neuronpack.backends.torch_aot.onednn import packed_linear_lowering
 from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS
 from neuronpack.errors import BuildError
 
@@ -161,9 +160,8 @@ def _compile_one(model, name: str, limits, config: dict) -> Any:
     from neuronpack.backends.torch_aot.draft_graphs import export_draft_graph
 
     export = export_draft_graph if name in DRAFT_GRAPHS else G.export_graph
-    program = export(model, name, limits, packed=config.get("packed_linears", False))
+    program = export(model, name, limits, kernels=config.get("linear_kernels", False))
     if config["compiler"] == "export":
         return program
     module = program.module(check_guards=False)
-    with packed_linear_lowering():
-        return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))
+    return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))

@@ -7,12 +7,12 @@ inputs (the artifact stores them once, in ``draft/``) and have dynamic shapes:
   running sequences, T in 1..max_tokens (a catch-up over a prompt, or one pair per further draft), L in 1..max_seq
 - ``draft_head``: ``EagleDraft.logits``: z [b, H] -> (float32 logits [b, vocab],)
 
-Exported with ``packed=True`` (an artifact's ``packed_linears``) they take the draft's float linears' weights
-oneDNN-packed, as the target's graphs do (models/packing.py; ``CompiledDraft`` packs the loaded draft once).
+Exported with ``kernels=True`` (an artifact's ``linear_kernels``) their linears call neuronpack's decode kernels,
+as the target's graphs do (models/linear_kernels.py).
 
 Example::
 
-    programs = {name: export_draft_graph(draft, name, limits, packed=True) for name in DRAFT_GRAPHS}
+    programs = {name: export_draft_graph(draft, name, limits, kernels=True) for name in DRAFT_GRAPHS}
     graphs = CompiledDraft(runners, draft, limits.max_tokens)      # at load: what EagleProposer(graphs=) runs
 """
 
@@ -66,25 +66,26 @@ def draft_weights(draft: EagleDraft, name: str) -> dict[str, Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-def export_draft_graph(draft: EagleDraft, name: str, limits: GraphLimits, packed: bool = False):
+def export_draft_graph(draft: EagleDraft, name: str, limits: GraphLimits, kernels: bool = False):
     """torch.export the draft graph ``name`` (``DRAFT_GRAPHS``) with its dynamic dimensions; weights are inputs (the
-    float linears' oneDNN-packed when ``packed``)."""
-    module, args, shapes = _graph_and_inputs(draft, name, limits, packed)
+    linears call neuronpack's kernels when ``kernels``)."""
+    module, args, shapes = _graph_and_inputs(draft, name, limits, kernels)
     with torch.no_grad():
         return torch.export.export(module, args, strict=False, dynamic_shapes=shapes)
 
 
-def _graph_and_inputs(draft: EagleDraft, name: str, limits: GraphLimits, packed: bool):
+def _graph_and_inputs(draft: EagleDraft, name: str, limits: GraphLimits, kernels: bool):
     from neuronpack.backends.torch_aot.graphs import _dim, _example_size
-    from neuronpack.models.packing import packed_weights
 
     cfg = draft.config
     dtype = draft.dtype
     meta = _meta_copy(draft)
+    if kernels:
+        from neuronpack.models.linear_kernels import use_kernels
+
+        use_kernels(meta)
     module = meta if name == DRAFT_STEP else DraftHead(meta)
     weights = draft_weights(draft, name)
-    if packed:
-        weights = packed_weights(module, weights)
     b, batch = _example_size(limits.batch_size), _dim("batch", limits.batch_size)
     fixed = {n: None for n in weights}
     if name == DRAFT_HEAD:
@@ -116,14 +117,14 @@ def _meta_copy(draft: EagleDraft) -> EagleDraft:
 
 class CompiledDraft:
     """The draft graphs bound to a loaded draft's tensors: ``core`` and ``logits`` as ``EagleProposer`` runs them.
-    A catch-up longer than the graphs' ``max_tokens`` runs the draft's own module. ``packed``: the graphs take
-    oneDNN-packed linear weights, so the draft's linears are packed here, in place (its eager module runs them too)."""
+    A catch-up longer than the graphs' ``max_tokens`` runs the draft's own module. ``kernels``: the graphs call
+    neuronpack's kernels, which are registered here (the draft's eager module then runs them too)."""
 
-    def __init__(self, runners: dict[str, Callable], draft: EagleDraft, max_tokens: int, packed: bool = False) -> None:
-        if packed:
-            from neuronpack.models.packing import pack_linears
+    def __init__(self, runners: dict[str, Callable], draft: EagleDraft, max_tokens: int, kernels: bool = False) -> None:
+        if kernels:
+            from neuronpack.models.linear_kernels import use_kernels
 
-            pack_linears(draft)
+            use_kernels(draft)
         self._step, self._head = runners[DRAFT_STEP], runners[DRAFT_HEAD]
         self._step_inputs, self._head_inputs = draft_weights(draft, DRAFT_STEP), draft_weights(draft, DRAFT_HEAD)
         self._draft, self.max_tokens = draft, max_tokens

@@ -18,9 +18,9 @@ Layers whose tensors differ (a quantization ``skip`` keeps some float) get a lay
 With LoRA (``[lora]``) a layer's tensors include its ``lora_A`` / ``lora_B`` stacks and both layer graphs take one
 more input, the per-row adapter mask [b, 1, max_loras * max_rank] (``LoraLayerGraph``; see models/lora.py).
 
-Exported with ``packed=True`` (an artifact's ``packed_linears``), the graphs take the float linears' weights
-oneDNN-packed (models/packing.py: the loader packs them once) and call the packed kernel; AOTInductor compiles that
-call with ``packed_linear_lowering`` (onednn.py).
+Exported with ``kernels=True`` (an artifact's ``linear_kernels``), the graphs' linears call neuronpack's decode
+kernels (``torch.ops.neuronpack.linear`` / ``linear_int8``, models/linear_kernels.py) by name; AOTInductor leaves
+those calls to the op registered in the process that runs the graph.
 
 Example::
 
@@ -155,11 +155,10 @@ def _dim(name: str, limit: int):
     return torch.export.Dim(name, min=1, max=limit) if limit > 1 else torch.export.Dim.STATIC
 
 
-def _graph_and_inputs(lm: LlamaForCausalLM, name: str, limits: GraphLimits, packed: bool):
-    """(module, example args, dynamic shapes) of graph ``name``; ``packed``: its float linears' weights are
-    oneDNN-packed inputs."""
+def _graph_and_inputs(lm: LlamaForCausalLM, name: str, limits: GraphLimits, kernels: bool):
+    """(module, example args, dynamic shapes) of graph ``name``; ``kernels``: its linears call neuronpack's
+    kernels."""
     from neuronpack.models.llama import build_model
-    from neuronpack.models.packing import packed_weights
 
     cfg = lm.config
     dtype = lm.model.embed_tokens.weight.dtype
@@ -168,11 +167,15 @@ def _graph_and_inputs(lm: LlamaForCausalLM, name: str, limits: GraphLimits, pack
         from neuronpack.models.lora import attach_lora
 
         attach_lora(meta, lm.lora_layout, device="meta")
+    if kernels:
+        from neuronpack.models.linear_kernels import use_kernels
+
+        use_kernels(meta)
     b, t = _example_size(limits.batch_size), _example_size(limits.max_tokens)
     batch, tokens = _dim("batch", limits.batch_size), _dim("tokens", limits.max_tokens)
     if name == HEAD:
         head = FinalHead(meta.model.norm, meta.lm_head)
-        weights = packed_weights(head, head_weights(lm)) if packed else head_weights(lm)
+        weights = head_weights(lm)
         hidden = torch.zeros(b, t, cfg.hidden_size, dtype=dtype)
         index = torch.arange(t).expand(b, t).contiguous()
         shapes = ({n: None for n in weights}, {0: batch, 1: tokens}, {0: batch, 1: _dim("logits", limits.max_tokens)})
@@ -180,8 +183,6 @@ def _graph_and_inputs(lm: LlamaForCausalLM, name: str, limits: GraphLimits, pack
     kind, _, group = name.partition(".")
     index = layer_groups(lm).index(int(group or 0))
     weights = layer_weights(lm, index)
-    if packed:
-        weights = packed_weights(meta.model.layers[index], weights)
     if kind == LAYER_DECODE:
         t, tokens = 1, torch.export.Dim.STATIC
     x = torch.zeros(b, t, cfg.hidden_size, dtype=dtype)
@@ -199,10 +200,10 @@ def _graph_and_inputs(lm: LlamaForCausalLM, name: str, limits: GraphLimits, pack
     return LayerGraph(meta.model.layers[index], cfg.queries_per_kv), args, shapes
 
 
-def export_graph(lm: LlamaForCausalLM, name: str, limits: GraphLimits, packed: bool = False):
-    """torch.export graph ``name`` (see ``graph_names``) with its dynamic dimensions; weights are inputs (the float
-    linears' weights oneDNN-packed when ``packed``)."""
-    module, args, shapes = _graph_and_inputs(lm, name, limits, packed)
+def export_graph(lm: LlamaForCausalLM, name: str, limits: GraphLimits, kernels: bool = False):
+    """torch.export graph ``name`` (see ``graph_names``) with its dynamic dimensions; weights are inputs (the
+    linears call neuronpack's kernels when ``kernels``)."""
+    module, args, shapes = _graph_and_inputs(lm, name, limits, kernels)
     with torch.no_grad():
         return torch.export.export(module, args, strict=False, dynamic_shapes=shapes)
 

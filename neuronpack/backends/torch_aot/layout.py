@@ -15,12 +15,14 @@ from __future__ import annotations
 FORMAT = "neuronpack-torch"
 # 1: one static graph per bucket; 2: one dynamic graph per kind, decode over active rows only; 3: functional
 # per-layer graphs (weights as inputs, the new K/V returned, not written) + a head graph, for every kind of step;
-# 4: with ``packed_linears`` the graphs take the float linears' weights oneDNN-packed (the loader packs them)
-FORMAT_VERSION = 4
+# 4: with ``packed_linears`` the graphs took the float linears' weights oneDNN-packed; 5: plain weights again, and
+# with ``linear_kernels`` the graphs' linears call neuronpack's decode kernels (torch.ops.neuronpack.*)
+FORMAT_VERSION = 5
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")
 NEURON_CONFIG = "neuron_config.json"
+KERNELS_LIBRARY = "neuronpack_kernels.so"  # with linear_kernels: the kernels the graphs call (neuronpack/kernels)
 LAYER_STEP, LAYER_DECODE, HEAD = "layer_step", "layer_decode", "head"
 DRAFT_STEP, DRAFT_HEAD = "draft_step", "draft_head"  # an EAGLE artifact's draft graphs (draft_graphs.py)
 DRAFT_GRAPHS = (DRAFT_STEP, DRAFT_HEAD)

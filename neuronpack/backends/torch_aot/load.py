@@ -1,8 +1,8 @@
 """Load a portable artifact and run it: the runtime-facing ``CompiledLM``.
 
 Weights are read once from ``weights/`` into the model and passed to the compiled layer and head graphs as inputs on
-every call (no copy); with ``packed_linears`` the float linears' weights are first packed into oneDNN's layout, in
-place (models/packing.py; a tied LM head gets its own packed copy). The KV cache (one K and one V tensor
+every call (no copy); with ``linear_kernels`` the graphs' linears call neuronpack's decode kernels, which are
+registered first (models/linear_kernels.py; built once per machine). The KV cache (one K and one V tensor
 ``[layers, batch_size, kv_heads, seq_len + 1, head_dim]``) is owned here: the layer graphs read it and return the
 K/V of the tokens they ran, which ``store_kv`` writes at their positions.
 
@@ -85,6 +85,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
 
     from neuronpack.checkpoint import open_checkpoint
     from neuronpack.models.loading import load_model
+    from neuronpack.models.weight_arena import move_to_arena
 
     artifact_dir = Path(artifact_dir)
     config = read_neuron_config(artifact_dir)
@@ -97,8 +98,15 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     model = load_model(open_checkpoint(artifact_dir / WEIGHTS_DIR), dtype, max_seq_len=config["seq_len"],
                        reporter=reporter)
     attach_artifact_lora(model, config, artifact_dir)  # the lora_A / lora_B stacks, from lora/<name>/
-    if config.get("packed_linears"):
-        _pack_linears(model, dtype, artifact_dir)
+    move_to_arena(model)  # huge pages: a decode step streams every weight (models/weight_arena.py)
+    if config.get("linear_kernels"):  # before the graphs load: they call the kernels' ops by name
+        from neuronpack.models.linear_kernels import use_kernels
+
+        library = artifact_dir / L.KERNELS_LIBRARY
+        if not library.is_file():
+            raise ArtifactError(f"{L.KERNELS_LIBRARY} is missing: the graphs call its kernels", where=str(artifact_dir),
+                                fix="recompile the artifact (neuronpack compile --force)")
+        use_kernels(model, library=library)
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
         runners = load_runners(artifact_dir / GRAPHS_FILE, config, task)
     return CompiledLM(config, model, runners, _eos_token_ids(artifact_dir))
@@ -159,7 +167,7 @@ class CompiledLM:
         from neuronpack.backends.torch_aot.draft_graphs import CompiledDraft
 
         return CompiledDraft(self._draft_runners, draft, self.max_verify_tokens,
-                             packed=bool(self.config.get("packed_linears")))
+                             kernels=bool(self.config.get("linear_kernels")))
 
     def _run_layer(self, i: int, x, cos, sin, masks, k_rows, v_rows, *lora):
         if self._captured is not None:
@@ -387,17 +395,6 @@ class CompiledLM:
                               f"{list(self.token_generation_buckets)}",
                               fix="stop the sequence at max_seq_len or compile with a larger seq_len")
         return tokens, positions
-
-
-def _pack_linears(model, dtype, artifact_dir: Path) -> None:
-    """The graphs take the float linears' weights oneDNN-packed: pack them once, in place (models/packing.py)."""
-    from neuronpack.models.packing import can_pack, pack_linears
-
-    if not can_pack(dtype):
-        raise ArtifactError(f"the graphs take oneDNN-packed {str(dtype).removeprefix('torch.')} weights, which this "
-                            f"torch cannot run", where=str(artifact_dir),
-                            fix="rebuild with neuronpack compile on this machine")
-    pack_linears(model)
 
 
 def _untouched_zeros(shape: tuple[int, ...], dtype):

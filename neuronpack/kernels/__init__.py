@@ -1,0 +1,149 @@
+"""neuronpack's own CPU kernels (linear.cpp: the decode linears), compiled with the C++ compiler torch uses.
+
+``load_kernels()`` registers ``torch.ops.neuronpack.linear(x, weight, bias=None)`` and
+``torch.ops.neuronpack.linear_int8(x, weight, scale, bias=None)``: ``x @ weight.T`` (+ bias) with the result in
+``x``'s dtype, for float32 / bfloat16 weights of ``x``'s dtype and for int8 weights with a float32 per-channel scale.
+Up to 16 rows of ``x`` run neuronpack's kernel, which reads each weight once at close to the machine's streaming
+read bandwidth; more rows (prefill) and CPUs without AVX-512 run ``at::linear``.
+
+The library is built for the CPU capability torch reports (AVX512: ``-march=x86-64-v4``, the same machines an
+AOTInductor artifact built here runs on) once per source, torch and compiler, into
+``$NEURONPACK_CACHE_DIR/kernels/<digest>/`` (~10 s, then reused). A portable artifact ships a copy
+(``neuronpack_kernels.so``) and its loader registers that one, so a serving machine needs no compiler.
+The first library a process loads serves it (every build implements the same two ops).
+
+Example::
+
+    from neuronpack.kernels import load_kernels
+
+    load_kernels()                                   # this machine's build
+    load_kernels(artifact / "neuronpack_kernels.so")  # or an artifact's copy
+    y = torch.ops.neuronpack.linear(x, weight)       # x [..., in], weight [out, in] -> [..., out]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from neuronpack.errors import ArtifactError, NeuronpackError
+
+SOURCE = Path(__file__).with_name("linear.cpp")
+
+
+class KernelBuildError(NeuronpackError):
+    """neuronpack's C++ kernels could not be compiled on this machine."""
+
+
+LIBRARY_NAME = "neuronpack_kernels.so"
+_loaded: list[Path] = []
+
+
+def load_kernels(library: Path | None = None) -> None:
+    """Register the ``torch.ops.neuronpack`` ops in this process from ``library`` (default: this machine's build,
+    built first if missing). Idempotent: once a library is loaded, later calls change nothing."""
+    if _loaded:
+        return
+    import torch
+
+    if library is None:
+        library = machine_library()
+    elif not Path(library).is_file():
+        raise ArtifactError("the kernel library is missing", where=str(library),
+                            fix="recompile the artifact (neuronpack compile --force)")
+    torch.ops.load_library(str(library))
+    _register_shapes()
+    _loaded.append(Path(library))
+
+
+def machine_library() -> Path:
+    """This machine's build of the library (built now if this source, torch and compiler have none yet)."""
+    library = _library_path()
+    if not library.exists():
+        _build(library)
+    return library
+
+
+def has_kernel() -> bool:
+    """Whether this machine runs neuronpack's kernel (AVX-512), rather than ``at::linear`` for every row count."""
+    import torch
+
+    load_kernels()
+    return bool(torch.ops.neuronpack.has_kernel())
+
+
+def _register_shapes() -> None:
+    """Shapes of the ops' outputs for tracing (export's fake tensors)."""
+    import torch
+
+    @torch.library.register_fake("neuronpack::linear")
+    def _linear(x, weight, bias=None):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("neuronpack::linear_int8")
+    def _linear_int8(x, weight, scale, bias=None):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _library_path() -> Path:
+    from neuronpack.digest import cache_dir
+
+    return cache_dir() / "kernels" / _build_digest() / "neuronpack_kernels.so"
+
+
+def _build_digest() -> str:
+    """The source, the torch build it links against, the compiler and the target ISA flags."""
+    import torch
+
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (torch.__version__, torch.__file__, _compiler(), platform.machine(), *_isa_flags()):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:24]
+
+
+def _isa_flags() -> list[str]:
+    """Instruction set of the build: that of torch's CPU capability here (an AOTInductor artifact's graphs are
+    compiled for it too, and refused on machines without it), not ``-march=native``."""
+    import torch
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        return ["-march=x86-64-v4", "-mtune=generic"]
+    return ["-march=x86-64-v3", "-mtune=generic"] if capability == "AVX2" else []
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+def _build(library: Path) -> None:
+    """Compile linear.cpp into ``library`` (built in a temporary directory and renamed: concurrent builders never
+    see, or leave, half a library)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    if shutil.which(_compiler()) is None:
+        raise KernelBuildError(f"no C++ compiler ({_compiler()}) to build neuronpack's kernels",
+                               fix="install one (e.g. apt-get install g++) or set CXX")
+    library.parent.mkdir(parents=True, exist_ok=True)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+        out = Path(tmp) / library.name
+        command = [_compiler(), "-O3", *_isa_flags(), "-std=c++17", "-shared", "-fPIC", "-w",
+                   f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=neuronpack_kernels",
+                   *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE), "-o", str(out),
+                   *(f"-L{p}" for p in cpp_extension.library_paths()), "-lc10", "-ltorch_cpu", "-ltorch",
+                   *(f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths())]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise KernelBuildError(f"compiling neuronpack's kernels failed: {last}", where=str(SOURCE),
+                                   fix="check the C++ compiler (CXX) can build PyTorch extensions")
+        os.replace(out, library)

@@ -1,0 +1,427 @@
+// neuronpack's decode linears: y = x @ weight.T for a few rows of x, at the cost of reading the weight once.
+//
+// A decode step multiplies 1..16 rows by each weight. BLAS GEMV/GEMM kernels read these weights at ~55-60% of the
+// machine's streaming read bandwidth on one thread (MKL on AMD, oneDNN's packed layout alike); this kernel walks
+// each plain [out, in] weight row once, front to back (one sequential stream, the pattern a plain sum reads at full
+// bandwidth), and dots it with every row of x while it is in the registers. float32, bfloat16 and int8 (NxD
+// Inference's weight-only format, per-channel float32 scale) weights; accumulation in float32.
+//
+// More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs. Built for torch's CPU
+// capability by neuronpack/kernels/__init__.py; registered as torch.ops.neuronpack.linear / linear_int8.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define NEURONPACK_AVX512 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kMaxRows = 16;  // up to this many rows of x: the kernel below; more: at::linear
+constexpr int kChunk = 8;         // rows of x dotted with a weight row at a time (accumulators in registers)
+// Prefetch (into L2) the weight bytes this far ahead of the row being read. With many rows of x a row takes long
+// enough that the hardware prefetcher falls behind (8 rows: 1.8x slower from DRAM than from L3 without this; with
+// it, within ~1.25x); with one row it costs nothing.
+constexpr int64_t kPrefetchBytes = 8192;
+constexpr int64_t kL1Floats = 6144;  // 24 KiB of the 32 KiB L1 for the rows of x
+
+#ifdef NEURONPACK_AVX512
+
+// Weight element types: load 16 elements as 16 float32 lanes (all, or the first `mask` ones).
+struct F32 {
+  using T = float;
+  static __m512 load(const T* p) { return _mm512_loadu_ps(p); }
+  static __m512 load(const T* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+};
+struct BF16 {  // bfloat16 is the top half of a float32
+  using T = uint16_t;
+  static __m512 widen(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+  static __m512 load(const T* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static __m512 load(const T* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
+};
+struct I8 {
+  using T = int8_t;
+  static __m512 widen(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+  static __m512 load(const T* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m512 load(const T* p, __mmask16 m) { return widen(_mm_maskz_loadu_epi8(m, p)); }
+};
+
+// Prefetch (into L2) the cache line ``pf`` elements ahead of w[k], once per line.
+template <class W>
+inline void prefetch_line(const typename W::T* w, int64_t k, int64_t pf) {
+  if ((k * static_cast<int64_t>(sizeof(typename W::T))) % 64 == 0)
+    _mm_prefetch(reinterpret_cast<const char*>(w + k + pf), _MM_HINT_T1);
+}
+
+// y[m * ldy] = dot(w_row, x[m * K ...]) for MB rows of x (float32, contiguous [MB, K]). U accumulators per row of x
+// keep the FMA chains independent when MB is small.
+template <class W, int MB, int U>
+inline void dot_rows(const typename W::T* w, const float* x, int64_t K, float* y, int64_t ldy, int64_t pf) {
+  __m512 acc[MB][U];
+  for (int m = 0; m < MB; ++m)
+    for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 * U <= K; k += 16 * U) {
+    if (pf) prefetch_line<W>(w, k, pf);
+    for (int u = 0; u < U; ++u) {
+      const __m512 wv = W::load(w + k + 16 * u);
+      for (int m = 0; m < MB; ++m)
+        acc[m][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * K + k + 16 * u), acc[m][u]);
+    }
+  }
+  for (; k < K; k += 16) {
+    const int64_t left = K - k;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 wv = W::load(w + k, mask);
+    for (int m = 0; m < MB; ++m)
+      acc[m][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + m * K + k), acc[m][0]);
+  }
+  for (int m = 0; m < MB; ++m) {
+    __m512 s = acc[m][0];
+    for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[m][u]);
+    y[m * ldy] = _mm512_reduce_add_ps(s);
+  }
+}
+
+// The same for two adjacent weight rows at once (y[m * ldy] and y[m * ldy + 1]): each load of x feeds two FMAs,
+// which is what bounds many rows of x (8 rows: 9 loads per 8 FMAs with one weight row, 10 per 16 with two).
+template <class W, int MB>
+inline void dot_rows_pair(const typename W::T* w, const float* x, int64_t K, float* y, int64_t ldy, int64_t pf) {
+  const typename W::T* w1 = w + K;
+  __m512 a[MB], b[MB];
+  for (int m = 0; m < MB; ++m) a[m] = b[m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    if (pf) {
+      prefetch_line<W>(w, k, pf);
+      prefetch_line<W>(w1, k, pf);
+    }
+    const __m512 v0 = W::load(w + k), v1 = W::load(w1 + k);
+    for (int m = 0; m < MB; ++m) {
+      __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      __asm__("" : "+v"(xv));  // one load of x into a register for both FMAs (not folded into each FMA: 2 loads)
+      a[m] = _mm512_fmadd_ps(v0, xv, a[m]);
+      b[m] = _mm512_fmadd_ps(v1, xv, b[m]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1);
+    const __m512 v0 = W::load(w + k, mask), v1 = W::load(w1 + k, mask);
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
+      a[m] = _mm512_fmadd_ps(v0, xv, a[m]);
+      b[m] = _mm512_fmadd_ps(v1, xv, b[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    y[m * ldy] = _mm512_reduce_add_ps(a[m]);
+    y[m * ldy + 1] = _mm512_reduce_add_ps(b[m]);
+  }
+}
+
+template <class W>
+inline void dot_two_streams(const typename W::T* w0, const typename W::T* w1, const float* x, int64_t K, float* y0, float* y1) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+    a0 = _mm512_fmadd_ps(W::load(w0 + k), x0, a0);
+    b0 = _mm512_fmadd_ps(W::load(w1 + k), x0, b0);
+    a1 = _mm512_fmadd_ps(W::load(w0 + k + 16), x1, a1);
+    b1 = _mm512_fmadd_ps(W::load(w1 + k + 16), x1, b1);
+  }
+  for (; k < K; k += 16) {
+    const int64_t left = K - k;
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 xv = _mm512_maskz_loadu_ps(mask, x + k);
+    a0 = _mm512_fmadd_ps(W::load(w0 + k, mask), xv, a0);
+    b0 = _mm512_fmadd_ps(W::load(w1 + k, mask), xv, b0);
+  }
+  *y0 = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  *y1 = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+}
+
+template <class W>
+using DotFn = void (*)(const typename W::T*, const float*, int64_t, float*, int64_t, int64_t);
+
+template <class W>
+DotFn<W> dot_for(int rows) {
+  switch (rows) {
+    case 1: return dot_rows<W, 1, 4>;
+    case 2: return dot_rows<W, 2, 2>;
+    case 3: return dot_rows<W, 3, 2>;
+    case 4: return dot_rows<W, 4, 1>;
+    case 5: return dot_rows<W, 5, 1>;
+    case 6: return dot_rows<W, 6, 1>;
+    case 7: return dot_rows<W, 7, 1>;
+    default: return dot_rows<W, 8, 1>;
+  }
+}
+
+template <class W>
+DotFn<W> pair_for(int rows) {  // rows >= 4 (fewer rows: one weight row at a time is not bound by loads of x)
+  switch (rows) {
+    case 4: return dot_rows_pair<W, 4>;
+    case 5: return dot_rows_pair<W, 5>;
+    case 6: return dot_rows_pair<W, 6>;
+    case 7: return dot_rows_pair<W, 7>;
+    default: return dot_rows_pair<W, 8>;
+  }
+}
+
+// out [M, N] float32 = x [M, K] float32 @ w [N, K].T. Each weight row is read from memory once and dotted with
+// every row of x, a chunk of rows at a time (the row stays in L1 between chunks); a chunk of x stays within L1 too.
+// Threads (torch's intra-op pool) split the weight rows.
+template <class W>
+void rows_times_weight(const float* x, int64_t M, int64_t K, const typename W::T* w, int64_t N, float* out) {
+  const int64_t fit = kL1Floats / K;  // rows of x that fit in L1 next to the weight row
+  const int chunk = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kChunk, fit)));
+  const int full = static_cast<int>(M / chunk), tail = static_cast<int>(M % chunk);
+  const DotFn<W> dot_full = dot_for<W>(chunk), dot_tail = dot_for<W>(tail);
+  // Software prefetch pays where a row takes long to compute (several rows of x, int8 conversions); with one
+  // float row the hardware prefetcher keeps up alone and the extra instructions cost ~20%.
+  if (M == 1) {  // two streams: rows n and n + half at once
+    at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
+      const int64_t half = (n1 - n0) / 2;
+      for (int64_t n = n0; n < n0 + half; ++n) dot_two_streams<W>(w + n * K, w + (n + half) * K, x, K, out + n, out + n + half);
+      for (int64_t n = n0 + 2 * half; n < n1; ++n) dot_rows<W, 1, 4>(w + n * K, x, K, out + n, N, 0);
+    });
+    return;
+  }
+  const bool prefetch = M > 1 || sizeof(typename W::T) == 1;
+  const bool pairs = chunk >= 4;  // two weight rows per pass
+  const int step = pairs ? 2 : 1;
+  const DotFn<W> pair_full = pairs ? pair_for<W>(chunk) : nullptr;
+  const DotFn<W> pair_tail = pairs && tail >= 4 ? pair_for<W>(tail) : nullptr;
+  // elements ahead: the same place two steps (row pairs) on, at least kPrefetchBytes; clamped to the weight's end
+  const int64_t ahead = std::max<int64_t>(kPrefetchBytes / static_cast<int64_t>(sizeof(typename W::T)), 2 * step * K);
+  at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    for (; n + step <= n1; n += step) {
+      const typename W::T* row = w + n * K;
+      // prefetch on the first pass over the row only (later chunks of x re-read it from L1)
+      const int64_t pf = prefetch && (n + step) * K + ahead + K <= N * K ? ahead : 0;
+      for (int c = 0; c < full; ++c) {
+        const float* xc = x + c * chunk * K;
+        float* yc = out + c * chunk * N + n;
+        const int64_t pfc = c == 0 ? pf : 0;
+        if (pairs) pair_full(row, xc, K, yc, N, pfc); else dot_full(row, xc, K, yc, N, pfc);
+      }
+      if (tail) {
+        const float* xc = x + full * chunk * K;
+        float* yc = out + full * chunk * N + n;
+        const int64_t pft = full == 0 ? pf : 0;
+        if (pair_tail) pair_tail(row, xc, K, yc, N, pft);
+        else {
+          dot_tail(row, xc, K, yc, N, pft);
+          if (pairs) dot_tail(row + K, xc, K, yc + 1, N, pft);
+        }
+      }
+    }
+    for (; n < n1; ++n) {  // an odd last row
+      const typename W::T* row = w + n * K;
+      for (int c = 0; c < full; ++c) dot_full(row, x + c * chunk * K, K, out + c * chunk * N + n, N, 0);
+      if (tail) dot_tail(row, x + full * chunk * K, K, out + full * chunk * N + n, N, 0);
+    }
+  });
+}
+
+// bfloat16 weights and bfloat16 rows of x on CPUs with AVX512_BF16: vdpbf16ps multiplies 32 pairs and adds them
+// into 16 float32 lanes in one instruction, with no conversion of the weight (the widening kernel above spends 3
+// instructions per 16 weights and falls short of the read bandwidth). Products of two bfloat16 are exact in float32.
+#define NEURONPACK_BF16_TARGET __attribute__((target("avx512bf16,avx512bw,avx512vl,avx512f")))
+
+NEURONPACK_BF16_TARGET inline __m512 bf16_dot(__m512 acc, const uint16_t* a, const uint16_t* b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
+}
+
+NEURONPACK_BF16_TARGET inline __m512 bf16_dot(__m512 acc, const uint16_t* a, const uint16_t* b, __mmask32 m) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(m, a), (__m512bh)_mm512_maskz_loadu_epi16(m, b));
+}
+
+inline __mmask32 tail_mask32(int64_t left) {
+  return left >= 32 ? static_cast<__mmask32>(0xFFFFFFFFu) : static_cast<__mmask32>((1u << left) - 1);
+}
+
+// y[m * ldy] = dot(w_row, x[m]) for MB rows of x (bfloat16, contiguous [MB, K]).
+template <int MB>
+NEURONPACK_BF16_TARGET void bf16_rows(const uint16_t* w, const uint16_t* x, int64_t K, float* y, int64_t ldy,
+                                      int64_t pf) {
+  constexpr int U = MB == 1 ? 2 : 1;
+  __m512 acc[MB][U];
+  for (int m = 0; m < MB; ++m)
+    for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 * U <= K; k += 32 * U) {
+    if (pf) _mm_prefetch(reinterpret_cast<const char*>(w + k + pf), _MM_HINT_T1);
+    for (int u = 0; u < U; ++u) {
+      __m512i wv = _mm512_loadu_si512(w + k + 32 * u);
+      for (int m = 0; m < MB; ++m)
+        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], (__m512bh)_mm512_loadu_si512(x + m * K + k + 32 * u), (__m512bh)wv);
+    }
+  }
+  for (; k < K; k += 32)
+    for (int m = 0; m < MB; ++m) acc[m][0] = bf16_dot(acc[m][0], x + m * K + k, w + k, tail_mask32(K - k));
+  for (int m = 0; m < MB; ++m) {
+    __m512 s = acc[m][0];
+    for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[m][u]);
+    y[m * ldy] = _mm512_reduce_add_ps(s);
+  }
+}
+
+// One row of x against rows n and n + half at once (two read streams), as for float weights.
+NEURONPACK_BF16_TARGET void bf16_two_streams(const uint16_t* w0, const uint16_t* w1, const uint16_t* x, int64_t K,
+                                             float* y0, float* y1) {
+  __m512 a = _mm512_setzero_ps(), b = a;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
+    a = _mm512_dpbf16_ps(a, xv, (__m512bh)_mm512_loadu_si512(w0 + k));
+    b = _mm512_dpbf16_ps(b, xv, (__m512bh)_mm512_loadu_si512(w1 + k));
+  }
+  if (k < K) {
+    a = bf16_dot(a, x + k, w0 + k, tail_mask32(K - k));
+    b = bf16_dot(b, x + k, w1 + k, tail_mask32(K - k));
+  }
+  *y0 = _mm512_reduce_add_ps(a);
+  *y1 = _mm512_reduce_add_ps(b);
+}
+
+using Bf16Fn = void (*)(const uint16_t*, const uint16_t*, int64_t, float*, int64_t, int64_t);
+
+Bf16Fn bf16_for(int rows) {
+  switch (rows) {
+    case 1: return bf16_rows<1>;
+    case 2: return bf16_rows<2>;
+    case 3: return bf16_rows<3>;
+    case 4: return bf16_rows<4>;
+    case 5: return bf16_rows<5>;
+    case 6: return bf16_rows<6>;
+    case 7: return bf16_rows<7>;
+    default: return bf16_rows<8>;
+  }
+}
+
+// out [M, N] float32 = x [M, K] bfloat16 @ w [N, K] bfloat16 .T (chunks of 8 rows of x; prefetch from 2 rows up).
+void bf16_rows_times_weight(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* out) {
+  if (M == 1) {
+    at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
+      const int64_t half = (n1 - n0) / 2;
+      for (int64_t n = n0; n < n0 + half; ++n)
+        bf16_two_streams(w + n * K, w + (n + half) * K, x, K, out + n, out + n + half);
+      for (int64_t n = n0 + 2 * half; n < n1; ++n) bf16_rows<1>(w + n * K, x, K, out + n, N, 0);
+    });
+    return;
+  }
+  const int full = static_cast<int>(M / kChunk), tail = static_cast<int>(M % kChunk);
+  const Bf16Fn dot_full = bf16_for(kChunk), dot_tail = bf16_for(tail);
+  const int64_t ahead = std::max<int64_t>(kPrefetchBytes / 2, 2 * K);
+  at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint16_t* row = w + n * K;
+      const int64_t pf = (n + 1) * K + ahead + K <= N * K ? ahead : 0;
+      for (int c = 0; c < full; ++c) dot_full(row, x + c * kChunk * K, K, out + c * kChunk * N + n, N, c ? 0 : pf);
+      if (tail) dot_tail(row, x + full * kChunk * K, K, out + full * kChunk * N + n, N, full ? 0 : pf);
+    }
+  });
+}
+
+bool cpu_has_bf16_dot() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
+#endif  // NEURONPACK_AVX512
+
+bool kernel_applies(const at::Tensor& x, const at::Tensor& weight) {
+#ifdef NEURONPACK_AVX512
+  const int64_t K = x.size(-1);
+  return x.device().is_cpu() && weight.device().is_cpu() && weight.dim() == 2 && weight.is_contiguous() &&
+         weight.size(1) == K && K > 0 && x.numel() > 0 && x.numel() / K <= kMaxRows &&
+         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+#else
+  (void)x;
+  (void)weight;
+  return false;
+#endif
+}
+
+// (x as float32 [M, K] contiguous, float32 [M, N] to accumulate into)
+std::pair<at::Tensor, at::Tensor> rows_and_out(const at::Tensor& x, int64_t N) {
+  const int64_t K = x.size(-1);
+  at::Tensor rows = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  return {rows, at::empty({rows.size(0), N}, rows.options())};
+}
+
+std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t N) {
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = N;
+  return sizes;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (!kernel_applies(x, weight) || weight.scalar_type() != x.scalar_type()) return at::linear(x, weight, bias);
+#ifdef NEURONPACK_AVX512
+  const int64_t N = weight.size(0), K = weight.size(1);
+  auto [rows, out] = rows_and_out(x, N);
+  if (weight.scalar_type() == at::kFloat)
+    rows_times_weight<F32>(rows.data_ptr<float>(), rows.size(0), K, weight.data_ptr<float>(), N,
+                           out.data_ptr<float>());
+  else if (cpu_has_bf16_dot()) {  // x stays bfloat16: rows of x as they are
+    const at::Tensor xb = x.reshape({-1, K}).contiguous();
+    bf16_rows_times_weight(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), xb.size(0), K,
+                           reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), N,
+                           out.data_ptr<float>());
+  } else
+    rows_times_weight<BF16>(rows.data_ptr<float>(), rows.size(0), K,
+                            reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), N,
+                            out.data_ptr<float>());
+  if (bias.has_value() && bias->defined()) out.add_(bias->to(at::kFloat));
+  return out.to(x.scalar_type()).view(out_sizes(x, N));
+#else
+  return at::linear(x, weight, bias);
+#endif
+}
+
+// Weight-only int8: (x @ weight.T) * scale in float32, then x's dtype, then + bias. scale: [N, 1], [N] or [1].
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                       const std::optional<at::Tensor>& bias) {
+  const int64_t N = weight.size(0);
+  at::Tensor y;
+  if (kernel_applies(x, weight) && weight.scalar_type() == at::kChar) {
+#ifdef NEURONPACK_AVX512
+    auto [rows, out] = rows_and_out(x, N);
+    rows_times_weight<I8>(rows.data_ptr<float>(), rows.size(0), weight.size(1), weight.data_ptr<int8_t>(), N,
+                          out.data_ptr<float>());
+    y = out;
+#endif
+  } else {  // int8 values are exact in any float dtype: only the matmul's accumulation rounds
+    y = at::linear(x.reshape({-1, x.size(-1)}), weight.to(x.scalar_type())).to(at::kFloat);
+  }
+  y = y.mul_(scale.reshape({1, -1}).to(at::kFloat)).to(x.scalar_type()).view(out_sizes(x, N));
+  if (bias.has_value() && bias->defined()) y = y + *bias;
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(neuronpack, m) {
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  m.def("linear_int8(Tensor x, Tensor weight, Tensor scale, Tensor? bias=None) -> Tensor");
+#ifdef NEURONPACK_AVX512
+  m.def("has_kernel() -> bool", []() { return true; });  // whether this build has the kernel (else: at::linear)
+#else
+  m.def("has_kernel() -> bool", []() { return false; });
+#endif
+}
+
+TORCH_LIBRARY_IMPL(neuronpack, CPU, m) {
+  m.impl("linear", &linear);
+  m.impl("linear_int8", &linear_int8);
+}

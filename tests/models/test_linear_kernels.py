@@ -1,0 +1,123 @@
+"""neuronpack's decode kernels (neuronpack/kernels/linear.cpp): torch.ops.neuronpack.linear / linear_int8 compute
+what F.linear and the int8 reference compute, for every row count (the kernel up to 16 rows, at::linear beyond),
+every width (a tail shorter than one vector), leading dims, bias, threads; a model that runs them matches
+transformers; the library is built once per machine and reused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neuronpack.kernels import _library_path, has_kernel, load_kernels
+from neuronpack.models import load_model
+from neuronpack.models.linear_kernels import use_kernels
+from neuronpack.models.llama import Linear
+from neuronpack.models.quant import Int8Linear
+
+TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    load_kernels()
+
+
+def _relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 20), k=st.integers(1, 200), n=st.integers(1, 70), bias=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_linear_matches_f_linear(rows, k, n, bias, dtype):
+    gen = torch.Generator().manual_seed(rows * 1000 + k * 7 + n)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    y = torch.ops.neuronpack.linear(x, w, b)
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert y.dtype == dtype and y.shape == (rows, n)
+    assert _relative_error(y, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 20), k=st.integers(1, 200), n=st.integers(1, 70), bias=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), per_tensor=st.booleans())
+def test_linear_int8_matches_the_reference(rows, k, n, bias, dtype, per_tensor):
+    gen = torch.Generator().manual_seed(rows * 1000 + k * 7 + n)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    scale = torch.rand(1 if per_tensor else n, 1, generator=gen) / 50
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    y = torch.ops.neuronpack.linear_int8(x, w, scale, b)
+    ref = (x.float() @ w.float().T) * scale.reshape(1, -1)
+    ref = ref + b.float() if b is not None else ref
+    assert y.dtype == dtype and y.shape == (rows, n)
+    assert _relative_error(y, ref) < (1e-5 if dtype == torch.float32 else 2e-2)
+
+
+def test_leading_dims_threads_and_large_shapes():
+    """[b, T, in] inputs, SmolLM2-sized weights, and two threads splitting the weight rows give F.linear's result."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(1536, 576, generator=gen) * 0.02
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for shape in ((1, 1, 576), (4, 1, 576), (2, 3, 576), (3, 20, 576)):
+                x = torch.randn(*shape, generator=gen)
+                torch.testing.assert_close(torch.ops.neuronpack.linear(x, w), F.linear(x, w), atol=1e-5, rtol=1e-4)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_non_contiguous_input_and_mismatched_dtypes_fall_back():
+    w = torch.randn(32, 64)
+    x = torch.randn(64, 3).T  # [3, 64], not contiguous
+    torch.testing.assert_close(torch.ops.neuronpack.linear(x, w), F.linear(x, w), atol=1e-5, rtol=1e-4)
+    xb = torch.randn(2, 64).bfloat16()  # bfloat16 activations, float32 weight: at::linear decides (and refuses)
+    with pytest.raises(RuntimeError):
+        torch.ops.neuronpack.linear(xb, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_on_kernels_matches_transformers(make_checkpoint, dtype):
+    path = make_checkpoint("llama", dtype=str(dtype).removeprefix("torch."))
+    tokens = torch.randint(0, 384, (2, 24), generator=torch.Generator().manual_seed(1))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+    model = load_model(path, dtype)
+    with torch.no_grad():
+        expected = ref(tokens).logits.float()
+        plain = model.forward_full(tokens)
+        use_kernels(model)
+        assert all(m.kernel for m in model.modules() if isinstance(m, Linear))
+        on_kernels = model.forward_full(tokens)
+        step = model.forward_full(tokens[:, :1])  # 2 rows: the kernel itself, not the many-row fallback
+    torch.testing.assert_close(on_kernels, plain, **TOLERANCE[dtype])
+    torch.testing.assert_close(on_kernels, expected, **TOLERANCE[dtype])
+    torch.testing.assert_close(step, expected[:, :1], **TOLERANCE[dtype])
+
+
+def test_int8_model_on_kernels_matches_its_reference(make_checkpoint):
+    from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
+
+    path = make_checkpoint("llama")
+    quantized = path.parent / "int8"
+    quantize_checkpoint(path, quantized, QuantizeOptions("int8"))
+    model = load_model(quantized, torch.float32)
+    tokens = torch.randint(0, 384, (3, 1), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = model.forward_full(tokens)
+        use_kernels(model)
+        assert any(m.kernel for m in model.modules() if isinstance(m, Int8Linear))
+        torch.testing.assert_close(model.forward_full(tokens), reference, atol=1e-4, rtol=1e-4)
+
+
+def test_the_library_is_built_once_per_machine():
+    """A built library is found again (same source, torch, compiler, CPU) and says whether it has the kernel."""
+    assert _library_path().is_file()
+    assert has_kernel() == torch.backends.cpu.get_cpu_capability().startswith("AVX512")
