@@ -12,7 +12,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -82,6 +81,8 @@ def _store(cache: dict[str, dict]) -> None:
 
 def sha256_stream(path: Path) -> str:
     """sha256 of a file's bytes, read in chunks (no caching)."""
+    import hashlib  # here, not at the top: a warm cache never hashes (OpenSSL's load is ~2 ms of start-up)
+
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
@@ -139,4 +140,6 @@ def canonical_json(obj: object) -> str:
 
 
 def sha256_json(obj: object) -> str:
+    import hashlib
+
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.checkpoint import bin_loader
 from neuronpack.checkpoint.safetensors_header import TensorInfo, duplicate_tensor_error, read_safetensors_header
 from neuronpack.errors import CheckpointError
 
@@ -119,8 +118,9 @@ class Checkpoint:
             return self._bin()[name][start:stop].clone()
         return self._handle(info.file).get_slice(name)[start:stop]
 
-    def raw_rows(self, name: str, start: int, stop: int) -> bytes:
-        """The stored bytes of rows ``[start:stop]`` of a safetensors tensor, read with one ``pread`` (no torch).
+    def raw_rows(self, name: str, start: int, stop: int, *, into: bytearray | None = None) -> bytes | memoryview:
+        """The stored bytes of rows ``[start:stop]`` of a safetensors tensor, read with one ``pread`` (no torch);
+        with ``into`` (large enough), read into it and returned as a view of its first bytes (no allocation).
 
         Example: ``ckpt.raw_rows("lm_head.weight", 0, 4)`` -> ``4 * hidden * itemsize`` bytes.
         """
@@ -129,9 +129,17 @@ class Checkpoint:
         if self.format != "safetensors" or info.offset is None or not 0 <= start <= stop <= rows:
             raise ValueError(f"no stored rows [{start}:{stop}] of {name} ({self.format}, shape {info.shape})")
         row_bytes = info.nbytes // rows if rows else 0
+        size, offset = (stop - start) * row_bytes, info.offset + start * row_bytes
+        if into is not None and len(into) < size:
+            raise ValueError(f"a buffer of {len(into)} bytes cannot hold rows [{start}:{stop}] of {name} ({size})")
         with open(info.file, "rb") as fh:
-            data = os.pread(fh.fileno(), (stop - start) * row_bytes, info.offset + start * row_bytes)
-        if len(data) != (stop - start) * row_bytes:
+            if into is None:
+                data = os.pread(fh.fileno(), size, offset)
+                got = len(data)
+            else:
+                data = memoryview(into)[:size]
+                got = os.preadv(fh.fileno(), [data], offset) if size else 0
+        if got != size:
             raise CheckpointError(f"{info.file.name} ends inside {name}", where=str(info.file),
                                   fix="re-download the checkpoint (the file was truncated or changed)")
         return data
@@ -144,11 +152,15 @@ class Checkpoint:
     # --- internals ----------------------------------------------------------------------------------------------
     def _all_infos(self) -> dict[str, TensorInfo]:
         if self._infos is None:
+            from neuronpack.checkpoint import bin_loader
+
             self._infos = bin_loader.tensor_infos(self._bin(), self._bin_files_by_name)
         return self._infos
 
     def _bin(self) -> dict[str, torch.Tensor]:
         if self._bin_tensors is None:
+            from neuronpack.checkpoint import bin_loader  # .bin only (it imports pickle)
+
             self._bin_tensors, self._bin_files_by_name = bin_loader.load_bin_files(self.files)
             if self._index is not None:
                 _check_index_matches(self._index, self._bin_files_by_name, self.root)

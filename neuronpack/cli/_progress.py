@@ -13,8 +13,10 @@ import os
 import threading
 import time
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PLAIN_INTERVAL_ENV = "NEURONPACK_PROGRESS_INTERVAL"
 PLAIN_INTERVAL = 10.0

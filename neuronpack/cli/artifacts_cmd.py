@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from neuronpack.cli._console import OutputFormat, cell, print_result, stderr
 from neuronpack.cli._options import EndpointOpt, FormatOpt, RootOpt, StoreOpt
@@ -50,6 +49,8 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
     if output_format is OutputFormat.json:
         print_result(output_format, m.to_json())
         return
+    from rich.table import Table
+
     table = Table(title=cell(artifact), show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
@@ -136,6 +137,8 @@ def ls_command(
         where, rows, field = transport.url, list_remote(transport), "remote"
     else:
         where, rows, field = str(artifacts_root(root)), list_artifacts(artifacts_root(root)), "root"
+    from rich.table import Table
+
     table = Table(title=cell(where))
     for col in ("key", "model", "framework", "buckets (ctx | tkg)", "size", "age"):
         table.add_column(col)

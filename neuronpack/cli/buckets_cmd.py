@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from neuronpack.cli._console import OutputFormat, print_result
 from neuronpack.cli._options import FormatOpt
@@ -52,6 +51,8 @@ def buckets_command(
 
     plan = plan_buckets(seq_len, max_context_length, enabled=not no_bucketing, context=_ints(context),
                         token_generation=_ints(token_gen))
+    from rich.table import Table
+
     table = Table(title=f"bucket plan (seq_len {plan.seq_len}, max_context_length {plan.max_context_length})")
     table.add_column("kind")
     table.add_column("buckets")

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr, stdout
+from neuronpack.cli._console import LazyConsole, OutputFormat, RichReporter, cell, print_result, stderr, stdout
 from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
 from neuronpack.cli._progress import ProgressMode
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # Exit code when the check could not run here (NxDI / TNx artifacts need a Neuron device): not a pass, not a fail.
 EXIT_NOT_RUN = 3
@@ -77,7 +78,7 @@ def exit_code(accuracy: dict[str, Any]) -> int:
     return 0 if status == PASSED else EXIT_NOT_RUN if status == NOT_RUN else 1
 
 
-def print_report(data: dict[str, Any], artifact: str, console: Console = stdout) -> None:
+def print_report(data: dict[str, Any], artifact: str, console: Console | LazyConsole = stdout) -> None:
     """The human-readable report of ``AccuracyReport.to_dict()``: one row per prompt, the summary, the verdict
     (failures on stderr). Shared with ``compile --check-accuracy``, which prints it on stderr."""
     if data["plan"]:
@@ -85,6 +86,8 @@ def print_report(data: dict[str, Any], artifact: str, console: Console = stdout)
         for step in data["plan"]:
             console.print(f"  - {step}", markup=False)
         return
+    from rich.table import Table
+
     table = Table(title=cell(f"{artifact} ({data['precision']}) vs {data['reference']}"))
     for col in ("prompt", "tokens", "top-1", "max |diff|", "mean |diff|", "mean KL", "max KL", "greedy match"):
         table.add_column(col, justify="left" if col == "prompt" else "right")

@@ -41,7 +41,7 @@ from neuronpack.convert.eagle_layouts import (
     detect_layout,
     plan_eagle_conversion,
 )
-from neuronpack.convert.float_cast import cast_floats
+from neuronpack.convert.float_cast import FloatCaster, warm_up
 from neuronpack.digest import file_sha256
 from neuronpack.errors import ConversionError
 from neuronpack.fsutil import atomic_output_dir, check_output_path
@@ -55,6 +55,9 @@ CONFIG_SECTION = "neuronpack_eagle"
 # Row chunks of about this many bytes bound the memory a large tensor (head, embedding) needs while it streams.
 # 64 MiB chunks were not faster (bench/eagle.py).
 CHUNK_BYTES = 16 * 2**20
+# Rows cast without torch go in smaller chunks: read, cast and written while they are still in the CPU cache. The
+# 1b-cast draft of bench/convert_eagle.py converted in 0.69 s with 1-2 MiB chunks, 0.74 s with 4 and 1.13 s with 16.
+RAW_CHUNK_BYTES = 2 * 2**20
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,13 @@ def convert_eagle(
     if overwrite_head and plan.layout == "eagle3":
         reporter.warn("--overwrite-head ignored: an EAGLE-3 draft keeps its own trained lm_head")
     _report_plan(plan, target_ckpt, reporter, implicit=dtype == "auto")
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with ThreadPoolExecutor(max_workers=2) as pool:
         # Hash the sources while the output streams: hashlib releases the GIL, so this overlaps with the writes.
         digests = pool.submit(_source_digests, draft_ckpt, target_ckpt, plan)
+        # Import numpy and make the cast tables while the draft's tensors are copied (the kernel copies them, with
+        # the GIL released): ~60 ms the first cast would otherwise wait for. Best effort: a failure shows in the cast.
+        if plan.casts:
+            pool.submit(warm_up, {(t.source_dtype, t.dtype) for t in plan.casts})
         with atomic_output_dir(Path(out), inputs=[draft_dir, target_dir], label="eagle-") as staging:
             stream = _TensorStream(plan, draft_ckpt, target_ckpt)
             specs = [TensorSpec(t.name, t.dtype, t.shape) for t in plan.tensors]
@@ -157,7 +164,10 @@ def eagle_nxd_hints(out_dir: Path) -> dict:
 
 # --- streaming ------------------------------------------------------------------------------------------------------
 class _TensorStream:
-    """Yields (name, tensor) in plan order for the writer; compares a replaced head with the new one on the way."""
+    """Yields (name, tensor) in plan order for the writer; compares a replaced head with the new one on the way.
+
+    Rows cast without torch are read into one buffer and cast into another, both reused for every chunk: the writer
+    writes a chunk before it asks for the next (``write_safetensors_sharded``), so no chunk allocates memory."""
 
     def __init__(self, plan: EaglePlan, draft: Checkpoint, target: Checkpoint) -> None:
         self.plan = plan
@@ -168,8 +178,11 @@ class _TensorStream:
             old = draft.info(HEAD)
             new = next(t for t in plan.tensors if t.name == HEAD)
             self.head_identical = old.dtype == new.dtype and tuple(old.shape) == new.shape
+        self._casters: dict[tuple[str, str], FloatCaster] = {}
+        self._raw = bytearray()  # stored rows read for a cast
+        self._cast = bytearray()  # their cast bytes
 
-    def chunks(self) -> Iterator[tuple[str, torch.Tensor | bytes | TensorInfo]]:
+    def chunks(self) -> Iterator[tuple[str, torch.Tensor | bytes | memoryview | TensorInfo]]:
         # Reading the next chunk in a worker thread, to overlap it with the write, measured no faster on the 2 busy
         # cores of the build machine (4.4-7.7 s either way), so the stream stays single-threaded.
         for spec in self.plan.tensors:
@@ -177,8 +190,9 @@ class _TensorStream:
             if self._copied_as_stored(spec, ckpt):
                 yield spec.name, ckpt.info(spec.source_name)  # the writer copies its bytes kernel-side
                 continue
-            for start, stop in _row_ranges(spec):
-                cast = self._cast_without_torch(spec, ckpt, start, stop)
+            raw = self._castable_without_torch(spec, ckpt)
+            for start, stop in _row_ranges(spec, RAW_CHUNK_BYTES if raw else CHUNK_BYTES):
+                cast = self._cast_without_torch(spec, ckpt, start, stop) if raw else None
                 if cast is not None:
                     yield spec.name, cast
                     continue
@@ -196,16 +210,28 @@ class _TensorStream:
         comparing = spec.name == HEAD and self.head_identical
         return not spec.cast and not comparing and ckpt.format == "safetensors"
 
-    def _cast_without_torch(self, spec: OutputTensor, ckpt: Checkpoint, start: int, stop: int) -> bytes | None:
-        """Rows of a safetensors tensor cast on their stored bytes (``float_cast``: numpy, bit for bit torch's cast);
-        None when torch casts them: a .bin source, a scalar, a head being compared, or a NaN in the rows."""
+    def _castable_without_torch(self, spec: OutputTensor, ckpt: Checkpoint) -> bool:
+        """Whether rows of the tensor are cast on their stored bytes: not for a .bin source, a scalar or a head
+        being compared (torch.equal decides "identical")."""
         comparing = spec.name == HEAD and self.head_identical
-        if not spec.cast or comparing or not spec.shape or ckpt.format != "safetensors":
-            return None
-        cast = cast_floats(ckpt.raw_rows(spec.source_name, start, stop), spec.source_dtype, spec.dtype)
-        if cast is not None and cast.overflow:
+        return spec.cast and not comparing and bool(spec.shape) and ckpt.format == "safetensors"
+
+    def _cast_without_torch(self, spec: OutputTensor, ckpt: Checkpoint, start: int, stop: int) -> memoryview | None:
+        """Rows of a safetensors tensor cast on their stored bytes (``float_cast``: numpy, bit for bit torch's cast),
+        as a view of the reused cast buffer; None when a row holds a NaN (torch casts those rows)."""
+        caster = self._casters.get((spec.source_dtype, spec.dtype))
+        if caster is None:
+            caster = self._casters[spec.source_dtype, spec.dtype] = FloatCaster(spec.source_dtype, spec.dtype)
+        rows = (stop - start, *spec.shape[1:])
+        raw_size, cast_size = expected_nbytes(spec.source_dtype, rows), expected_nbytes(spec.dtype, rows)
+        if len(self._raw) < raw_size or len(self._cast) < cast_size:  # new buffers: views of the old ones may live on
+            self._raw, self._cast = bytearray(raw_size), bytearray(cast_size)
+        raw = ckpt.raw_rows(spec.source_name, start, stop, into=self._raw)
+        out = memoryview(self._cast)[:cast_size]
+        overflow = caster.cast_into(raw, out)
+        if overflow:
             raise _overflow(spec)
-        return None if cast is None else cast.data
+        return None if overflow is None else out
 
 
 def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
@@ -230,13 +256,13 @@ def _overflow(spec: OutputTensor) -> ConversionError:
     )
 
 
-def _row_ranges(spec: OutputTensor) -> list[tuple[int, int]]:
-    """[start, stop) row ranges of about CHUNK_BYTES each (one range for scalars and empty tensors)."""
+def _row_ranges(spec: OutputTensor, chunk_bytes: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of about ``chunk_bytes`` each (one range for scalars and empty tensors)."""
     if not spec.shape or spec.shape[0] == 0:
         return [(0, spec.shape[0] if spec.shape else 0)]
     rows = spec.shape[0]
     row_bytes = max(1, _nbytes(spec) // rows)
-    step = max(1, CHUNK_BYTES // row_bytes)
+    step = max(1, chunk_bytes // row_bytes)
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 

@@ -78,6 +78,19 @@ def test_get_rows_reads_a_slice(tiny_llama):
         ckpt.get_rows("lm_head.weight", 0, full.shape[0] + 1)
 
 
+def test_raw_rows_are_the_stored_bytes_also_read_into_a_buffer(tiny_llama):
+    ckpt = open_checkpoint(tiny_llama)
+    expected = ckpt.get_rows("lm_head.weight", 10, 20).numpy().tobytes()
+    assert ckpt.raw_rows("lm_head.weight", 10, 20) == expected
+    buffer = bytearray(len(expected) + 100)  # larger than the rows: a view of its start is returned
+    view = ckpt.raw_rows("lm_head.weight", 10, 20, into=buffer)
+    assert isinstance(view, memoryview) and view.obj is buffer and bytes(view) == expected
+    with pytest.raises(ValueError, match="no stored rows"):
+        ckpt.raw_rows("lm_head.weight", 0, 10**6)
+    with pytest.raises(ValueError, match="cannot hold"):
+        ckpt.raw_rows("lm_head.weight", 10, 20, into=bytearray(8))
+
+
 def test_get_rows_on_bin(tmp_path, tiny_llama):
     ckpt = open_checkpoint(to_bin(tiny_llama, tmp_path / "bin"))
     full = ckpt.get("lm_head.weight")

@@ -175,6 +175,23 @@ def test_stored_tensors_are_copied_byte_for_byte(tmp_path, monkeypatch, kernel_c
     assert copied.read_bytes() == streamed.read_bytes()
 
 
+def test_raw_chunks_may_be_views_of_one_reused_buffer(tmp_path):
+    """The writer writes a chunk before it asks for the next: a producer may refill one buffer for every chunk."""
+    rows = torch.randn(10, 4)
+    buffer = bytearray(2 * 4 * 4)  # two rows
+
+    def chunks():
+        for start in range(0, 10, 2):
+            buffer[:] = rows[start:start + 2].numpy().tobytes()
+            yield "w", memoryview(buffer)
+
+    for name, stream in (("reused", chunks()), ("tensor", iter([("w", rows)]))):
+        (tmp_path / name).mkdir()
+        write_safetensors_sharded(tmp_path / name, [TensorSpec("w", "F32", (10, 4))], stream)
+    assert (tmp_path / "reused" / "model.safetensors").read_bytes() == \
+        (tmp_path / "tensor" / "model.safetensors").read_bytes()
+
+
 def test_a_stored_tensor_must_be_the_whole_spec(tmp_path):
     with pytest.raises(ValueError, match="not whole rows"):
         write_safetensors_sharded(tmp_path, [TensorSpec("a", "F32", (4, 2))], iter([("a", b"\0" * 12)]))

@@ -249,3 +249,31 @@ def test_safetensors_inputs_convert_without_torch_as_torch_would_write_them(tmp_
     assert len(written) > 1 or case == "eagle1-tied-fp32"
     for ref in (tmp_path / "ref").iterdir():
         assert (out / ref.name).read_bytes() == ref.read_bytes(), ref.name
+
+
+def test_a_head_cast_in_many_chunks_with_a_nan_row_is_torchs_cast(tmp_path, target, monkeypatch):
+    """Cast rows go in small chunks through two reused buffers; the chunk holding a NaN is cast by torch instead,
+    between chunks cast on their bytes. Every value is torch's cast of the head (the NaN stays a NaN)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import neuronpack.convert.eagle as eagle
+
+    tgt = tmp_path / "target"
+    shutil.copytree(target("tied"), tgt)  # fp32, the head is model.embed_tokens.weight
+    tensors = load_file(tgt / "model.safetensors")
+    head = tensors["model.embed_tokens.weight"]
+    head[7, 3] = float("nan")
+    save_file(tensors, str(tgt / "model.safetensors"), metadata={"format": "pt"})
+    draft = make_eagle1_draft(tmp_path / "draft", vocab=vocab_of(tgt), layout="safetensors", dtype="bfloat16")
+    monkeypatch.setattr(eagle, "RAW_CHUNK_BYTES", 3 * head.shape[1] * 4)  # 3 rows of the fp32 head per chunk
+    through_torch, get_rows = [], eagle.Checkpoint.get_rows
+    monkeypatch.setattr(eagle.Checkpoint, "get_rows", lambda self, name, start, stop: (
+        through_torch.append((start, stop)), get_rows(self, name, start, stop))[1])
+    convert_eagle(draft, tgt, tmp_path / "out")
+    assert through_torch == [(6, 9)]  # only the chunk holding row 7
+    written, expected = load_output(tmp_path / "out")["lm_head.weight"], head.to(torch.bfloat16)
+    nan = torch.isnan(expected)
+    assert nan.sum() == 1 and torch.isnan(written[7, 3])
+    assert torch.equal(written.view(torch.int16)[~nan], expected.view(torch.int16)[~nan])

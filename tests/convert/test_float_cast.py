@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from neuronpack.convert.float_cast import cast_floats
+from neuronpack.convert.float_cast import FloatCaster, cast_floats
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
@@ -59,3 +59,18 @@ def test_every_16_bit_pattern_casts_like_torch(source, target):
     values = patterns[~torch.isnan(patterns)]  # every non-NaN value of the 16-bit dtype
     cast = cast_floats(_bytes(values), source, target)
     assert cast is not None and cast.data == _bytes(values.to(DTYPES[target]))
+
+
+@pytest.mark.parametrize(("source", "target"), [("F32", "BF16"), ("BF16", "F16"), ("F16", "F32")])
+def test_a_caster_casts_block_by_block_into_a_reused_buffer(source, target):
+    values = _values()[_values().abs() < 6e4].to(DTYPES[source])  # finite, no overflow in float16
+    caster = FloatCaster(source, target, block=1000)  # ~100 blocks, the last one partial
+    out = bytearray(values.numel() * DTYPES[target].itemsize)
+    for _ in range(2):
+        assert caster.cast_into(_bytes(values), memoryview(out)) is False
+        assert bytes(out) == _bytes(values.to(DTYPES[target]))
+    late_nan = values.clone()
+    late_nan[-1] = float("nan")  # in the last block: found after every other block was cast
+    assert caster.cast_into(_bytes(late_nan), out) is None
+    with pytest.raises(ValueError, match="do not fit"):
+        caster.cast_into(_bytes(values), out[:-4])
