@@ -355,12 +355,8 @@ bool kernel_applies(const at::Tensor& x, const at::Tensor& weight) {
 #endif
 }
 
-// (x as float32 [M, K] contiguous, float32 [M, N] to accumulate into)
-std::pair<at::Tensor, at::Tensor> rows_and_out(const at::Tensor& x, int64_t N) {
-  const int64_t K = x.size(-1);
-  at::Tensor rows = x.reshape({-1, K}).to(at::kFloat).contiguous();
-  return {rows, at::empty({rows.size(0), N}, rows.options())};
-}
+// The wrappers below keep per-call ATen work to one allocation (the output; a copy of x only when it is not
+// contiguous): a decode step makes ~200 of these calls, and each ATen op costs about a microsecond.
 
 std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t N) {
   std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
@@ -368,48 +364,91 @@ std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t N) {
   return sizes;
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  if (!kernel_applies(x, weight) || weight.scalar_type() != x.scalar_type()) return at::linear(x, weight, bias);
+// x's rows as contiguous float32 [M, K]: x's own memory when it is that already, else converted into ``scratch``.
+const float* float_rows(const at::Tensor& x, std::vector<float>& scratch) {
+  if (x.scalar_type() == at::kFloat) return x.data_ptr<float>();
+  const at::BFloat16* p = x.data_ptr<at::BFloat16>();
+  scratch.resize(x.numel());
+  for (int64_t i = 0; i < x.numel(); ++i) scratch[i] = static_cast<float>(p[i]);
+  return scratch.data();
+}
+
+// y = acc (float32 [M, N]) * scale[n] (optional) + bias[n] (optional), in float32, then rounded once to y's dtype.
+void finish(const float* acc, int64_t M, int64_t N, const float* scale, int64_t scale_n,
+            const std::optional<at::Tensor>& bias, at::Tensor& y) {
+  std::vector<float> b;
+  if (bias.has_value() && bias->defined()) {
+    const at::Tensor bf = bias->to(at::kFloat).contiguous();
+    b.assign(bf.data_ptr<float>(), bf.data_ptr<float>() + N);
+  }
+  at::BFloat16* to_bf16 = y.scalar_type() == at::kBFloat16 ? y.data_ptr<at::BFloat16>() : nullptr;
+  float* to_float = to_bf16 ? nullptr : y.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      float v = acc[m * N + n];
+      if (scale) v *= scale[scale_n == 1 ? 0 : n];
+      if (!b.empty()) v += b[n];
+      if (to_bf16)
+        to_bf16[m * N + n] = at::BFloat16(v);
+      else
+        to_float[m * N + n] = v;
+    }
+  }
+}
+
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (!kernel_applies(x_in, weight) || weight.scalar_type() != x_in.scalar_type() ||
+      (bias.has_value() && bias->defined() && bias->scalar_type() != x_in.scalar_type()))
+    return at::linear(x_in, weight, bias);
 #ifdef NEURONPACK_AVX512
-  const int64_t N = weight.size(0), K = weight.size(1);
-  auto [rows, out] = rows_and_out(x, N);
-  if (weight.scalar_type() == at::kFloat)
-    rows_times_weight<F32>(rows.data_ptr<float>(), rows.size(0), K, weight.data_ptr<float>(), N,
-                           out.data_ptr<float>());
-  else if (cpu_has_bf16_dot()) {  // x stays bfloat16: rows of x as they are
-    const at::Tensor xb = x.reshape({-1, K}).contiguous();
-    bf16_rows_times_weight(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), xb.size(0), K,
-                           reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), N,
-                           out.data_ptr<float>());
-  } else
-    rows_times_weight<BF16>(rows.data_ptr<float>(), rows.size(0), K,
-                            reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), N,
-                            out.data_ptr<float>());
-  if (bias.has_value() && bias->defined()) out.add_(bias->to(at::kFloat));
-  return out.to(x.scalar_type()).view(out_sizes(x, N));
+  const at::Tensor x = x_in.is_contiguous() ? x_in : x_in.contiguous();
+  const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;
+  at::Tensor y = at::empty(out_sizes(x, N), x.options());
+  const bool direct = x.scalar_type() == at::kFloat && !(bias.has_value() && bias->defined());
+  thread_local std::vector<float> acc_buffer, x_buffer;
+  if (!direct) acc_buffer.resize(M * N);
+  float* acc = direct ? y.data_ptr<float>() : acc_buffer.data();
+  if (weight.scalar_type() == at::kFloat) {
+    rows_times_weight<F32>(x.data_ptr<float>(), M, K, weight.data_ptr<float>(), N, acc);
+  } else if (cpu_has_bf16_dot()) {  // x stays bfloat16
+    bf16_rows_times_weight(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M, K,
+                           reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), N, acc);
+  } else {
+    rows_times_weight<BF16>(float_rows(x, x_buffer), M, K,
+                            reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), N, acc);
+  }
+  if (!direct) finish(acc, M, N, nullptr, 0, bias, y);
+  return y;
 #else
-  return at::linear(x, weight, bias);
+  return at::linear(x_in, weight, bias);
 #endif
 }
 
-// Weight-only int8: (x @ weight.T) * scale in float32, then x's dtype, then + bias. scale: [N, 1], [N] or [1].
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+// Weight-only int8: (x @ weight.T) * scale + bias in float32, then x's dtype. scale: [N, 1], [N] or [1].
+at::Tensor linear_int8(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& scale,
                        const std::optional<at::Tensor>& bias) {
   const int64_t N = weight.size(0);
-  at::Tensor y;
-  if (kernel_applies(x, weight) && weight.scalar_type() == at::kChar) {
-#ifdef NEURONPACK_AVX512
-    auto [rows, out] = rows_and_out(x, N);
-    rows_times_weight<I8>(rows.data_ptr<float>(), rows.size(0), weight.size(1), weight.data_ptr<int8_t>(), N,
-                          out.data_ptr<float>());
-    y = out;
-#endif
-  } else {  // int8 values are exact in any float dtype: only the matmul's accumulation rounds
-    y = at::linear(x.reshape({-1, x.size(-1)}), weight.to(x.scalar_type())).to(at::kFloat);
+  if (!kernel_applies(x_in, weight) || weight.scalar_type() != at::kChar ||
+      (bias.has_value() && bias->defined() && bias->scalar_type() != x_in.scalar_type())) {
+    // int8 values are exact in any float dtype: only the matmul's accumulation rounds
+    at::Tensor y = at::linear(x_in.reshape({-1, x_in.size(-1)}), weight.to(x_in.scalar_type())).to(at::kFloat);
+    y = y.mul_(scale.reshape({1, -1}).to(at::kFloat));
+    if (bias.has_value() && bias->defined()) y = y.add_(bias->to(at::kFloat));
+    return y.to(x_in.scalar_type()).view(out_sizes(x_in, N));
   }
-  y = y.mul_(scale.reshape({1, -1}).to(at::kFloat)).to(x.scalar_type()).view(out_sizes(x, N));
-  if (bias.has_value() && bias->defined()) y = y + *bias;
+#ifdef NEURONPACK_AVX512
+  const at::Tensor x = x_in.is_contiguous() ? x_in : x_in.contiguous();
+  const at::Tensor s = scale.scalar_type() == at::kFloat && scale.is_contiguous() ? scale : scale.to(at::kFloat).contiguous();
+  const int64_t K = weight.size(1), M = x.numel() / K;
+  at::Tensor y = at::empty(out_sizes(x, N), x.options());
+  thread_local std::vector<float> acc_buffer, x_buffer;
+  acc_buffer.resize(M * N);
+  rows_times_weight<I8>(float_rows(x, x_buffer), M, K, weight.data_ptr<int8_t>(), N, acc_buffer.data());
+  finish(acc_buffer.data(), M, N, s.data_ptr<float>(), s.numel(), bias, y);
   return y;
+#else
+  return at::Tensor();
+#endif
 }
 
 }  // namespace
