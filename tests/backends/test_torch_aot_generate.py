@@ -221,6 +221,21 @@ def test_aoti_artifact_built_for_another_cpu_is_refused(artifacts, tmp_path):
     assert "compiler=export" in info.value.fix
 
 
+def test_aoti_artifact_without_its_kernel_library_is_refused(artifacts, tmp_path):
+    import shutil
+
+    from neuronpack.errors import ArtifactError
+
+    _, artifact = artifacts("llama")
+    copy = tmp_path / "no-kernels"
+    shutil.copytree(artifact, copy)
+    (copy / "neuronpack_kernels.so").unlink()
+    with pytest.raises(ArtifactError) as info:
+        load_artifact(copy)
+    assert info.value.what == "neuronpack_kernels.so is missing: the graphs call its kernels"
+    assert "neuronpack compile --force" in info.value.fix
+
+
 @pytest.mark.parametrize(("arch", "kernels"), [("llama", True), ("qwen2", False)])
 def test_aoti_graphs_call_the_linear_kernels(artifacts, arch, kernels):
     """AOTInductor artifacts record linear_kernels, their graphs call torch.ops.neuronpack.linear by name and the
