@@ -26,8 +26,10 @@ def kernels():
     load_kernels()
 
 
-def _relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+def _relative_error(y: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> float:
+    """Largest error relative to the sum of the magnitudes of the products (|x| @ |w|.T, + |bias|): the scale of
+    float rounding in a dot product, which stays meaningful when the sum itself cancels to near zero."""
+    return ((y.float() - ref).abs() / scale.clamp_min(1e-6)).max().item()
 
 
 @pytest.fixture(params=["bf16 dot", "widening"])
@@ -49,8 +51,9 @@ def test_linear_matches_f_linear(bf16_kernel, rows, k, n, bias, dtype):
     b = torch.randn(n, generator=gen).to(dtype) if bias else None
     y = torch.ops.neuronpack.linear(x, w, b)
     ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    scale = F.linear(x.float().abs(), w.float().abs(), None if b is None else b.float().abs())
     assert y.dtype == dtype and y.shape == (rows, n)
-    assert _relative_error(y, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert _relative_error(y, ref, scale) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
 @settings(max_examples=40, deadline=None)
@@ -65,8 +68,10 @@ def test_linear_int8_matches_the_reference(rows, k, n, bias, dtype, per_tensor):
     y = torch.ops.neuronpack.linear_int8(x, w, scale, b)
     ref = (x.float() @ w.float().T) * scale.reshape(1, -1)
     ref = ref + b.float() if b is not None else ref
+    magnitude = (x.float().abs() @ w.float().abs().T) * scale.reshape(1, -1)
+    magnitude = magnitude + b.float().abs() if b is not None else magnitude
     assert y.dtype == dtype and y.shape == (rows, n)
-    assert _relative_error(y, ref) < (1e-5 if dtype == torch.float32 else 2e-2)
+    assert _relative_error(y, ref, magnitude) < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
 def test_leading_dims_threads_and_large_shapes():
