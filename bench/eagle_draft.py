@@ -5,8 +5,8 @@ There is no trained EAGLE draft for SmolLM2 offline, so the drafts are random, i
 fc [H, 2H] + one decoder layer; EAGLE-3: fc [H, 3H], midlayer.* with 2H-input q/k/v, its own norm and full-vocabulary
 head, d2t / t2d) and converted by ``convert_eagle`` against the real target. Their acceptance means nothing; their
 cost is the real cost of a draft of these shapes. The draft graphs are compiled here exactly as the build compiles
-them (``export_draft_graph`` + AOTInductor, weights as inputs, oneDNN-packed linears) and run through
-``CompiledDraft``; the eager side is the same draft with plain weights.
+them (``export_draft_graph`` + AOTInductor, weights as inputs, the linears on neuronpack's kernels) and run through
+``CompiledDraft``; the eager side is the same draft with ``F.linear``.
 
 One measured step is what the EAGLE proposer does per engine step in steady state: the verified positions' hidden
 states come in (``verified``, 3 kept of k + 1 = 5), then ``propose`` catches up over them (one call of T = 3 per
@@ -90,26 +90,22 @@ def make_draft(target: Path, layout: str, out: Path) -> Path:
 
 
 def compiled_draft(draft, work: Path, layout: str, limits):
-    """The draft graphs compiled with AOTInductor as the build does (oneDNN-packed linear weights where this torch
-    can: ``packed_linears``; cached per layout in ``work``), bound to ``draft`` (packed in place)."""
+    """The draft graphs compiled with AOTInductor as the build does (the linears call neuronpack's kernels; cached
+    per layout in ``work``), bound to ``draft`` (its linears flagged for the kernels too)."""
     from neuronpack.backends.torch_aot.draft_graphs import CompiledDraft, export_draft_graph
     from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS
-    from neuronpack.backends.torch_aot.onednn import packed_linear_lowering
     from neuronpack.backends.torch_aot.runners import boxed
-    from neuronpack.models.packing import can_pack
 
-    packed = can_pack(draft.dtype)
     runners, seconds = {}, {}
     for name in DRAFT_GRAPHS:
-        package = work / f"{layout}-{name}{'-packed' if packed else ''}.pt2"
+        package = work / f"{layout}-{name}-kernels.pt2"
         if not package.is_file():
             start = time.perf_counter()
-            program = export_draft_graph(draft, name, limits, packed=packed)
-            with packed_linear_lowering():
-                torch._inductor.aoti_compile_and_package(program, package_path=str(package))
+            program = export_draft_graph(draft, name, limits, kernels=True)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(package))
             seconds[name] = round(time.perf_counter() - start, 1)
         runners[name] = boxed(torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1))
-    return CompiledDraft(runners, draft, limits.max_tokens, packed=packed), seconds
+    return CompiledDraft(runners, draft, limits.max_tokens, kernels=True), seconds
 
 
 def one_step(proposer, state: dict, hidden_in: int, gen) -> tuple[float, float, list[list[int]]]:

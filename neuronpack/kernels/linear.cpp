@@ -4,7 +4,10 @@
 // machine's streaming read bandwidth on one thread (MKL on AMD, oneDNN's packed layout alike); this kernel walks
 // each plain [out, in] weight row once, front to back (one sequential stream, the pattern a plain sum reads at full
 // bandwidth), and dots it with every row of x while it is in the registers. float32, bfloat16 and int8 (NxD
-// Inference's weight-only format, per-channel float32 scale) weights; accumulation in float32.
+// Inference's weight-only format, per-channel float32 scale) weights; accumulation in float32. One row of x reads
+// two weight rows far apart at once (two streams); 2+ rows prefetch into L2 ahead of the row being read; 6+ rows
+// take two weight rows per pass (each load of x feeds two FMAs); bfloat16 uses vdpbf16ps where the CPU has it.
+// Measured in docs/portable-backend.md (bench/linears.py).
 //
 // More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs. Built for torch's CPU
 // capability by neuronpack/kernels/__init__.py; registered as torch.ops.neuronpack.linear / linear_int8.
