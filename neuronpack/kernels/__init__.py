@@ -93,7 +93,7 @@ def _register_shapes() -> None:
 def _library_path() -> Path:
     from neuronpack.digest import cache_dir
 
-    return cache_dir() / "kernels" / _build_digest() / "neuronpack_kernels.so"
+    return cache_dir() / "kernels" / _build_digest() / LIBRARY_NAME
 
 
 def _build_digest() -> str:

@@ -140,13 +140,15 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     dtype = getattr(torch, config["torch_dtype"])
     model = load_model(open_checkpoint(request.model_dir), dtype, max_seq_len=request.plan.seq_len,
                        reporter=reporter)
-    # AOTInductor graphs call neuronpack's decode kernels for their linears (built on each machine that runs them;
-    # models/linear_kernels.py); export-only programs keep F.linear, which any torch runs.
+    # AOTInductor graphs call neuronpack's decode kernels for their linears (models/linear_kernels.py); export-only
+    # programs keep F.linear, which any torch runs.
     config["linear_kernels"] = config["compiler"] == "aoti"
-    if config["linear_kernels"]:  # the artifact ships them: a serving machine needs no compiler
+    if config["linear_kernels"]:  # built here once per machine; the artifact ships a copy: serving needs no compiler
         from neuronpack.kernels import machine_library
 
-        shutil.copy2(machine_library(), staging / L.KERNELS_LIBRARY)
+        with reporter.task("neuronpack kernels", total=1) as task:
+            shutil.copy2(machine_library(), staging / L.KERNELS_LIBRARY)
+            task.advance()
     groups = layer_groups(model)
     config["layer_graphs"] = groups  # layer -> its kind of layer graph (one kind unless some layers differ)
     names, draft = graph_names(groups), None

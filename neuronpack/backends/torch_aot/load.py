@@ -1,8 +1,9 @@
 """Load a portable artifact and run it: the runtime-facing ``CompiledLM``.
 
 Weights are read once from ``weights/`` into the model and passed to the compiled layer and head graphs as inputs on
-every call (no copy); with ``linear_kernels`` the graphs' linears call neuronpack's decode kernels, which are
-registered first (models/linear_kernels.py; built once per machine). The KV cache (one K and one V tensor
+every call (no copy), from one huge-page arena (models/weight_arena.py); with ``linear_kernels`` the graphs' linears
+call neuronpack's decode kernels, registered first from the artifact's own ``neuronpack_kernels.so`` copy
+(models/linear_kernels.py). The KV cache (one K and one V tensor
 ``[layers, batch_size, kv_heads, seq_len + 1, head_dim]``) is owned here: the layer graphs read it and return the
 K/V of the tokens they ran, which ``store_kv`` writes at their positions.
 
