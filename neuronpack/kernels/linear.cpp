@@ -56,6 +56,11 @@ struct I8 {
   static __m512 load(const T* p, __mmask16 m) { return widen(_mm_maskz_loadu_epi8(m, p)); }
 };
 
+// The first min(left, 16) lanes.
+inline __mmask16 tail_mask16(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
 // Prefetch (into L2) the cache line ``pf`` elements ahead of w[k], once per line.
 template <class W>
 inline void prefetch_line(const typename W::T* w, int64_t k, int64_t pf) {
@@ -80,8 +85,7 @@ inline void dot_rows(const typename W::T* w, const float* x, int64_t K, float* y
     }
   }
   for (; k < K; k += 16) {
-    const int64_t left = K - k;
-    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    const __mmask16 mask = tail_mask16(K - k);
     const __m512 wv = W::load(w + k, mask);
     for (int m = 0; m < MB; ++m)
       acc[m][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + m * K + k), acc[m][0]);
@@ -115,7 +119,7 @@ inline void dot_rows_pair(const typename W::T* w, const float* x, int64_t K, flo
     }
   }
   if (k < K) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1);
+    const __mmask16 mask = tail_mask16(K - k);
     const __m512 v0 = W::load(w + k, mask), v1 = W::load(w1 + k, mask);
     for (int m = 0; m < MB; ++m) {
       const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
@@ -129,8 +133,10 @@ inline void dot_rows_pair(const typename W::T* w, const float* x, int64_t K, flo
   }
 }
 
+// One row of x against two weight rows far apart (two read streams: one stream alone reads below the bandwidth).
 template <class W>
-inline void dot_two_streams(const typename W::T* w0, const typename W::T* w1, const float* x, int64_t K, float* y0, float* y1) {
+inline void dot_two_streams(const typename W::T* w0, const typename W::T* w1, const float* x, int64_t K, float* y0,
+                            float* y1) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
@@ -141,8 +147,7 @@ inline void dot_two_streams(const typename W::T* w0, const typename W::T* w1, co
     b1 = _mm512_fmadd_ps(W::load(w1 + k + 16), x1, b1);
   }
   for (; k < K; k += 16) {
-    const int64_t left = K - k;
-    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    const __mmask16 mask = tail_mask16(K - k);
     const __m512 xv = _mm512_maskz_loadu_ps(mask, x + k);
     a0 = _mm512_fmadd_ps(W::load(w0 + k, mask), xv, a0);
     b0 = _mm512_fmadd_ps(W::load(w1 + k, mask), xv, b0);
@@ -184,21 +189,20 @@ DotFn<W> pair_for(int rows) {  // rows >= 4 (fewer rows: one weight row at a tim
 // Threads (torch's intra-op pool) split the weight rows.
 template <class W>
 void rows_times_weight(const float* x, int64_t M, int64_t K, const typename W::T* w, int64_t N, float* out) {
-  const int64_t fit = kL1Floats / K;  // rows of x that fit in L1 next to the weight row
-  const int chunk = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kChunk, fit)));
-  const int full = static_cast<int>(M / chunk), tail = static_cast<int>(M % chunk);
-  const DotFn<W> dot_full = dot_for<W>(chunk), dot_tail = dot_for<W>(tail);
-  // Software prefetch pays where a row takes long to compute (several rows of x, int8 conversions); with one
-  // float row the hardware prefetcher keeps up alone and the extra instructions cost ~20%.
-  if (M == 1) {  // two streams: rows n and n + half at once
+  if (M == 1) {  // rows n and n + half at once; the hardware prefetcher keeps up with one row of x alone
     at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
       const int64_t half = (n1 - n0) / 2;
-      for (int64_t n = n0; n < n0 + half; ++n) dot_two_streams<W>(w + n * K, w + (n + half) * K, x, K, out + n, out + n + half);
+      for (int64_t n = n0; n < n0 + half; ++n)
+        dot_two_streams<W>(w + n * K, w + (n + half) * K, x, K, out + n, out + n + half);
       for (int64_t n = n0 + 2 * half; n < n1; ++n) dot_rows<W, 1, 4>(w + n * K, x, K, out + n, N, 0);
     });
     return;
   }
-  const bool prefetch = M > 1 || sizeof(typename W::T) == 1;
+  const int64_t fit = kL1Floats / K;  // rows of x that fit in L1 next to the weight row
+  const int chunk = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kChunk, fit)));
+  const int full = static_cast<int>(M / chunk), tail = static_cast<int>(M % chunk);
+  const DotFn<W> dot_full = dot_for<W>(chunk), dot_tail = dot_for<W>(tail);
+  // From 2 rows of x a row takes long enough to compute that the hardware prefetcher falls behind: prefetch.
   const bool pairs = M >= 6 && chunk >= 4;  // two weight rows per pass (fewer rows: one at a time measured faster)
   const int step = pairs ? 2 : 1;
   const DotFn<W> pair_full = pairs ? pair_for<W>(chunk) : nullptr;
@@ -210,7 +214,7 @@ void rows_times_weight(const float* x, int64_t M, int64_t K, const typename W::T
     for (; n + step <= n1; n += step) {
       const typename W::T* row = w + n * K;
       // prefetch on the first pass over the row only (later chunks of x re-read it from L1)
-      const int64_t pf = prefetch && (n + step) * K + ahead + K <= N * K ? ahead : 0;
+      const int64_t pf = (n + step) * K + ahead + K <= N * K ? ahead : 0;
       for (int c = 0; c < full; ++c) {
         const float* xc = x + c * chunk * K;
         float* yc = out + c * chunk * N + n;
@@ -240,10 +244,6 @@ void rows_times_weight(const float* x, int64_t M, int64_t K, const typename W::T
 // into 16 float32 lanes in one instruction, with no conversion of the weight (the widening kernel above spends 3
 // instructions per 16 weights and falls short of the read bandwidth). Products of two bfloat16 are exact in float32.
 #define NEURONPACK_BF16_TARGET __attribute__((target("avx512bf16,avx512bw,avx512vl,avx512f")))
-
-NEURONPACK_BF16_TARGET inline __m512 bf16_dot(__m512 acc, const uint16_t* a, const uint16_t* b) {
-  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
-}
 
 NEURONPACK_BF16_TARGET inline __m512 bf16_dot(__m512 acc, const uint16_t* a, const uint16_t* b, __mmask32 m) {
   return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(m, a), (__m512bh)_mm512_maskz_loadu_epi16(m, b));
