@@ -47,18 +47,17 @@ _loaded: list[Path] = []
 def load_kernels(library: Path | None = None) -> None:
     """Register the ``torch.ops.neuronpack`` ops in this process from ``library`` (default: this machine's build,
     built first if missing). Idempotent: once a library is loaded, later calls change nothing."""
+    if library is not None and not Path(library).is_file():  # checked even when another library serves already
+        raise ArtifactError(f"{LIBRARY_NAME} is missing: the graphs call its kernels", where=str(Path(library).parent),
+                            fix="recompile the artifact (neuronpack compile --force)")
     if _loaded:
         return
     import torch
 
-    if library is None:
-        library = machine_library()
-    elif not Path(library).is_file():
-        raise ArtifactError("the kernel library is missing", where=str(library),
-                            fix="recompile the artifact (neuronpack compile --force)")
+    library = Path(library) if library is not None else machine_library()
     torch.ops.load_library(str(library))
     _register_shapes()
-    _loaded.append(Path(library))
+    _loaded.append(library)
 
 
 def machine_library() -> Path:

@@ -12,6 +12,8 @@ Example::
 
 from __future__ import annotations
 
+from neuronpack.kernels import LIBRARY_NAME
+
 FORMAT = "neuronpack-torch"
 # 1: one static graph per bucket; 2: one dynamic graph per kind, decode over active rows only; 3: functional
 # per-layer graphs (weights as inputs, the new K/V returned, not written) + a head graph, for every kind of step;
@@ -22,7 +24,7 @@ GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")
 NEURON_CONFIG = "neuron_config.json"
-KERNELS_LIBRARY = "neuronpack_kernels.so"  # with linear_kernels: the kernels the graphs call (neuronpack/kernels)
+KERNELS_LIBRARY = LIBRARY_NAME  # with linear_kernels: the artifact's copy of the kernels its graphs call
 LAYER_STEP, LAYER_DECODE, HEAD = "layer_step", "layer_decode", "head"
 DRAFT_STEP, DRAFT_HEAD = "draft_step", "draft_head"  # an EAGLE artifact's draft graphs (draft_graphs.py)
 DRAFT_GRAPHS = (DRAFT_STEP, DRAFT_HEAD)

@@ -103,11 +103,7 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
     if config.get("linear_kernels"):  # before the graphs load: they call the kernels' ops by name
         from neuronpack.models.linear_kernels import use_kernels
 
-        library = artifact_dir / L.KERNELS_LIBRARY
-        if not library.is_file():
-            raise ArtifactError(f"{L.KERNELS_LIBRARY} is missing: the graphs call its kernels", where=str(artifact_dir),
-                                fix="recompile the artifact (neuronpack compile --force)")
-        use_kernels(model, library=library)
+        use_kernels(model, library=artifact_dir / L.KERNELS_LIBRARY)  # refuses an artifact without its copy
     with reporter.task(f"load graphs ({config['compiler']})", total=len(config["graphs"])) as task:
         runners = load_runners(artifact_dir / GRAPHS_FILE, config, task)
     return CompiledLM(config, model, runners, _eos_token_ids(artifact_dir))
