@@ -30,17 +30,20 @@ MADV_HUGEPAGE = 14
 
 def move_to_arena(module: nn.Module) -> None:
     """Copy every parameter and buffer of ``module`` into one arena and point the module at the copies, in place.
-    Tensors sharing storage (a tied LM head) stay shared."""
+    Tensors sharing storage (a tied LM head) stay one tensor (one Parameter object, as ``tie_weights`` left them)."""
     slots = [(mod, kind, name, t) for mod in module.modules() for kind in ("_parameters", "_buffers")
              for name, t in getattr(mod, kind).items() if t is not None and t.device.type == "cpu"]
     unique: dict[tuple, Tensor] = {}
     for _, _, _, t in slots:
         unique.setdefault(_identity(t), t)
     homes = dict(zip(unique, arena_copies(list(unique.values())), strict=True))
+    params: dict[tuple, nn.Parameter] = {}
     for mod, kind, name, t in slots:
-        home = homes[_identity(t)]
-        getattr(mod, kind)[name] = nn.Parameter(home, requires_grad=False) if kind == "_parameters" else home
-    _retie(module)
+        key = _identity(t)
+        if kind == "_parameters":
+            getattr(mod, kind)[name] = params.setdefault(key, nn.Parameter(homes[key], requires_grad=False))
+        else:
+            getattr(mod, kind)[name] = homes[key]
 
 
 def arena_copies(tensors: list[Tensor]) -> list[Tensor]:
@@ -61,18 +64,6 @@ def arena_copies(tensors: list[Tensor]) -> list[Tensor]:
 
 def _identity(t: Tensor) -> tuple[int, int, torch.dtype, tuple[int, ...]]:
     return t.data_ptr(), t.numel(), t.dtype, tuple(t.shape)
-
-
-def _retie(module: nn.Module) -> None:
-    """One Parameter object again for parameters that were one before the move (``tie_weights`` semantics)."""
-    seen: dict[int, nn.Parameter] = {}
-    for mod in module.modules():
-        for name, p in mod._parameters.items():
-            if p is None:
-                continue
-            first = seen.setdefault(p.data_ptr(), p)
-            if first is not p and first.shape == p.shape and first.dtype == p.dtype:
-                mod._parameters[name] = first
 
 
 def huge_page_arena(nbytes: int) -> Tensor:
