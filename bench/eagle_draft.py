@@ -32,8 +32,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the EAGLE checkpoint layout, one place
 from _common import save_bar_plot, save_results  # noqa: E402
 from decode import smollm2_checkpoint  # noqa: E402
+
+from tests.convert.eagle_fixtures import layer_shapes  # noqa: E402
 
 K, KEPT, PROMPT_LEN = 4, 3, 64
 
@@ -55,13 +58,7 @@ def make_draft(target: Path, layout: str, out: Path) -> Path:
     eagle3 = layout == "eagle3"
     prefix, attn_in = ("midlayer", 2 * h) if eagle3 else ("layers.0", h)
     shapes = {
-        f"{prefix}.self_attn.q_proj.weight": (heads * hd, attn_in),
-        f"{prefix}.self_attn.k_proj.weight": (kv * hd, attn_in),
-        f"{prefix}.self_attn.v_proj.weight": (kv * hd, attn_in),
-        f"{prefix}.self_attn.o_proj.weight": (h, heads * hd),
-        f"{prefix}.mlp.gate_proj.weight": (inter, h),
-        f"{prefix}.mlp.up_proj.weight": (inter, h),
-        f"{prefix}.mlp.down_proj.weight": (h, inter),
+        **layer_shapes(prefix, h, hd, attn_in, heads=heads, kv_heads=kv, intermediate=inter),
         f"{prefix}.post_attention_layernorm.weight": (h,),
     }
     if eagle3:

@@ -34,7 +34,7 @@ def eagle1_tensors(hidden: int, vocab: int, *, fc_bias: bool, dtype, input_norm:
     shapes = {
         "embed_tokens.weight": (vocab, hidden),
         "fc.weight": (hidden, 2 * hidden),
-        **_layer_shapes("layers.0", hidden, head_dim),
+        **layer_shapes("layers.0", hidden, head_dim),
         "layers.0.post_attention_layernorm.weight": (hidden,),
     }
     if fc_bias:
@@ -54,7 +54,7 @@ def eagle3_tensors(hidden: int, vocab: int, draft_vocab: int, *, dtype, seed: in
     head_dim = hidden // HEADS
     shapes = {
         "fc.weight": (hidden, 3 * hidden),
-        **_layer_shapes("midlayer", hidden, head_dim, attn_in=2 * hidden),
+        **layer_shapes("midlayer", hidden, head_dim, attn_in=2 * hidden),
         "midlayer.hidden_norm.weight": (hidden,),
         "midlayer.input_layernorm.weight": (hidden,),
         "midlayer.post_attention_layernorm.weight": (hidden,),
@@ -71,16 +71,18 @@ def eagle3_tensors(hidden: int, vocab: int, draft_vocab: int, *, dtype, seed: in
     return tensors
 
 
-def _layer_shapes(prefix: str, hidden: int, head_dim: int, attn_in: int | None = None) -> dict:
+def layer_shapes(prefix: str, hidden: int, head_dim: int, attn_in: int | None = None, *, heads: int = HEADS,
+                 kv_heads: int = KV_HEADS, intermediate: int = INTERMEDIATE) -> dict:
+    """{name: shape} of a draft decoder layer's projections (``attn_in``: q/k/v input width, 2H in EAGLE-3)."""
     attn_in = attn_in or hidden
     return {
-        f"{prefix}.self_attn.q_proj.weight": (HEADS * head_dim, attn_in),
-        f"{prefix}.self_attn.k_proj.weight": (KV_HEADS * head_dim, attn_in),
-        f"{prefix}.self_attn.v_proj.weight": (KV_HEADS * head_dim, attn_in),
-        f"{prefix}.self_attn.o_proj.weight": (hidden, HEADS * head_dim),
-        f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE, hidden),
-        f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE, hidden),
-        f"{prefix}.mlp.down_proj.weight": (hidden, INTERMEDIATE),
+        f"{prefix}.self_attn.q_proj.weight": (heads * head_dim, attn_in),
+        f"{prefix}.self_attn.k_proj.weight": (kv_heads * head_dim, attn_in),
+        f"{prefix}.self_attn.v_proj.weight": (kv_heads * head_dim, attn_in),
+        f"{prefix}.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        f"{prefix}.mlp.gate_proj.weight": (intermediate, hidden),
+        f"{prefix}.mlp.up_proj.weight": (intermediate, hidden),
+        f"{prefix}.mlp.down_proj.weight": (hidden, intermediate),
     }
 
 
