@@ -5,18 +5,22 @@ Text that comes from the domain (error lines, warnings, file names, table cells)
 "remove [speculation]" must not lose its brackets.
 
 rich is imported when something is printed or a progress bar shown, not at start-up: a ``--quiet --format json`` run
-(CI, scripts) never needs it, and importing it is ~20 ms of every command's start-up."""
+(CI, scripts) never needs it, and importing it is ~20 ms of every command's start-up. Lines printed with
+``LazyConsole.line`` (info lines, warnings, errors) do not import it either where rich would print their characters
+unchanged (not a terminal: a pipe, a log file, CI)."""
 
 from __future__ import annotations
 
+import builtins
 import functools
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import typer
 
@@ -54,6 +58,45 @@ class LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.get(), name)
 
+    def line(self, text: str, *, prefix: str = "", style: str = "") -> None:
+        """Print ``text`` verbatim (no markup, no highlighting, never wrapped) as one line, after ``prefix`` and a
+        space when given (``style``: the prefix's rich style on a terminal).
+
+        Where rich would write the characters unchanged, they are written without importing rich: the console is
+        not a terminal (see ``_verbatim_file``) and the line holds nothing rich transforms (``_VERBATIM``).
+
+        Example: ``stderr.line("the draft has no lm_head", prefix="warning:", style="yellow")``."""
+        plain = f"{prefix} {text}" if prefix else text
+        file = self._verbatim_file()
+        if file is not None and plain.isprintable() and "\\" not in plain and not _REPLACED.search(plain):
+            file.write(plain + "\n")
+            file.flush()  # as rich does after every print
+        elif prefix:
+            self.print(f"[{style}]{escape(prefix)}[/] {escape(text)}", highlight=False, soft_wrap=True)
+        else:
+            self.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def _verbatim_file(self) -> TextIO | None:
+        """The stream this console writes to when rich would write plain text to it as is: no console made yet with
+        options that change that, not a terminal (rich's own test: FORCE_COLOR or TTY_COMPATIBLE set, Jupyter and
+        IDLE are left to rich); else None."""
+        if self._console is not None or not set(self._options) <= {"stderr", "highlight", "soft_wrap"}:
+            return None
+        if "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ or hasattr(builtins, "get_ipython"):
+            return None
+        if getattr(sys.stdin, "__module__", "").startswith("idlelib"):
+            return None
+        file = sys.stderr if self._options.get("stderr") else sys.stdout
+        try:
+            return None if file.isatty() else file
+        except (AttributeError, ValueError):  # no isatty, or a closed stream: rich decides
+            return None
+
+
+# What rich changes in text it prints even when it does not style it: emoji codes (":smile:"), and escaped markup
+# around a backslash; non-printable characters (tabs, control codes) are checked apart (str.isprintable).
+_REPLACED = re.compile(r":\S*:")
+
 
 stderr = LazyConsole(stderr=True, highlight=False)
 stdout = LazyConsole(highlight=False, soft_wrap=True)
@@ -85,7 +128,7 @@ def handle_errors(fn: F) -> F:
         except NeuronpackError as exc:
             if debug_enabled():
                 raise
-            stderr.print(f"[bold red]error:[/] {escape(exc.one_line())}", markup=True, highlight=False, soft_wrap=True)
+            stderr.line(exc.one_line(), prefix="error:", style="bold red")
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             stderr.print("interrupted")
@@ -169,8 +212,8 @@ class RichReporter:
 
     def info(self, message: str) -> None:
         if not self.quiet:
-            stderr.print(message, markup=False, highlight=False, soft_wrap=True)
+            stderr.line(message)
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
-        stderr.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        stderr.line(message, prefix="warning:", style="yellow")

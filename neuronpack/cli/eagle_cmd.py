@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -47,6 +48,10 @@ def convert_eagle_command(
     """
     from neuronpack.convert.eagle import convert_eagle
 
+    # numpy casts the head, element-wise: its BLAS is never used, but OpenBLAS starts a thread per core when numpy is
+    # imported, and they spin for a while (~60 ms of CPU on the 2-core build machine, taken from the copies). A
+    # process of its own: nothing else here uses BLAS; a user's own setting is kept.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     reporter = RichReporter(quiet=quiet, progress=progress)
     result = convert_eagle(draft, target, out, dtype=dtype.value, overwrite_head=overwrite_head, reporter=reporter)
     if not quiet and output_format is OutputFormat.text:
@@ -64,4 +69,4 @@ def _print_summary(result: EagleResult) -> None:
     hints = ", ".join(f"{k}={str(v).lower()}" for k, v in result.nxd_hints.items())
     lines.append(f"NxDI hints: {hints}")
     for line in lines:
-        stderr.print(line, markup=False, highlight=False, soft_wrap=True)
+        stderr.line(line)
