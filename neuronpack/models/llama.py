@@ -126,17 +126,35 @@ class Attention(nn.Module):
         k = apply_rope(k, cos[:, :, None, :], sin[:, :, None, :]).transpose(1, 2)  # [B, kv, T, hd]
         q = q.permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)  # fold: [B, kv, g*T, hd]
         scale = 1.0 / math.sqrt(hd)
-        scores = ((q @ k.transpose(-1, -2)) * scale).float().masked_fill(~masks.new, float("-inf"))  # [B,kv,gT,T]
+        one = isinstance(t, int) and t == 1  # a decode step (static T = 1): products as fused loops, see _scores
+        scores = (_scores(q, k, one) * scale).float().masked_fill(~masks.new, float("-inf"))  # [B,kv,gT,T]
         if k_past is None:
-            out = torch.softmax(scores, dim=-1).to(v.dtype) @ v
+            out = _weighted(torch.softmax(scores, dim=-1).to(v.dtype), v, one)
         else:  # one softmax over [cached keys, own keys]; the cache is read in place, never concatenated
             n_past = masks.past.shape[-1]
             k_past, v_past = k_past[:, :, :n_past], v_past[:, :, :n_past]
-            past = ((q @ k_past.transpose(-1, -2)) * scale).float().masked_fill(~masks.past, float("-inf"))
+            past = (_scores(q, k_past, one) * scale).float().masked_fill(~masks.past, float("-inf"))
             probs = torch.softmax(torch.cat((past, scores), dim=-1), dim=-1).to(v.dtype)
-            out = probs[..., :n_past] @ v_past + probs[..., n_past:] @ v
+            out = _weighted(probs[..., :n_past], v_past, one) + _weighted(probs[..., n_past:], v, one)
         out = out.view(b, kv, g, t, hd)  # [B, kv, g, T, hd]
         return project(self.o_proj, out.permute(0, 3, 1, 2, 4).reshape(b, t, kv * g * hd), lora), k, v
+
+
+def _scores(q: Tensor, k: Tensor, one_token: bool) -> Tensor:
+    """q [B, kv, gT, hd] @ k [B, kv, L, hd].T -> [B, kv, gT, L] in q's dtype. For one token per row (a decode step)
+    as a broadcast product summed over hd, which the compiler fuses into one loop over the cache: a matmul call per
+    layer costs more than it computes there (bfloat16 ``bmm`` ~30 us on CPU). Float32 accumulation rounded once to
+    the dtype, as a bfloat16 matmul does."""
+    if one_token:
+        return (q.float()[..., :, None, :] * k.float()[..., None, :, :]).sum(-1).to(q.dtype)
+    return q @ k.transpose(-1, -2)
+
+
+def _weighted(p: Tensor, v: Tensor, one_token: bool) -> Tensor:
+    """p [B, kv, gT, L] @ v [B, kv, L, hd] -> [B, kv, gT, hd] (see ``_scores``)."""
+    if one_token:
+        return (p.float()[..., :, :, None] * v.float()[..., None, :, :]).sum(-2).to(v.dtype)
+    return p @ v
 
 
 class MLP(nn.Module):

@@ -32,19 +32,19 @@ def _relative_error(y: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> 
     return ((y.float() - ref).abs() / scale.clamp_min(1e-6)).max().item()
 
 
-@pytest.fixture(params=["bf16 dot", "widening"])
-def bf16_kernel(request):
-    """bfloat16 weights run vdpbf16ps on CPUs with AVX512_BF16, else the widening kernel: test both here (the
-    setting holds for the whole hypothesis run of a test)."""
-    before = torch.ops.neuronpack.set_bf16_dot(request.param == "bf16 dot")
+@pytest.fixture(params=["dot products", "widening"])
+def dot_products(request):
+    """bfloat16 weights run vdpbf16ps on CPUs with AVX512_BF16 and int8 weights vpdpwssd on AVX512_VNNI, else the
+    widening kernels: test both here (the setting holds for the whole hypothesis run of a test)."""
+    before = torch.ops.neuronpack.set_dot_products(request.param == "dot products")
     yield request.param
-    torch.ops.neuronpack.set_bf16_dot(before)
+    torch.ops.neuronpack.set_dot_products(before)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 20), k=st.integers(1, 200), n=st.integers(1, 70), bias=st.booleans(),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]))
-def test_linear_matches_f_linear(bf16_kernel, rows, k, n, bias, dtype):
+def test_linear_matches_f_linear(dot_products, rows, k, n, bias, dtype):
     gen = torch.Generator().manual_seed(rows * 1000 + k * 7 + n)
     x = torch.randn(rows, k, generator=gen).to(dtype)
     w = torch.randn(n, k, generator=gen).to(dtype)
@@ -56,10 +56,10 @@ def test_linear_matches_f_linear(bf16_kernel, rows, k, n, bias, dtype):
     assert _relative_error(y, ref, scale) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 20), k=st.integers(1, 200), n=st.integers(1, 70), bias=st.booleans(),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]), per_tensor=st.booleans())
-def test_linear_int8_matches_the_reference(rows, k, n, bias, dtype, per_tensor):
+def test_linear_int8_matches_the_reference(dot_products, rows, k, n, bias, dtype, per_tensor):
     gen = torch.Generator().manual_seed(rows * 1000 + k * 7 + n)
     x = torch.randn(rows, k, generator=gen).to(dtype)
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
@@ -72,6 +72,25 @@ def test_linear_int8_matches_the_reference(rows, k, n, bias, dtype, per_tensor):
     magnitude = magnitude + b.float().abs() if b is not None else magnitude
     assert y.dtype == dtype and y.shape == (rows, n)
     assert _relative_error(y, ref, magnitude) < (1e-5 if dtype == torch.float32 else 2e-2)
+
+
+def test_int8_one_row_long_rows_and_non_finite_values(dot_products):
+    """One row of x (vpdpwssd on AVX512_VNNI: x split into two int16 rows) over rows longer than one int32
+    accumulation block (4096), large and tiny magnitudes, and inf / NaN (which take the float kernel) all give the
+    float32 reference's result."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randint(-127, 128, (37, 9000), dtype=torch.int8, generator=gen)
+    scale = torch.rand(37, 1, generator=gen) / 50
+    for x in (torch.randn(1, 9000, generator=gen) * 1e4, torch.randn(1, 9000, generator=gen) * 1e-6,
+              torch.zeros(1, 9000)):
+        ref = (x @ w.float().T) * scale.reshape(1, -1)
+        magnitude = (x.abs() @ w.float().abs().T) * scale.reshape(1, -1)
+        assert _relative_error(torch.ops.neuronpack.linear_int8(x, w, scale), ref, magnitude) < 1e-5
+    x = torch.randn(1, 9000, generator=gen)
+    x[0, 5] = float("inf")
+    x[0, 7] = float("nan")
+    y = torch.ops.neuronpack.linear_int8(x, w, scale)
+    assert torch.isnan(y).all()
 
 
 def test_leading_dims_threads_and_large_shapes():

@@ -18,8 +18,9 @@ FORMAT = "neuronpack-torch"
 # 1: one static graph per bucket; 2: one dynamic graph per kind, decode over active rows only; 3: functional
 # per-layer graphs (weights as inputs, the new K/V returned, not written) + a head graph, for every kind of step;
 # 4: with ``packed_linears`` the graphs took the float linears' weights oneDNN-packed; 5: plain weights again, and
-# with ``linear_kernels`` the graphs' linears call neuronpack's decode kernels (torch.ops.neuronpack.*)
-FORMAT_VERSION = 5
+# with ``linear_kernels`` the graphs' linears call neuronpack's decode kernels (torch.ops.neuronpack.*); 6: the decode
+# layer graph computes attention as fused loops (no bmm calls), and int8 one-row linears use vpdpwssd
+FORMAT_VERSION = 6
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")
