@@ -96,11 +96,11 @@ def _library_path() -> Path:
 
 
 def _build_digest() -> str:
-    """The source, the torch build it links against, the compiler and the target ISA flags."""
+    """The source, the torch build it links against, the compiler and its flags."""
     import torch
 
     h = hashlib.sha256(SOURCE.read_bytes())
-    for part in (torch.__version__, torch.__file__, _compiler(), platform.machine(), *_isa_flags()):
+    for part in (torch.__version__, torch.__file__, _compiler(), platform.machine(), *_code_flags()):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:24]
 
@@ -116,6 +116,13 @@ def _isa_flags() -> list[str]:
     if capability.startswith("AVX512"):
         return ["-march=x86-64-v4", "-mtune=generic"]
     return ["-march=x86-64-v3", "-mtune=generic"] if capability == "AVX2" else []
+
+
+def _code_flags() -> list[str]:
+    """The flags that decide the code: the ISA, and OpenMP, without which ``at::parallel_for`` (an inline template
+    here, as in torch's OpenMP build) runs every linear on one thread whatever ``torch.set_num_threads`` says. The
+    library then uses the ``libgomp.so.1`` torch already loaded (same soname): one thread pool and thread count."""
+    return ["-O3", *_isa_flags(), "-std=c++17", "-fopenmp"]
 
 
 def _compiler() -> str:
@@ -135,7 +142,7 @@ def _build(library: Path) -> None:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         out = Path(tmp) / library.name
-        command = [_compiler(), "-O3", *_isa_flags(), "-std=c++17", "-shared", "-fPIC", "-w",
+        command = [_compiler(), *_code_flags(), "-shared", "-fPIC", "-w",
                    f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=neuronpack_kernels",
                    *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE), "-o", str(out),
                    *(f"-L{p}" for p in cpp_extension.library_paths()), "-lc10", "-ltorch_cpu", "-ltorch",

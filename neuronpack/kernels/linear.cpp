@@ -68,68 +68,70 @@ inline void prefetch_line(const typename W::T* w, int64_t k, int64_t pf) {
     _mm_prefetch(reinterpret_cast<const char*>(w + k + pf), _MM_HINT_T1);
 }
 
-// y[m * ldy] = dot(w_row, x[m * K ...]) for MB rows of x (float32, contiguous [MB, K]). U accumulators per row of x
-// keep the FMA chains independent when MB is small.
+// y[m * ldy] (+)= dot(w[0..len), x[m * ld ...]) for MB rows of x (float32, rows ld apart; ``add``: accumulate into
+// y, for a block of K after the first). U accumulators per row of x keep the FMA chains independent when MB is small.
 template <class W, int MB, int U>
-inline void dot_rows(const typename W::T* w, const float* x, int64_t K, float* y, int64_t ldy, int64_t pf) {
+inline void dot_rows(const typename W::T* w, const float* x, int64_t ld, int64_t len, float* y, int64_t ldy,
+                     int64_t pf, bool add) {
   __m512 acc[MB][U];
   for (int m = 0; m < MB; ++m)
     for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + 16 * U <= K; k += 16 * U) {
+  for (; k + 16 * U <= len; k += 16 * U) {
     if (pf) prefetch_line<W>(w, k, pf);
     for (int u = 0; u < U; ++u) {
       const __m512 wv = W::load(w + k + 16 * u);
       for (int m = 0; m < MB; ++m)
-        acc[m][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * K + k + 16 * u), acc[m][u]);
+        acc[m][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * ld + k + 16 * u), acc[m][u]);
     }
   }
-  for (; k < K; k += 16) {
-    const __mmask16 mask = tail_mask16(K - k);
+  for (; k < len; k += 16) {
+    const __mmask16 mask = tail_mask16(len - k);
     const __m512 wv = W::load(w + k, mask);
     for (int m = 0; m < MB; ++m)
-      acc[m][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + m * K + k), acc[m][0]);
+      acc[m][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + m * ld + k), acc[m][0]);
   }
   for (int m = 0; m < MB; ++m) {
     __m512 s = acc[m][0];
     for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[m][u]);
-    y[m * ldy] = _mm512_reduce_add_ps(s);
+    y[m * ldy] = (add ? y[m * ldy] : 0.f) + _mm512_reduce_add_ps(s);
   }
 }
 
 // The same for two adjacent weight rows at once (y[m * ldy] and y[m * ldy + 1]): each load of x feeds two FMAs,
 // which is what bounds many rows of x (8 rows: 9 loads per 8 FMAs with one weight row, 10 per 16 with two).
 template <class W, int MB>
-inline void dot_rows_pair(const typename W::T* w, const float* x, int64_t K, float* y, int64_t ldy, int64_t pf) {
-  const typename W::T* w1 = w + K;
+inline void dot_rows_pair(const typename W::T* w, const float* x, int64_t ld, int64_t len, float* y, int64_t ldy,
+                          int64_t pf, bool add) {
+  const typename W::T* w1 = w + ld;
   __m512 a[MB], b[MB];
   for (int m = 0; m < MB; ++m) a[m] = b[m] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
+  for (; k + 16 <= len; k += 16) {
     if (pf) {
       prefetch_line<W>(w, k, pf);
       prefetch_line<W>(w1, k, pf);
     }
     const __m512 v0 = W::load(w + k), v1 = W::load(w1 + k);
     for (int m = 0; m < MB; ++m) {
-      __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      __m512 xv = _mm512_loadu_ps(x + m * ld + k);
       __asm__("" : "+v"(xv));  // one load of x into a register for both FMAs (not folded into each FMA: 2 loads)
       a[m] = _mm512_fmadd_ps(v0, xv, a[m]);
       b[m] = _mm512_fmadd_ps(v1, xv, b[m]);
     }
   }
-  if (k < K) {
-    const __mmask16 mask = tail_mask16(K - k);
+  if (k < len) {
+    const __mmask16 mask = tail_mask16(len - k);
     const __m512 v0 = W::load(w + k, mask), v1 = W::load(w1 + k, mask);
     for (int m = 0; m < MB; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * ld + k);
       a[m] = _mm512_fmadd_ps(v0, xv, a[m]);
       b[m] = _mm512_fmadd_ps(v1, xv, b[m]);
     }
   }
   for (int m = 0; m < MB; ++m) {
-    y[m * ldy] = _mm512_reduce_add_ps(a[m]);
-    y[m * ldy + 1] = _mm512_reduce_add_ps(b[m]);
+    y[m * ldy] = (add ? y[m * ldy] : 0.f) + _mm512_reduce_add_ps(a[m]);
+    y[m * ldy + 1] = (add ? y[m * ldy + 1] : 0.f) + _mm512_reduce_add_ps(b[m]);
   }
 }
 
@@ -157,7 +159,7 @@ inline void dot_two_streams(const typename W::T* w0, const typename W::T* w1, co
 }
 
 template <class W>
-using DotFn = void (*)(const typename W::T*, const float*, int64_t, float*, int64_t, int64_t);
+using DotFn = void (*)(const typename W::T*, const float*, int64_t, int64_t, float*, int64_t, int64_t, bool);
 
 template <class W>
 DotFn<W> dot_for(int rows) {
@@ -194,12 +196,15 @@ void rows_times_weight(const float* x, int64_t M, int64_t K, const typename W::T
       const int64_t half = (n1 - n0) / 2;
       for (int64_t n = n0; n < n0 + half; ++n)
         dot_two_streams<W>(w + n * K, w + (n + half) * K, x, K, out + n, out + n + half);
-      for (int64_t n = n0 + 2 * half; n < n1; ++n) dot_rows<W, 1, 4>(w + n * K, x, K, out + n, N, 0);
+      for (int64_t n = n0 + 2 * half; n < n1; ++n) dot_rows<W, 1, 4>(w + n * K, x, K, K, out + n, N, 0, false);
     });
     return;
   }
-  const int64_t fit = kL1Floats / K;  // rows of x that fit in L1 next to the weight row
-  const int chunk = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kChunk, fit)));
+  // Blocks of K small enough that every row of x fits in L1 for the block (kL1Floats): each weight row's block is
+  // dotted with every row of x from L1. Without blocks, rows of x longer than L1 holds (8 rows of 1536: 48 KiB) are
+  // re-read from L2 for every weight row, and 8 rows cost 2.8x one row instead of 1.4x.
+  const int64_t block = M * K <= kL1Floats ? K : std::max<int64_t>(64, kL1Floats / M / 16 * 16);
+  const int chunk = static_cast<int>(std::min<int64_t>(kChunk, M));
   const int full = static_cast<int>(M / chunk), tail = static_cast<int>(M % chunk);
   const DotFn<W> dot_full = dot_for<W>(chunk), dot_tail = dot_for<W>(tail);
   // From 2 rows of x a row takes long enough to compute that the hardware prefetcher falls behind: prefetch.
@@ -207,37 +212,43 @@ void rows_times_weight(const float* x, int64_t M, int64_t K, const typename W::T
   const int step = pairs ? 2 : 1;
   const DotFn<W> pair_full = pairs ? pair_for<W>(chunk) : nullptr;
   const DotFn<W> pair_tail = pairs && tail >= 4 ? pair_for<W>(tail) : nullptr;
-  // elements ahead: the same place two steps (row pairs) on, at least kPrefetchBytes; clamped to the weight's end
-  const int64_t ahead = std::max<int64_t>(kPrefetchBytes / static_cast<int64_t>(sizeof(typename W::T)), 2 * step * K);
-  at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
-    int64_t n = n0;
-    for (; n + step <= n1; n += step) {
-      const typename W::T* row = w + n * K;
-      // prefetch on the first pass over the row only (later chunks of x re-read it from L1)
-      const int64_t pf = (n + step) * K + ahead + K <= N * K ? ahead : 0;
-      for (int c = 0; c < full; ++c) {
-        const float* xc = x + c * chunk * K;
-        float* yc = out + c * chunk * N + n;
-        const int64_t pfc = c == 0 ? pf : 0;
-        if (pairs) pair_full(row, xc, K, yc, N, pfc); else dot_full(row, xc, K, yc, N, pfc);
-      }
-      if (tail) {
-        const float* xc = x + full * chunk * K;
-        float* yc = out + full * chunk * N + n;
-        const int64_t pft = full == 0 ? pf : 0;
-        if (pair_tail) pair_tail(row, xc, K, yc, N, pft);
-        else {
-          dot_tail(row, xc, K, yc, N, pft);
-          if (pairs) dot_tail(row + K, xc, K, yc + 1, N, pft);
+  // elements ahead: the same place (row and block offset) two or more steps on, at least kPrefetchBytes
+  const int64_t per_step = step * K, min_ahead = kPrefetchBytes / static_cast<int64_t>(sizeof(typename W::T));
+  const int64_t ahead = per_step * std::max<int64_t>(2, (min_ahead + per_step - 1) / per_step);
+  for (int64_t kb = 0; kb < K; kb += block) {
+    const int64_t len = std::min(block, K - kb);
+    const bool add = kb > 0;
+    const float* xb = x + kb;
+    at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
+      int64_t n = n0;
+      for (; n + step <= n1; n += step) {
+        const typename W::T* row = w + n * K + kb;
+        // prefetch on the first pass over the row only (later chunks of x re-read it from L1); not past the end
+        const int64_t pf = (n + step) * K + ahead + K <= N * K ? ahead : 0;
+        for (int c = 0; c < full; ++c) {
+          const float* xc = xb + c * chunk * K;
+          float* yc = out + c * chunk * N + n;
+          const int64_t pfc = c == 0 ? pf : 0;
+          if (pairs) pair_full(row, xc, K, len, yc, N, pfc, add); else dot_full(row, xc, K, len, yc, N, pfc, add);
+        }
+        if (tail) {
+          const float* xc = xb + full * chunk * K;
+          float* yc = out + full * chunk * N + n;
+          const int64_t pft = full == 0 ? pf : 0;
+          if (pair_tail) pair_tail(row, xc, K, len, yc, N, pft, add);
+          else {
+            dot_tail(row, xc, K, len, yc, N, pft, add);
+            if (pairs) dot_tail(row + K, xc, K, len, yc + 1, N, pft, add);
+          }
         }
       }
-    }
-    for (; n < n1; ++n) {  // an odd last row
-      const typename W::T* row = w + n * K;
-      for (int c = 0; c < full; ++c) dot_full(row, x + c * chunk * K, K, out + c * chunk * N + n, N, 0);
-      if (tail) dot_tail(row, x + full * chunk * K, K, out + full * chunk * N + n, N, 0);
-    }
-  });
+      for (; n < n1; ++n) {  // an odd last row
+        const typename W::T* row = w + n * K + kb;
+        for (int c = 0; c < full; ++c) dot_full(row, xb + c * chunk * K, K, len, out + c * chunk * N + n, N, 0, add);
+        if (tail) dot_tail(row, xb + full * chunk * K, K, len, out + full * chunk * N + n, N, 0, add);
+      }
+    });
+  }
 }
 
 // bfloat16 weights and bfloat16 rows of x on CPUs with AVX512_BF16: vdpbf16ps multiplies 32 pairs and adds them

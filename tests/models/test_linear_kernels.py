@@ -93,6 +93,29 @@ def test_int8_one_row_long_rows_and_non_finite_values(dot_products):
     assert torch.isnan(y).all()
 
 
+@pytest.mark.parametrize(("rows", "k"), [(8, 1536), (16, 1000), (6, 4099)])
+def test_rows_longer_than_l1_holds_run_in_blocks(dot_products, rows, k):
+    """Rows of x that do not all fit in L1 (rows * k > 6144 floats) are dotted a block of k at a time and summed:
+    float32, bfloat16 (widening) and int8 weights give the reference's result, with and without bias."""
+    gen = torch.Generator().manual_seed(rows + k)
+    x = torch.randn(rows, k, generator=gen)
+    w = torch.randn(67, k, generator=gen)
+    b = torch.randn(67, generator=gen)
+    for bias in (None, b):
+        ref = F.linear(x, w, bias)
+        magnitude = F.linear(x.abs(), w.abs(), None if bias is None else bias.abs())
+        assert _relative_error(torch.ops.neuronpack.linear(x, w, bias), ref, magnitude) < 1e-5
+        xb, wb = x.bfloat16(), w.bfloat16()
+        ref = F.linear(xb.float(), wb.float(), None if bias is None else bias.bfloat16().float())
+        y = torch.ops.neuronpack.linear(xb, wb, None if bias is None else bias.bfloat16())
+        assert _relative_error(y, ref, magnitude) < 1e-2
+    q = torch.randint(-127, 128, (67, k), dtype=torch.int8, generator=gen)
+    scale = torch.rand(67, 1, generator=gen) / 50
+    ref = (x @ q.float().T) * scale.reshape(1, -1)
+    magnitude = (x.abs() @ q.float().abs().T) * scale.reshape(1, -1)
+    assert _relative_error(torch.ops.neuronpack.linear_int8(x, q, scale), ref, magnitude) < 1e-5
+
+
 def test_leading_dims_threads_and_large_shapes():
     """[b, T, in] inputs, SmolLM2-sized weights, and two threads splitting the weight rows give F.linear's result."""
     gen = torch.Generator().manual_seed(0)
