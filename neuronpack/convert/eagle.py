@@ -198,23 +198,26 @@ class _TensorStream:
                     continue
                 rows = ckpt.get_rows(spec.source_name, start, stop) if spec.shape else ckpt.get(spec.source_name)
                 rows = _cast(spec, rows)
-                if spec.name == HEAD and self.head_identical:
+                if self._comparing(spec):
                     import torch
 
                     self.head_identical = torch.equal(rows, self.draft.get_rows(HEAD, start, stop))
                 yield spec.name, rows
 
+    def _comparing(self, spec: OutputTensor) -> bool:
+        """Whether the tensor is the head, still being compared with the draft's old one: it goes through torch
+        (torch.equal decides "identical")."""
+        return spec.name == HEAD and bool(self.head_identical)
+
     def _copied_as_stored(self, spec: OutputTensor, ckpt: Checkpoint) -> bool:
-        """Unchanged safetensors bytes are copied file to file: no torch, no pages of them in this process. A head
-        being compared with the draft's old one goes through torch (torch.equal decides "identical")."""
-        comparing = spec.name == HEAD and self.head_identical
-        return not spec.cast and not comparing and ckpt.format == "safetensors"
+        """Unchanged safetensors bytes are copied file to file: no torch, no pages of them in this process (not a
+        head being compared)."""
+        return not spec.cast and not self._comparing(spec) and ckpt.format == "safetensors"
 
     def _castable_without_torch(self, spec: OutputTensor, ckpt: Checkpoint) -> bool:
         """Whether rows of the tensor are cast on their stored bytes: not for a .bin source, a scalar or a head
-        being compared (torch.equal decides "identical")."""
-        comparing = spec.name == HEAD and self.head_identical
-        return spec.cast and not comparing and bool(spec.shape) and ckpt.format == "safetensors"
+        being compared."""
+        return spec.cast and not self._comparing(spec) and bool(spec.shape) and ckpt.format == "safetensors"
 
     def _cast_without_torch(self, spec: OutputTensor, ckpt: Checkpoint, start: int, stop: int) -> memoryview | None:
         """Rows of a safetensors tensor cast on their stored bytes (``float_cast``: numpy, bit for bit torch's cast),
