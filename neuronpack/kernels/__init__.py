@@ -7,7 +7,7 @@ Up to 16 rows of ``x`` run neuronpack's kernel, which reads each weight once at 
 read bandwidth; more rows (prefill) and CPUs without AVX-512 run ``at::linear``.
 
 The library is built for the CPU capability torch reports (AVX512: ``-march=x86-64-v4``, the same machines an
-AOTInductor artifact built here runs on) once per source, torch and compiler, into
+AOTInductor artifact built here runs on), with OpenMP, once per source, torch, compiler and flags, into
 ``$NEURONPACK_CACHE_DIR/kernels/<digest>/`` (~10 s, then reused). A portable artifact ships a copy
 (``neuronpack_kernels.so``) and its loader registers that one, so a serving machine needs no compiler.
 The first library a process loads serves it (every build implements the same two ops).
@@ -61,7 +61,7 @@ def load_kernels(library: Path | None = None) -> None:
 
 
 def machine_library() -> Path:
-    """This machine's build of the library (built now if this source, torch and compiler have none yet)."""
+    """This machine's build of the library (built now if this source, torch, compiler and flags have none yet)."""
     library = _library_path()
     if not library.exists():
         _build(library)

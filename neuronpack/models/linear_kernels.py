@@ -4,7 +4,8 @@ A decode step is almost all linears over a few rows. BLAS reads their weights at
 bandwidth at one row (MKL's GEMV and oneDNN's packed kernel alike, on one thread), and MKL slows down further from 2
 rows up; neuronpack's kernel reads each plain weight once, front to back, and dots it with every row while it is in
 the registers (SmolLM2-135M's 210 layer linears, 1 thread, Zen 4: bench/linears.py, docs/bench/linears.json).
-The weights stay plain tensors, memory-mapped from the checkpoint: no second, packed copy.
+The weights stay plain ``[out, in]`` tensors (in the loader's huge-page arena, models/weight_arena.py): no second,
+packed copy.
 
 ``use_kernels(module)`` flags every float ``Linear`` and ``Int8Linear`` of ``module`` (a loaded model, or the
 meta-device structure a graph is traced from: the flag is what export records, as calls to the op by name).

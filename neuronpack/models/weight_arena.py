@@ -3,10 +3,11 @@
 A decode step streams every weight once, and at one row it is bound by how fast the CPU reads them. Read through
 the checkpoint's file mapping (4 KiB page-cache pages) the layers' linears of SmolLM2-135M took 21.1 ms per step on
 one thread here; the same bytes in an arena the kernel backs with 2 MiB pages took 17.8 ms (the read-bandwidth bound
-is 17.6): fewer TLB misses, and the hardware prefetchers are not stopped at every 4 KiB boundary. The arena holds one
-copy: the file pages the weights were read from are handed back to the kernel (``MADV_PAGEOUT``), so resident memory
-stays one copy of the weights. Where the kernel does not offer huge pages (THP ``never``, non-Linux) the arena is
-ordinary anonymous memory and this changes nothing but where the bytes live.
+is 17.6): fewer TLB misses, and the hardware prefetchers are not stopped at every 4 KiB boundary. The arena holds the
+one copy the model uses: the module's tensors are replaced by their arena copies, so the checkpoint's tensors (and
+the file mapping they kept alive) are released once nothing else holds them. Where the kernel does not offer huge
+pages (THP ``never``, non-Linux) the arena is ordinary anonymous memory and this changes nothing but where the bytes
+live.
 
 Example::
 
