@@ -7,8 +7,9 @@
 // Inference's weight-only format, per-channel float32 scale) weights; accumulation in float32. One row of x reads
 // two weight rows far apart at once (two streams; int8: four, through vpdpwssd where the CPU has it); 2+ rows
 // prefetch into L2 ahead of the row being read, and rows of x too long to fit L1 together go a block of K at a
-// time; 6+ rows take two weight rows per pass (each load of x feeds two FMAs); bfloat16 uses vdpbf16ps where the CPU
-// has it. Threads (torch's OpenMP team) split the weight rows.
+// time; 6+ rows take two weight rows per pass (each load of x feeds two FMAs, and with 8 rows the 16 sums come out of
+// one shuffle tree); bfloat16 uses vdpbf16ps where the CPU has it, two weight rows per pass against 8 rows of x.
+// Threads (torch's OpenMP team) split the weight rows.
 // Measured in docs/portable-backend.md (bench/linears.py).
 //
 // More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs. Built for torch's CPU
