@@ -1,16 +1,20 @@
-"""neuronpack's own CPU kernels (linear.cpp: the decode linears), compiled with the C++ compiler torch uses.
+"""neuronpack's own CPU kernels (linear.cpp: the decode linears; attention.cpp: the decode attention; simd.h: what
+they share), compiled with the C++ compiler torch uses.
 
 ``load_kernels()`` registers ``torch.ops.neuronpack.linear(x, weight, bias=None)`` and
 ``torch.ops.neuronpack.linear_int8(x, weight, scale, bias=None)``: ``x @ weight.T`` (+ bias) with the result in
 ``x``'s dtype, for float32 / bfloat16 weights of ``x``'s dtype and for int8 weights with a float32 per-channel scale.
 Up to 16 rows of ``x`` run neuronpack's kernel, which reads each weight once at close to the machine's streaming
-read bandwidth; more rows (prefill) and CPUs without AVX-512 run ``at::linear``.
+read bandwidth; more rows (prefill) and CPUs without AVX-512 run ``at::linear``. It also registers
+``torch.ops.neuronpack.decode_attention(q, k, v, k_past, v_past, past, scale)``: one query token per row against its
+cached keys and values and its own (the formula ``models.llama.Attention`` runs in torch ops; see attention.cpp).
 
 The library is built for the CPU capability torch reports (AVX512: ``-march=x86-64-v4``, the same machines an
 AOTInductor artifact built here runs on), with OpenMP, once per source, torch, compiler and flags, into
 ``$NEURONPACK_CACHE_DIR/kernels/<digest>/`` (~10 s, then reused). A portable artifact ships a copy
 (``neuronpack_kernels.so``) and its loader registers that one, so a serving machine needs no compiler.
-The first library a process loads serves it (every build implements the same two ops).
+The first library a process loads serves it (every build of one neuronpack implements the same ops; an artifact of
+another format is refused before its copy loads).
 
 Example::
 
@@ -33,7 +37,8 @@ from pathlib import Path
 
 from neuronpack.errors import ArtifactError, NeuronpackError
 
-SOURCE = Path(__file__).with_name("linear.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.cpp", "attention.cpp"))
+HEADERS = (Path(__file__).with_name("simd.h"),)
 
 
 class KernelBuildError(NeuronpackError):
@@ -88,6 +93,10 @@ def _register_shapes() -> None:
     def _linear_int8(x, weight, scale, bias=None):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
+    @torch.library.register_fake("neuronpack::decode_attention")
+    def _decode_attention(q, k, v, k_past, v_past, past, scale):
+        return q.new_empty(q.shape)
+
 
 def _library_path() -> Path:
     from neuronpack.digest import cache_dir
@@ -99,7 +108,9 @@ def _build_digest() -> str:
     """The source, the torch build it links against, the compiler and its flags."""
     import torch
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        h.update(path.read_bytes())
     for part in (torch.__version__, torch.__file__, _compiler(), platform.machine(), *_code_flags()):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:24]
@@ -130,8 +141,8 @@ def _compiler() -> str:
 
 
 def _build(library: Path) -> None:
-    """Compile linear.cpp into ``library`` (built in a temporary directory and renamed: concurrent builders never
-    see, or leave, half a library)."""
+    """Compile the kernels' sources into ``library`` (built in a temporary directory and renamed: concurrent builders
+    never see, or leave, half a library)."""
     import torch
     from torch.utils import cpp_extension
 
@@ -144,12 +155,12 @@ def _build(library: Path) -> None:
         out = Path(tmp) / library.name
         command = [_compiler(), *_code_flags(), "-shared", "-fPIC", "-w",
                    f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DTORCH_EXTENSION_NAME=neuronpack_kernels",
-                   *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE), "-o", str(out),
+                   *(f"-I{p}" for p in cpp_extension.include_paths()), *map(str, SOURCES), "-o", str(out),
                    *(f"-L{p}" for p in cpp_extension.library_paths()), "-lc10", "-ltorch_cpu", "-ltorch",
                    *(f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths())]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise KernelBuildError(f"compiling neuronpack's kernels failed: {last}", where=str(SOURCE),
+            raise KernelBuildError(f"compiling neuronpack's kernels failed: {last}", where=str(SOURCES[0].parent),
                                    fix="check the C++ compiler (CXX) can build PyTorch extensions")
         os.replace(out, library)

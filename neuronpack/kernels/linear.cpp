@@ -23,12 +23,13 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define NEURONPACK_AVX512 1
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
+
+#ifdef NEURONPACK_AVX512
+using namespace neuronpack_simd;
+#endif
 
 constexpr int64_t kMaxRows = 16;  // up to this many rows of x: the kernel below; more: at::linear
 constexpr int kChunk = 8;         // rows of x dotted with a weight row at a time (accumulators in registers)
@@ -40,29 +41,13 @@ constexpr int64_t kL1Floats = 6144;  // 24 KiB of the 32 KiB L1 for the rows of 
 
 #ifdef NEURONPACK_AVX512
 
-// Weight element types: load 16 elements as 16 float32 lanes (all, or the first `mask` ones).
-struct F32 {
-  using T = float;
-  static __m512 load(const T* p) { return _mm512_loadu_ps(p); }
-  static __m512 load(const T* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-};
-struct BF16 {  // bfloat16 is the top half of a float32
-  using T = uint16_t;
-  static __m512 widen(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
-  static __m512 load(const T* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static __m512 load(const T* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
-};
+// int8 weights widened to 16 float32 lanes (float32 and bfloat16: simd.h).
 struct I8 {
   using T = int8_t;
   static __m512 widen(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
   static __m512 load(const T* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static __m512 load(const T* p, __mmask16 m) { return widen(_mm_maskz_loadu_epi8(m, p)); }
 };
-
-// The first min(left, 16) lanes.
-inline __mmask16 tail_mask16(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-}
 
 // Prefetch (into L2) the cache line ``pf`` elements ahead of w[k], once per line.
 template <class W>
@@ -99,20 +84,6 @@ inline void dot_rows(const typename W::T* w, const float* x, int64_t ld, int64_t
     for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[m][u]);
     y[m * ldy] = (add ? y[m * ldy] : 0.f) + _mm512_reduce_add_ps(s);
   }
-}
-
-// Lane i of the result = the sum of v[i]'s 16 lanes: a tree of 45 shuffles and adds where 16 separate reductions
-// take ~130 instructions (with 8 rows of x and two weight rows they cost ~15% of the FMAs of a 576-long row).
-inline __m512 sum16(const __m512 v[16]) {
-  __m512 t[8], u[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [v2i: l0+l2, v2i+1: l0+l2, v2i: l1+l3, v2i+1: l1+l3]
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)  // per 128-bit lane: partial sums of v4i .. v4i+3
-    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44), _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
-  // pairs of 128-bit lanes added: w0 = [v0-3 (l0+l1), v0-3 (l2+l3), v4-7 (l0+l1), v4-7 (l2+l3)], w1 for v8-15
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
 }
 
 // The same for two adjacent weight rows at once (y[m * ldy] and y[m * ldy + 1]): each load of x feeds two FMAs,
@@ -564,12 +535,7 @@ void finish(const float* acc, int64_t M, int64_t N, const float* scale, int64_t 
       if (scale) v = _mm512_mul_ps(v, scale_n == 1 ? _mm512_set1_ps(scale[0]) : _mm512_maskz_loadu_ps(mask, scale + n));
       if (b) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, b + n));
       if (to_bf16) {
-        const __m512i u = _mm512_castps_si512(v);
-        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
-                                                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-        r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
-                                  _mm512_set1_epi32(0x7FC0));
-        _mm256_mask_storeu_epi16(out + (m * N + n) * 2, mask, _mm512_cvtepi32_epi16(r));
+        _mm256_mask_storeu_epi16(out + (m * N + n) * 2, mask, _mm512_cvtepi32_epi16(bf16_bits(v)));
       } else {
         _mm512_mask_storeu_ps(out + (m * N + n) * 4, mask, v);
       }

@@ -111,6 +111,7 @@ class Attention(nn.Module):
         self.k_proj = make_linear(h, cfg.num_kv_heads * hd, cfg.qkv_bias, f"{prefix}.k_proj" in int8)
         self.v_proj = make_linear(h, cfg.num_kv_heads * hd, cfg.qkv_bias, f"{prefix}.v_proj" in int8)
         self.o_proj = make_linear(cfg.num_heads * hd, h, cfg.o_bias, f"{prefix}.o_proj" in int8)
+        self.kernel = False  # decode steps run torch.ops.neuronpack.decode_attention (models/linear_kernels.py)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, masks: StepMasks, k_past: Tensor | None,
                 v_past: Tensor | None, lora: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -127,6 +128,11 @@ class Attention(nn.Module):
         q = q.permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)  # fold: [B, kv, g*T, hd]
         scale = 1.0 / math.sqrt(hd)
         one = isinstance(t, int) and t == 1  # a decode step (static T = 1): products as fused loops, see _scores
+        if one and self.kernel and k_past is not None:  # the same formula in one C++ pass (kernels/attention.cpp)
+            n_past = masks.past.shape[-1]
+            out = torch.ops.neuronpack.decode_attention(q, k, v, k_past[:, :, :n_past], v_past[:, :, :n_past],
+                                                        masks.past, scale)
+            return project(self.o_proj, out.reshape(b, 1, kv * g * hd), lora), k, v  # [B, kv, g, hd]: HF's head order
         scores = (_scores(q, k, one) * scale).float().masked_fill(~masks.new, float("-inf"))  # [B,kv,gT,T]
         if k_past is None:
             out = _weighted(torch.softmax(scores, dim=-1).to(v.dtype), v, one)

@@ -238,9 +238,10 @@ def test_aoti_artifact_without_its_kernel_library_is_refused(artifacts, tmp_path
 
 @pytest.mark.parametrize(("arch", "kernels"), [("llama", True), ("qwen2", False)])
 def test_aoti_graphs_call_the_linear_kernels(artifacts, arch, kernels):
-    """AOTInductor artifacts record linear_kernels, their graphs call torch.ops.neuronpack.linear by name and the
-    loader flags every linear; export-only ones run F.linear (the greedy tests above check both graphs' output).
-    Weights stay plain tensors either way."""
+    """AOTInductor artifacts record linear_kernels, their graphs call torch.ops.neuronpack.linear by name (and the
+    decode layer graph torch.ops.neuronpack.decode_attention) and the loader flags every linear; export-only ones run
+    F.linear and torch ops (the greedy tests above check both graphs' output). Weights stay plain tensors either
+    way."""
     import zipfile
 
     from neuronpack.models.llama import Linear
@@ -252,5 +253,9 @@ def test_aoti_graphs_call_the_linear_kernels(artifacts, arch, kernels):
     linears = [m for m in lm._model.modules() if isinstance(m, Linear)]
     assert linears and all(m.kernel is kernels and m.weight.layout == torch.strided for m in linears)
     with zipfile.ZipFile(artifact / "graphs.pt2") as package:
-        calls = b"".join(package.read(n) for n in package.namelist() if n.endswith((".json", ".cpp")))
+        graph = {n: package.read(n) for n in package.namelist() if n.endswith((".json", ".cpp"))}
+    calls = b"".join(graph.values())
     assert (b"neuronpack::linear" in calls) is kernels
+    decode = b"".join(text for name, text in graph.items() if "/layer_decode/" in name)
+    step = b"".join(text for name, text in graph.items() if "/layer_step/" in name)
+    assert (b"neuronpack::decode_attention" in decode) is kernels and b"neuronpack::decode_attention" not in step
