@@ -22,6 +22,7 @@ from neuronpack.pipeline import compile_model
 pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[2] / "recipes" / "tiny-test.toml"
 NEW_TOKENS = 32
+BF16_TIE = 0.125  # logits this close count as a tie in bfloat16 (compiled and eager differ by up to ~0.1)
 PROMPT = [5, 77, 190, 12, 301, 44, 9, 250, 130, 61, 7]
 # One context and one token-generation bucket keep each build to two graphs: context runs 16 rows (dequantize +
 # matmul), decode runs batch 2 rows (the int8 reduction), so both forms of Int8Linear are compiled.
@@ -56,27 +57,33 @@ def compiled_greedy(artifact: Path) -> tuple[torch.Tensor, list[int]]:
     return logits, generated
 
 
-def eager_greedy(checkpoint: Path, dtype: torch.dtype, batch_size: int) -> list[int]:
+def eager_greedy(checkpoint: Path, dtype: torch.dtype, batch_size: int,
+                 forced: list[int] | None = None) -> tuple[list[int], list[torch.Tensor]]:
     """The same int8 checkpoint through the portable model without compilation, same shapes as ``compiled_greedy``:
-    prefill into row 0, then decode steps over every row (the others idle at position 0)."""
+    prefill into row 0, then decode steps over every row (the others idle at position 0). Returns each step's
+    greedy token and logits [vocab]; with ``forced`` each step is fed forced[i] instead of its own previous token
+    (teacher forcing: the logits another run saw)."""
     model = load_model(checkpoint, dtype, max_seq_len=64)
     k, v = new_kv_cache(model, batch_size, 64, dtype)
 
-    def step(rows: list[int], tokens: list[list[int]], starts: list[int], last: int) -> int:
+    def step(rows: list[int], tokens: list[list[int]], starts: list[int], last: int) -> torch.Tensor:
         index, begin = torch.tensor(rows), torch.tensor(starts)
         logits, _, nk, nv = model.forward_step(torch.tensor(tokens), begin, max(1, *starts), list(k[:, index]),
                                                list(v[:, index]), torch.full((len(rows), 1), last))
         store_kv(k, index, begin, nk)
         store_kv(v, index, begin, nv)
-        return int(logits[0, 0].argmax())
+        return logits[0, 0]
 
     with torch.inference_mode():
-        generated = [step([0], [PROMPT], [0], len(PROMPT) - 1)]
+        logits = [step([0], [PROMPT], [0], len(PROMPT) - 1)]
+        generated = [int(logits[0].argmax())]
         for i in range(NEW_TOKENS - 1):
+            fed = forced[i] if forced is not None else generated[-1]
             idle = [[0]] * (batch_size - 1)
-            generated.append(step(list(range(batch_size)), [[generated[-1]], *idle],
-                                  [len(PROMPT) + i, *[0] * (batch_size - 1)], 0))
-    return generated
+            logits.append(step(list(range(batch_size)), [[fed], *idle], [len(PROMPT) + i, *[0] * (batch_size - 1)],
+                               0))
+            generated.append(int(logits[-1].argmax()))
+    return generated, logits
 
 
 def dequantized_transformers(original: Path, quantized: Path):
@@ -107,10 +114,16 @@ def test_int8_artifact_generates_like_eager_and_transformers(tiny_checkpoint, tm
     assert any(isinstance(m, Int8Linear) for m in load_model(result.path / "weights", torch.float32).modules())
 
     logits, generated = compiled_greedy(result.path)
-    eager = eager_greedy(quantized, getattr(torch, dtype), result.compile_config["batch_size"])
-    # bfloat16: fused compiled kernels round differently from eager ones, so a near tie can flip after many tokens
-    agree = NEW_TOKENS if dtype == "float32" else NEW_TOKENS // 2
-    assert generated[:agree] == eager[:agree]
+    batch = result.compile_config["batch_size"]
+    if dtype == "float32":
+        assert generated == eager_greedy(quantized, torch.float32, batch)[0]
+    else:
+        # bfloat16 rounds differently in the compiled kernels than in eager ops (logits ~0.1 apart) and this random
+        # tiny model has near ties (top two 0.03 apart), so free-running sequences may part. Checked instead: given
+        # the same tokens so far, every compiled pick is one eager ranks top within bfloat16 rounding.
+        _, eager_logits = eager_greedy(quantized, torch.bfloat16, batch, forced=generated)
+        for i, (token, ref) in enumerate(zip(generated, eager_logits, strict=True)):
+            assert ref[token] >= ref.max() - BF16_TIE, f"step {i}: picked {token}, eager's top is {int(ref.argmax())}"
 
     hf_logits, hf_tokens = hf_greedy(dequantized_transformers(tiny_checkpoint, quantized))
     if dtype == "float32":
