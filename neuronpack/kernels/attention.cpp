@@ -19,7 +19,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <type_traits>
 #include <vector>
