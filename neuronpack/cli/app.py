@@ -6,7 +6,9 @@ Command modules import heavy libraries (torch, transformers) inside their functi
 
 from __future__ import annotations
 
+import functools
 import gc
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Annotated
@@ -14,37 +16,31 @@ from typing import Annotated
 import typer
 
 from neuronpack import __version__
-from neuronpack.cli import (
-    artifacts_cmd,
-    buckets_cmd,
-    compile_cmd,
-    doctor_cmd,
-    eagle_cmd,
-    eval_cmd,
-    gguf_cmd,
-    quantize_cmd,
-    remote_cmd,
-    serve_cmd,
-)
 from neuronpack.cli._console import handle_errors
 
-_COMMANDS = [
-    ("compile", compile_cmd.compile_command),
-    ("quantize", quantize_cmd.quantize_command),
-    ("convert-eagle", eagle_cmd.convert_eagle_command),
-    ("serve", serve_cmd.serve_command),
-    ("generate", serve_cmd.generate_command),
-    ("eval", eval_cmd.eval_command),
-    ("buckets", buckets_cmd.buckets_command),
-    ("inspect", artifacts_cmd.inspect_command),
-    ("verify", artifacts_cmd.verify_command),
-    ("ls", artifacts_cmd.ls_command),
-    ("gc", artifacts_cmd.gc_command),
-    ("push", remote_cmd.push_command),
-    ("pull", remote_cmd.pull_command),
-    ("doctor", doctor_cmd.doctor_command),
-    ("import-gguf", gguf_cmd.import_gguf_command),
-]
+# command -> (module of neuronpack.cli, function): a module is imported only when its command is built
+_COMMANDS = {
+    "compile": ("compile_cmd", "compile_command"),
+    "quantize": ("quantize_cmd", "quantize_command"),
+    "convert-eagle": ("eagle_cmd", "convert_eagle_command"),
+    "serve": ("serve_cmd", "serve_command"),
+    "generate": ("serve_cmd", "generate_command"),
+    "eval": ("eval_cmd", "eval_command"),
+    "buckets": ("buckets_cmd", "buckets_command"),
+    "inspect": ("artifacts_cmd", "inspect_command"),
+    "verify": ("artifacts_cmd", "verify_command"),
+    "ls": ("artifacts_cmd", "ls_command"),
+    "gc": ("artifacts_cmd", "gc_command"),
+    "push": ("remote_cmd", "push_command"),
+    "pull": ("remote_cmd", "pull_command"),
+    "doctor": ("doctor_cmd", "doctor_command"),
+    "import-gguf": ("gguf_cmd", "import_gguf_command"),
+}
+
+
+def _command(name: str) -> Callable[..., None]:
+    module, function = _COMMANDS[name]
+    return getattr(importlib.import_module(f"neuronpack.cli.{module}"), function)
 
 
 def _version_callback(value: bool) -> None:
@@ -61,7 +57,7 @@ def _root(
     """neuronpack: build once, serve everywhere."""
 
 
-def _typer_app(commands: list[tuple[str, Callable[..., None]]]) -> typer.Typer:
+def _typer_app(names: list[str]) -> typer.Typer:
     cli = typer.Typer(
         name="neuronpack",
         help="Compile and package LLMs ahead of time for AWS Neuron (NxD Inference / transformers-neuronx) and vLLM, "
@@ -70,22 +66,33 @@ def _typer_app(commands: list[tuple[str, Callable[..., None]]]) -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
-    for name, fn in commands:
-        cli.command(name)(handle_errors(fn))
+    for name in names:
+        cli.command(name)(handle_errors(_command(name)))
     cli.callback()(_root)
     return cli
 
 
-app = _typer_app(_COMMANDS)
+@functools.cache
+def _full_app() -> typer.Typer:
+    return _typer_app(list(_COMMANDS))
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``app``: every command (``from neuronpack.cli.app import app``, e.g. for typer's CliRunner), built on first
+    use."""
+    if name == "app":
+        return _full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    """The ``neuronpack`` entry point. When the first argument names a command, only that command is built: typer
-    builds the click parameters of every registered command before it parses a flag (~15 ms of start-up), and the
-    command's usage, help and errors are the same either way (they name ``neuronpack <command>``)."""
-    command = dict(_COMMANDS).get(sys.argv[1]) if len(sys.argv) > 1 else None
+    """The ``neuronpack`` entry point. When the first argument names a command, only that command is built, and only
+    its module is imported: typer builds the click parameters of every registered command before it parses a flag
+    (~15 ms of start-up), and the command's usage, help and errors are the same either way (they name ``neuronpack
+    <command>``)."""
+    single = len(sys.argv) > 1 and sys.argv[1] in _COMMANDS
     try:
-        (app if command is None else _typer_app([(sys.argv[1], command)]))()
+        (_typer_app([sys.argv[1]]) if single else _full_app())()
     finally:
         # The interpreter's exit then skips a last garbage collection over every object of typer, click, rich and
         # numpy (~8 ms of each command's wall time); files, threads and atexit hooks are closed as before.

@@ -34,6 +34,22 @@ def test_cli_start_and_buckets_do_not_import_torch():
     assert out == "[]" and not torch_imported
 
 
+def test_a_command_imports_only_its_own_module():
+    """``neuronpack <command>`` (the entry point, ``main``) imports that command's module and no other; the full app
+    (``--help``, an unknown command) has every command."""
+    code = (
+        "import sys\n"
+        "from neuronpack.cli.app import main\n"
+        "sys.argv = ['neuronpack', 'buckets', '--seq-len', '4096', '--format', 'json']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print(sorted(m for m in sys.modules if m.startswith('neuronpack.cli.') and m.endswith('_cmd')))\n"
+    )
+    out, _ = run_fresh(code)
+    assert out.splitlines()[-1] == "['neuronpack.cli.buckets_cmd']"
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and all(name in result.output for name in ("compile", "convert-eagle", "pull"))
+
+
 def test_python_dash_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "neuronpack", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and __version__ in out.stdout
