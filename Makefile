@@ -42,11 +42,13 @@ lint: install
 	$(VENV)/bin/ruff check neuronpack tests bench tools
 	$(VENV)/bin/lint-imports --no-cache
 
+# --app app: cli/app.py builds its app on first attribute access (module __getattr__), which typer's own scan of
+# the module's names does not see; without it typer documents `main` as a one-command app.
 docs-cli: install
-	$(VENV)/bin/typer neuronpack.cli.app utils docs --name neuronpack --output docs/cli-reference.md
+	$(VENV)/bin/typer --app app neuronpack.cli.app utils docs --name neuronpack --output docs/cli-reference.md
 
 check-docs-cli: install
-	$(VENV)/bin/typer neuronpack.cli.app utils docs --name neuronpack --output $(VENV)/cli-reference.md
+	$(VENV)/bin/typer --app app neuronpack.cli.app utils docs --name neuronpack --output $(VENV)/cli-reference.md
 	diff -u docs/cli-reference.md $(VENV)/cli-reference.md || \
 	  (echo "docs/cli-reference.md is stale: run 'make docs-cli'" >&2; exit 1)
 
