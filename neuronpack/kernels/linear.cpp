@@ -5,8 +5,8 @@
 // each plain [out, in] weight row once, front to back (one sequential stream, the pattern a plain sum reads at full
 // bandwidth), and dots it with every row of x while it is in the registers. float32, bfloat16 and int8 (NxD
 // Inference's weight-only format, per-channel float32 scale) weights; accumulation in float32. One row of x reads
-// two weight rows far apart at once (two streams; int8: four, through vpdpwssd where the CPU has it); 2+ rows
-// prefetch into L2 ahead of the row being read, and rows of x too long to fit L1 together go a block of K at a
+// two weight rows far apart at once (two streams; int8 through the integer dot products of int8_row.cpp where the CPU
+// has them); 2+ rows prefetch into L2 ahead of the row being read, and rows of x too long to fit L1 together go a block of K at a
 // time; 6+ rows take two weight rows per pass (each load of x feeds two FMAs, and with 8 rows the 16 sums come out of
 // one shuffle tree); bfloat16 uses vdpbf16ps where the CPU has it, two weight rows per pass against 8 rows of x.
 // Threads (torch's OpenMP team) split the weight rows.
@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "int8_row.h"
 #include "simd.h"
 
 namespace {
@@ -258,10 +259,6 @@ NEURONPACK_BF16_TARGET inline __m512 bf16_dot(__m512 acc, const uint16_t* a, con
   return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(m, a), (__m512bh)_mm512_maskz_loadu_epi16(m, b));
 }
 
-inline __mmask32 tail_mask32(int64_t left) {
-  return left >= 32 ? static_cast<__mmask32>(0xFFFFFFFFu) : static_cast<__mmask32>((1u << left) - 1);
-}
-
 // y[m * ldy] = dot(w_row, x[m]) for MB rows of x (bfloat16, contiguous [MB, K]).
 template <int MB>
 NEURONPACK_BF16_TARGET void bf16_rows(const uint16_t* w, const uint16_t* x, int64_t K, float* y, int64_t ldy,
@@ -387,91 +384,6 @@ void bf16_rows_times_weight(const uint16_t* x, int64_t M, int64_t K, const uint1
   });
 }
 
-// One row of x against int8 weights on CPUs with AVX512_VNNI: vpdpwssd multiplies 32 pairs of int16 and adds them
-// into 16 int32 lanes in one instruction. The row is split into two int16 rows, x = s * (hi + lo / 2^15) with
-// s = max|x| / 32767 (hi = round(x / s), lo = the rounded rest): two exact integer dot products per weight row give
-// x . w to within max|x| * 2^-31 * sum|w| (float32's own rounding scale), at 3 instructions per 32 weights where
-// converting the weights to float32 takes 6: one row reads at the bandwidth (the widening kernel: ~20 GB/s). From 2
-// rows of x the two dots per row cost more than one conversion shared by every row: the widening kernel.
-#define NEURONPACK_VNNI_TARGET __attribute__((target("avx512vnni,avx512bw,avx512vl,avx512f")))
-
-constexpr float kHiLevels = 32767.f, kLoUnit = 32768.f;
-// Elements per int32 accumulation: a lane adds two products of at most 32767 * 128 per instruction, and 4096
-// elements are 128 instructions per lane: below 2^31.
-constexpr int64_t kIntBlock = 4096;
-
-struct SplitRow {  // one row of x as int16 hi / lo rows: hi at q[0], lo at q[Kp]
-  std::vector<int16_t> q;
-  float scale = 0.f;  // s
-  int64_t Kp = 0;     // K rounded up to 32 (zero padded)
-};
-
-// Split x [K] into ``out``; false when x holds an inf or a NaN (the widening kernel then gives float results).
-NEURONPACK_VNNI_TARGET bool split_row(const float* x, int64_t K, SplitRow& out) {
-  out.Kp = (K + 31) / 32 * 32;
-  out.q.assign(2 * out.Kp, 0);
-  __m512 amax = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16)
-    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask16(K - k), x + k)));
-  const float top = _mm512_reduce_max_ps(amax);
-  if (!(top <= 3.4e38f)) return false;  // inf or NaN
-  out.scale = top / kHiLevels;
-  const __m512 inv = _mm512_set1_ps(top > 0.f ? kHiLevels / top : 0.f), unit = _mm512_set1_ps(kLoUnit);
-  int16_t* hi = out.q.data();
-  int16_t* lo = hi + out.Kp;
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 mask = tail_mask16(K - k);
-    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + k), inv);
-    const __m512 h = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 l = _mm512_mul_ps(_mm512_sub_ps(v, h), unit);  // v - h is exact; |l| <= 2^14
-    _mm256_mask_storeu_epi16(hi + k, mask, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(h)));
-    _mm256_mask_storeu_epi16(lo + k, mask, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(l)));
-  }
-  return true;
-}
-
-NEURONPACK_VNNI_TARGET inline __m512i widen_i8(const int8_t* w, __mmask32 m) {
-  return _mm512_cvtepi8_epi16(m == 0xFFFFFFFFu ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))
-                                               : _mm256_maskz_loadu_epi8(m, w));
-}
-
-// y[r * ystride] = x . w[r * stride ...] for R weight rows far apart (R read streams: with two, the two integer dots
-// per weight vector fall short of the read bandwidth; four keep up).
-template <int R>
-NEURONPACK_VNNI_TARGET void i8_streams(const int8_t* w, int64_t stride, const SplitRow& x, int64_t K, float* y,
-                                       int64_t ystride) {
-  const int16_t* q = x.q.data();
-  __m512 sum[R];
-  for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_ps();
-  for (int64_t kb = 0; kb < K; kb += kIntBlock) {
-    const int64_t kend = std::min(K, kb + kIntBlock);
-    __m512i hi[R], lo[R];
-    for (int r = 0; r < R; ++r) hi[r] = lo[r] = _mm512_setzero_si512();
-    for (int64_t k = kb; k < kend; k += 32) {  // x is zero padded: only the weight needs the tail mask
-      const __mmask32 mask = tail_mask32(kend - k);
-      const __m512i h = _mm512_loadu_si512(q + k), l = _mm512_loadu_si512(q + x.Kp + k);
-      for (int r = 0; r < R; ++r) {
-        const __m512i v = widen_i8(w + r * stride + k, mask);
-        hi[r] = _mm512_dpwssd_epi32(hi[r], v, h);
-        lo[r] = _mm512_dpwssd_epi32(lo[r], v, l);
-      }
-    }
-    for (int r = 0; r < R; ++r)  // sum += hi + lo / 2^15 of this block
-      sum[r] = _mm512_add_ps(sum[r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[r]), _mm512_set1_ps(1.f / kLoUnit),
-                                                     _mm512_cvtepi32_ps(hi[r])));
-  }
-  for (int r = 0; r < R; ++r) y[r * ystride] = x.scale * _mm512_reduce_add_ps(sum[r]);
-}
-
-// out [N] float32 = x [K] (split) @ w [N, K] int8 .T: rows n, n + quarter, n + 2 quarter, n + 3 quarter at once.
-void i8_row_times_weight(const SplitRow& x, int64_t K, const int8_t* w, int64_t N, float* out) {
-  at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {
-    const int64_t quarter = (n1 - n0) / 4;
-    for (int64_t n = n0; n < n0 + quarter; ++n) i8_streams<4>(w + n * K, quarter * K, x, K, out + n, quarter);
-    for (int64_t n = n0 + 4 * quarter; n < n1; ++n) i8_streams<1>(w + n * K, 0, x, K, out + n, 0);
-  });
-}
-
 // set_dot_products(False): the widening kernels for bfloat16 and int8 (tests run both).
 std::atomic<bool> dot_products_enabled{true};
 
@@ -480,7 +392,7 @@ bool cpu_has_bf16_dot() {
   return has && dot_products_enabled.load(std::memory_order_relaxed);
 }
 
-bool cpu_has_int16_dot() {
+bool cpu_has_int8_dot() {
   static const bool has = __builtin_cpu_supports("avx512vnni");
   return has && dot_products_enabled.load(std::memory_order_relaxed);
 }
@@ -590,12 +502,9 @@ at::Tensor linear_int8(const at::Tensor& x_in, const at::Tensor& weight, const a
   const int64_t K = weight.size(1), M = x.numel() / K;
   at::Tensor y = at::empty(out_sizes(x, N), x.options());
   thread_local std::vector<float> acc_buffer, x_buffer;
-  thread_local SplitRow split;
   acc_buffer.resize(M * N);
   const float* xf = float_rows(x, x_buffer);
-  if (M == 1 && cpu_has_int16_dot() && split_row(xf, K, split))
-    i8_row_times_weight(split, K, weight.data_ptr<int8_t>(), N, acc_buffer.data());
-  else
+  if (!(M == 1 && cpu_has_int8_dot() && int8_row_times_weight(xf, K, weight.data_ptr<int8_t>(), N, acc_buffer.data())))
     rows_times_weight<I8>(xf, M, K, weight.data_ptr<int8_t>(), N, acc_buffer.data());
   finish(acc_buffer.data(), M, N, s.data_ptr<float>(), s.numel(), bias, y);
   return y;
@@ -611,7 +520,7 @@ TORCH_LIBRARY(neuronpack, m) {
   m.def("linear_int8(Tensor x, Tensor weight, Tensor scale, Tensor? bias=None) -> Tensor");
 #ifdef NEURONPACK_AVX512
   m.def("has_kernel() -> bool", []() { return true; });  // whether this build has the kernel (else: at::linear)
-  // whether bfloat16 runs vdpbf16ps and int8 vpdpwssd where the CPU has them (default) or the widening kernels;
+  // whether bfloat16 runs vdpbf16ps and int8 vpdpbusd where the CPU has them (default) or the widening kernels;
   // returns the old setting
   m.def("set_dot_products(bool enabled) -> bool",
         [](bool enabled) { return dot_products_enabled.exchange(enabled); });

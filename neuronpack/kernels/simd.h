@@ -28,6 +28,11 @@ inline __mmask16 tail_mask16(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
+// The first min(left, 32) lanes (16-bit lanes, bytes of 32).
+inline __mmask32 tail_mask32(int64_t left) {
+  return left >= 32 ? static_cast<__mmask32>(0xFFFFFFFFu) : static_cast<__mmask32>((1u << left) - 1);
+}
+
 // Lane i of the result = the sum of v[i]'s 16 lanes: a tree of 45 shuffles and adds where 16 separate reductions
 // take ~130 instructions (with 8 rows of x and two weight rows they cost ~15% of the FMAs of a 576-long row).
 inline __m512 sum16(const __m512 v[16]) {

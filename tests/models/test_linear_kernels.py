@@ -74,19 +74,20 @@ def test_linear_int8_matches_the_reference(dot_products, rows, k, n, bias, dtype
     assert _relative_error(y, ref, magnitude) < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
-def test_int8_one_row_long_rows_and_non_finite_values(dot_products):
-    """One row of x (vpdpwssd on AVX512_VNNI: x split into two int16 rows) over rows longer than one int32
-    accumulation block (4096), large and tiny magnitudes, and inf / NaN (which take the float kernel) all give the
-    float32 reference's result."""
+@pytest.mark.parametrize("k", [2048, 9000])
+def test_int8_one_row_long_rows_and_non_finite_values(dot_products, k):
+    """One row of x on AVX512_VNNI (int8_row.cpp: up to 2048 columns x as digit rows through vpdpbusd, longer rows
+    as two int16 rows through vpdpwssd, over more than one int32 accumulation block), large and tiny magnitudes, and
+    inf / NaN (which take the float kernel) all give the float32 reference's result."""
     gen = torch.Generator().manual_seed(3)
-    w = torch.randint(-127, 128, (37, 9000), dtype=torch.int8, generator=gen)
+    w = torch.randint(-127, 128, (37, k), dtype=torch.int8, generator=gen)
     scale = torch.rand(37, 1, generator=gen) / 50
-    for x in (torch.randn(1, 9000, generator=gen) * 1e4, torch.randn(1, 9000, generator=gen) * 1e-6,
-              torch.zeros(1, 9000)):
+    for x in (torch.randn(1, k, generator=gen) * 1e4, torch.randn(1, k, generator=gen) * 1e-6,
+              torch.zeros(1, k)):
         ref = (x @ w.float().T) * scale.reshape(1, -1)
         magnitude = (x.abs() @ w.float().abs().T) * scale.reshape(1, -1)
         assert _relative_error(torch.ops.neuronpack.linear_int8(x, w, scale), ref, magnitude) < 1e-5
-    x = torch.randn(1, 9000, generator=gen)
+    x = torch.randn(1, k, generator=gen)
     x[0, 5] = float("inf")
     x[0, 7] = float("nan")
     y = torch.ops.neuronpack.linear_int8(x, w, scale)

@@ -20,8 +20,9 @@ FORMAT = "neuronpack-torch"
 # 4: with ``packed_linears`` the graphs took the float linears' weights oneDNN-packed; 5: plain weights again, and
 # with ``linear_kernels`` the graphs' linears call neuronpack's decode kernels (torch.ops.neuronpack.*); 6: the decode
 # layer graph computes attention as fused loops (no bmm calls), and int8 one-row linears use vpdpwssd; 7: with
-# ``linear_kernels`` the decode layer graph calls torch.ops.neuronpack.decode_attention
-FORMAT_VERSION = 7
+# ``linear_kernels`` the decode layer graph calls torch.ops.neuronpack.decode_attention; 8: the shipped kernels' int8
+# one-row linears read rows in order through vpdpbusd (kernels/int8_row.cpp)
+FORMAT_VERSION = 8
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")

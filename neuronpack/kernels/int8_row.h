@@ -1,0 +1,9 @@
+// neuronpack's int8 kernel for one row of x (int8_row.cpp), called by linear.cpp's linear_int8.
+#pragma once
+
+#include <cstdint>
+
+// out [N] float32 = x [K] float32 @ w [N, K] int8 .T through AVX512_VNNI's integer dot products, to within
+// max|x| * 2^-31 * sum|w| (the caller checked the CPU has them). False when x holds an inf or a NaN: the caller's
+// float kernel then gives float results.
+bool int8_row_times_weight(const float* x, int64_t K, const int8_t* w, int64_t N, float* out);
