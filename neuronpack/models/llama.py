@@ -211,6 +211,8 @@ class LlamaForCausalLM(nn.Module):
         # Non-persistent in HF; here a plain buffer so AOTInductor treats it as a constant we supply at load.
         self.register_buffer("rope_inv_freq", rope_inv_freq(cfg), persistent=False)
         self.lora_layout = None  # a LoraLayout once models.lora.attach_lora gave the linears adapter stacks
+        self._positions: PositionTables | None = None  # see use_position_tables
+        self._causal_masks: dict[int, Tensor] = {}
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -234,11 +236,12 @@ class LlamaForCausalLM(nn.Module):
         decoder layers and the final norm + LM head (a runtime passes its compiled graphs); by default this model's
         own modules run."""
         b, t = tokens.shape
-        positions = starts.view(b, 1) + torch.arange(t, device=tokens.device)  # [B, T]
-        keys = torch.arange(n_past, device=tokens.device)
-        masks = StepMasks(past=(keys[None, :] < starts.view(b, 1))[:, None, None, :], new=self._causal_mask(t))
+        tables = self._positions
+        offsets = tables.offsets if tables else torch.arange(max(t, n_past), device=tokens.device)
+        positions = starts.view(b, 1) + offsets[:t]  # [B, T]
+        masks = StepMasks(past=(offsets[:n_past] < starts.view(b, 1))[:, None, None, :], new=self._causal_mask(t))
         x = self.model.embed_tokens(tokens)  # [B, T, H]
-        cos, sin = rope_cos_sin(self.rope_inv_freq, positions, x.dtype)  # [B, T, hd]
+        cos, sin = tables.rope(positions) if tables else rope_cos_sin(self.rope_inv_freq, positions, x.dtype)
         # LoRA: each row's adapter as a mask over the stacked adapter columns [B, 1, W], one more layer argument
         lora = () if adapters is None else (lora_mask(adapters, self.lora_layout, x.dtype),)
         run_layer = run_layer or self.run_layer
@@ -272,8 +275,35 @@ class LlamaForCausalLM(nn.Module):
         """hidden [B, T, H], logit_index [B, J] -> (float32 logits [B, J, vocab], final-normed hidden [B, T, H])."""
         return lm_head_at(self.model.norm, self.lm_head, hidden, logit_index)
 
+    def use_position_tables(self, length: int) -> None:
+        """Make ``forward_step`` look up what it derives from positions below ``length`` (rotary cos/sin rows in the
+        embedding's dtype, key positions) instead of computing it each step: the same values (elementwise ops on the
+        same inputs), in two ops instead of ~10. A decode step's eager part runs from caches the weights streamed
+        through, so each op counts. Positions must then stay below ``length``."""
+        offsets = torch.arange(length)
+        cos, sin = rope_cos_sin(self.rope_inv_freq, offsets[None], self.model.embed_tokens.weight.dtype)
+        self._positions = PositionTables(offsets, cos[0], sin[0])
+
     def _causal_mask(self, t) -> Tensor:
-        return causal_mask(t, self.config.queries_per_kv)
+        if not isinstance(t, int):
+            return causal_mask(t, self.config.queries_per_kv)
+        if t not in self._causal_masks:  # a constant per step length (a plain tensor even when made in a step)
+            with torch.inference_mode(False):
+                self._causal_masks[t] = causal_mask(t, self.config.queries_per_kv)
+        return self._causal_masks[t]
+
+
+@dataclass(frozen=True)
+class PositionTables:
+    """``offsets`` [P] int64 (0..P-1); rotary ``cos`` / ``sin`` [P, head_dim] of those positions."""
+
+    offsets: Tensor
+    cos: Tensor
+    sin: Tensor
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions [B, T] (< P) -> cos, sin [B, T, head_dim], as ``rope_cos_sin`` computes them."""
+        return F.embedding(positions, self.cos), F.embedding(positions, self.sin)
 
 
 def causal_mask(t, group: int) -> Tensor:

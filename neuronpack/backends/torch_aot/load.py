@@ -134,6 +134,7 @@ class CompiledLM:
         # Tokens per row one verify step may run (the longest prompt, at least speculation length + 1).
         self.max_verify_tokens: int = config["max_step_tokens"]
         self._model = model  # its tensors are the graphs' weight inputs (AOTInductor holds no copy)
+        model.use_position_tables(config["kv_cache_positions"])  # every position a step can reach
         self._lm_head = model.lm_head  # prompt logits: the head over every prompt row, only when asked
         groups = config["layer_graphs"]
         suffix = [f".{g}" if g else "" for g in groups]
