@@ -149,7 +149,7 @@ def print_result(output_format: OutputFormat, data: Any, text: str | RenderableT
     if output_format is OutputFormat.json:
         print_json(data)
     elif isinstance(text, str):
-        stdout.print(text, markup=False, highlight=False, soft_wrap=True)
+        stdout.line(text)  # into a pipe or file (a script's $(...)) without importing rich
     elif text is not None:
         stdout.print(text)
 
