@@ -21,7 +21,8 @@ DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# setup.py builds the one C extension (neuronpack/convert/_float_cast.c) in place: a changed source reinstalls
+$(STAMP): pyproject.toml setup.py neuronpack/convert/_float_cast.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install --disable-pip-version-check -q -e ".[dev]"

@@ -1,13 +1,16 @@
-"""Casts between the floating dtypes weights come in (F32, F16, BF16), without torch: numpy on the stored bytes.
+"""Casts between the floating dtypes weights come in (F32, F16, BF16), without torch: on the stored bytes.
 
 Bit for bit what torch's CPU ``Tensor.to`` gives for every value but NaN: widening is exact, narrowing rounds to
 nearest-even (bfloat16 by torch's own bias formula, float16 by IEEE conversion), overflow gives inf. A NaN's bits are
 torch's business (they differ between its scalar and vector paths), so rows holding one are left to torch.
 
-``FloatCaster`` casts into a buffer the caller keeps, in blocks of ``BLOCK`` values through scratch arrays it keeps:
-every pass over a block stays in the CPU cache and nothing is allocated per call. bf16 -> fp16 moves the bits of
-values in fp16's normal range, bf16 -> fp32 is a shift, the other 16-bit sources (and the bf16 values outside fp16's
-normal range) are looked up in a 65536-entry table made once from an exact cast of every bit pattern.
+Two implementations of the same casts: ``_float_cast.c``, built with the package (one pass in C, the GIL released;
+no numpy, whose import alone was a quarter of a small draft's conversion), and numpy, where the C module was not
+built (no C compiler at install time). numpy's ``FloatCaster`` casts in blocks of ``BLOCK`` values through scratch
+arrays it keeps: every pass over a block stays in the CPU cache and nothing is allocated per call. bf16 -> fp16
+moves the bits of values in fp16's normal range, bf16 -> fp32 is a shift, the other 16-bit sources (and the bf16
+values outside fp16's normal range) are looked up in a 65536-entry table made once from an exact cast of every bit
+pattern.
 
 Example::
 
@@ -52,12 +55,18 @@ class FloatCaster:
     NaN, inf and overflow all follow from the largest magnitude alone: every cast here is monotonic in magnitude, so
     the largest magnitude casts to the largest one, and overflow is that one becoming inf."""
 
-    def __init__(self, source: str, target: str, *, block: int = BLOCK) -> None:
-        import numpy as np
-
+    def __init__(self, source: str, target: str, *, block: int = BLOCK, compiled: bool | None = None) -> None:
+        """``compiled``: cast with the C module (None: when it was built; False: numpy)."""
         if source not in CODES or target not in CODES:
             raise ValueError(f"cast {source} -> {target}: only {', '.join(CODES)}")
         self.source, self.target, self.block = source, target, block
+        self._c = compiled_casts() if compiled is not False else None
+        if compiled and self._c is None:
+            raise RuntimeError("neuronpack.convert._float_cast was not built (reinstall neuronpack with a C compiler)")
+        if self._c is not None:
+            return
+        import numpy as np
+
         self._np = np
         self._src_type = np.dtype(f"<u{ITEMSIZE[source]}")
         self._dst_type = np.dtype(f"<u{ITEMSIZE[target]}")
@@ -69,6 +78,12 @@ class FloatCaster:
     def cast_into(self, raw, out) -> bool | None:
         """Cast the values of ``raw`` (bytes-like) into ``out`` (a writable bytes-like of exactly their cast size).
         Returns whether a finite value overflowed to inf; None when a value is NaN (``out`` then holds a part)."""
+        if self._c is not None:
+            if len(out) * ITEMSIZE[self.source] != len(raw) * ITEMSIZE[self.target]:
+                raise ValueError(f"{len(raw) // ITEMSIZE[self.source]} {self.source} values do not fit {len(out)} "
+                                 f"bytes of {self.target}")
+            state = self._c.cast_into(raw, self.source, out, self.target)
+            return None if state < 0 else bool(state)
         np = self._np
         src = np.frombuffer(raw, dtype=self._src_type)
         dst = np.frombuffer(out, dtype=self._dst_type)
@@ -129,9 +144,20 @@ class FloatCaster:
         return int(cast[0]) & _MAGNITUDE[self.target] == _INF[self.target]
 
 
+def compiled_casts():
+    """The C module of these casts (``_float_cast.c``), or None where it was not built."""
+    try:
+        from neuronpack.convert import _float_cast
+    except ImportError:
+        return None
+    return _float_cast
+
+
 def warm_up(casts: set[tuple[str, str]]) -> None:
-    """Import numpy and make the tables of these (source, target) casts now, e.g. in a thread while other work runs
-    (the first ``FloatCaster`` would wait for both)."""
+    """Without the C module: import numpy and make the tables of these (source, target) casts now, e.g. in a thread
+    while other work runs (the first ``FloatCaster`` would wait for both)."""
+    if compiled_casts() is not None:
+        return
     import numpy  # noqa: F401
 
     for source, target in casts:

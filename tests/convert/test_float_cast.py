@@ -1,11 +1,31 @@
-"""float_cast: numpy casts of stored bytes equal torch's CPU casts bit for bit (NaN rows are left to torch)."""
+"""float_cast: casts of stored bytes (the C module and numpy, each) equal torch's CPU casts bit for bit (NaN rows are
+left to torch)."""
 
 import itertools
 
 import pytest
 import torch
 
+from neuronpack.convert import float_cast
 from neuronpack.convert.float_cast import FloatCaster, cast_floats
+
+
+@pytest.fixture(autouse=True, params=["C", "numpy"])
+def implementation(request, monkeypatch):
+    """Every test runs on both implementations: the C module (_float_cast.c) and numpy (where it was not built)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(float_cast, "compiled_casts", lambda: None)
+    return request.param
+
+
+def test_the_c_module_is_built_with_the_package(implementation):
+    """setup.py builds it at install time (optional: a machine without a C compiler falls back to numpy); this
+    environment has a compiler, so a missing module means the build broke."""
+    if implementation == "C":
+        assert float_cast.compiled_casts() is not None
+        assert FloatCaster("F32", "BF16")._c is not None
+    else:
+        assert FloatCaster("F32", "BF16")._c is None
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
