@@ -12,7 +12,7 @@
 //   the same instruction over 128s, once per row of x. Rows are read one after another (one stream) with a software
 //   prefetch kPrefetchBytes ahead, past the end of the matrix too: the loader lays the weights out in the order a
 //   step reads them (models/weight_arena.py), so the next matrix's first lines are in flight before its call starts.
-//   SmolLM2's 210 int8 layer linears: 62-65% -> 86-88% of the read bandwidth.
+//   SmolLM2's 210 int8 layer linears: 62-65% -> 70-88% of the read bandwidth.
 // - longer rows: q as two int16 rows (hi, lo) through vpdpwssd (32 pairs of int16 per instruction), four weight rows
 //   far apart at once sharing each load of x (four read streams): the digit rows (4 bytes per element) no longer stay
 //   in L1 beside the streamed weights (see kDigitMaxK).
@@ -37,20 +37,25 @@ constexpr int kDigits = 4;
 // streaming through. 12 matrices in a row, one thread: 8192 x 2048 read at 97-103% of the bandwidth with digits,
 // 84-90% with int16 rows; 4096 x 3072 at 54-60% with digits, 84-87% with int16 rows.
 constexpr int64_t kDigitMaxK = 2048;
-// SmolLM2's int8 layer linears in a row: 36 GB/s without a prefetch, 47-51 GB/s (a plain sum's read bandwidth)
-// 16 KiB ahead (8 KiB: 47-50; 32 KiB: 46-51).
+// SmolLM2's int8 layer linears in a row (a C micro-benchmark): 36 GB/s without a prefetch, 47-51 GB/s (a plain sum's
+// read bandwidth) 16 KiB ahead (8 KiB: 47-50; 32 KiB: 46-51).
 constexpr int64_t kPrefetchBytes = 16384;
 // Elements per int32 accumulation of the int16 kernel: a lane adds two products of at most 32767 * 128 per
 // instruction, and 4096 elements are 128 instructions per lane: below 2^31 (digits: four products of at most
 // 255 * 128, and kDigitMaxK / 64 instructions, far below).
 constexpr int64_t kIntBlock = 4096;
 
-// max|x| over x [K]; inf or NaN when x holds one.
+// max|x| over x [K]; inf when x holds an inf, NaN when it holds a NaN (vmaxps alone would drop a NaN: it returns its
+// second operand when either is one).
 NEURONPACK_VNNI_TARGET float abs_max(const float* x, int64_t K) {
   __m512 amax = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16)
-    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask16(K - k), x + k)));
-  return _mm512_reduce_max_ps(amax);
+  __mmask16 nan = 0;
+  for (int64_t k = 0; k < K; k += 16) {
+    const __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask16(K - k), x + k));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    amax = _mm512_max_ps(amax, v);
+  }
+  return nan ? __builtin_nanf("") : _mm512_reduce_max_ps(amax);
 }
 
 // hi, lo of 16 values of x (see the top of this file); inv = 32767 / max|x|.

@@ -92,6 +92,10 @@ def test_int8_one_row_long_rows_and_non_finite_values(dot_products, k):
     x[0, 7] = float("nan")
     y = torch.ops.neuronpack.linear_int8(x, w, scale)
     assert torch.isnan(y).all()
+    for where in (3, k - 1):  # a NaN alone, in the first and in the last (partial) vector of 16
+        x = torch.randn(1, k, generator=gen)
+        x[0, where] = float("nan")
+        assert torch.isnan(torch.ops.neuronpack.linear_int8(x, w, scale)).all()
 
 
 @pytest.mark.parametrize(("rows", "k"), [(8, 1536), (16, 1000), (6, 4099)])
