@@ -55,14 +55,11 @@ class FloatCaster:
     NaN, inf and overflow all follow from the largest magnitude alone: every cast here is monotonic in magnitude, so
     the largest magnitude casts to the largest one, and overflow is that one becoming inf."""
 
-    def __init__(self, source: str, target: str, *, block: int = BLOCK, compiled: bool | None = None) -> None:
-        """``compiled``: cast with the C module (None: when it was built; False: numpy)."""
+    def __init__(self, source: str, target: str, *, block: int = BLOCK) -> None:
         if source not in CODES or target not in CODES:
             raise ValueError(f"cast {source} -> {target}: only {', '.join(CODES)}")
         self.source, self.target, self.block = source, target, block
-        self._c = compiled_casts() if compiled is not False else None
-        if compiled and self._c is None:
-            raise RuntimeError("neuronpack.convert._float_cast was not built (reinstall neuronpack with a C compiler)")
+        self._c = compiled_casts()  # the C module where it was built; else numpy, below
         if self._c is not None:
             return
         import numpy as np

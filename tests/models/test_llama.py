@@ -68,3 +68,22 @@ def test_steps_match_full_forward(make_checkpoint, arch):
         out, _ = step([1], [seq[0, 12:15].tolist()], [12], 16, [[0, 1, 2]])  # verify three tokens at once
         torch.testing.assert_close(out[0], full[12:15], atol=1e-4, rtol=1e-4)
     assert k[:, 0].abs().sum() == 0 and v[:, 0].abs().sum() == 0  # the idle row was never written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_position_tables_change_no_value(make_checkpoint, dtype):
+    """``use_position_tables`` (what a runtime turns on) looks up the rotary rows and key positions a step computes
+    otherwise: prefill, decode and verify steps give bit-identical logits, hidden states and new K/V."""
+    path = make_checkpoint("llama3", dtype="bfloat16" if dtype == torch.bfloat16 else "float32")
+    plain, tabled = load_model(path, dtype), load_model(path, dtype)
+    tabled.use_position_tables(40)
+    cfg = plain.config
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(cfg.num_layers, 2, cfg.num_kv_heads, 40, cfg.head_dim, generator=gen)
+    tokens = torch.randint(0, 384, (2, 3), generator=gen)
+    with torch.no_grad():
+        for rows, starts, n_past in ((tokens, [0, 0], 1), (tokens[:, :1], [7, 31], 31), (tokens, [20, 5], 20)):
+            args = (rows, torch.tensor(starts), n_past, cache.to(dtype), cache.to(dtype),
+                    torch.zeros(2, 1, dtype=torch.long))
+            for a, b in zip(plain.forward_step(*args), tabled.forward_step(*args), strict=True):
+                assert torch.equal(a, b)
