@@ -38,7 +38,12 @@ static const uint32_t F32_INF = 0x7F800000u;
 static inline float as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline uint32_t f16_bits_to_f32_bits(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return as_bits((float)v); }
-static inline uint16_t f32_bits_to_f16_bits(uint32_t u) { _Float16 v = (_Float16)as_float(u); uint16_t h; memcpy(&h, &v, 2); return h; }
+static inline uint16_t f32_bits_to_f16_bits(uint32_t u) {
+    _Float16 v = (_Float16)as_float(u);
+    uint16_t h;
+    memcpy(&h, &v, 2);
+    return h;
+}
 /* c10::BFloat16's round_to_nearest_even, for non-NaN float32 bits */
 static inline uint16_t f32_bits_to_bf16_bits(uint32_t u) { return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }
 
@@ -86,7 +91,7 @@ static PyObject *cast_into(PyObject *self, PyObject *args) {
     if (source == UNKNOWN || target == UNKNOWN) {
         PyErr_Format(PyExc_ValueError, "cast %s -> %s: only F32, F16, BF16", source_name, target_name);
     } else if (src.len % in_size || dst.len != src.len / in_size * out_size) {
-        PyErr_Format(PyExc_ValueError, "%zd bytes of %s do not cast into %zd bytes of %s", src.len, source_name,
+        PyErr_Format(PyExc_ValueError, "%zd bytes of %s values do not fit %zd bytes of %s", src.len, source_name,
                      dst.len, target_name);
     } else {
         const Py_ssize_t n = src.len / in_size;

@@ -71,7 +71,7 @@ NEURONPACK_VNNI_TARGET inline void split16(const float* x, __mmask16 mask, __m51
 struct DigitRow {  // q as kDigits rows of signed base-256 digits, row d at e[d * Kp] (zero padded)
   std::vector<int8_t> e;
   int32_t offset[kDigits][16];  // per digit and lane: what the weights' +128 adds (128 * the lane's digits)
-  int64_t Kp = 0;           // K rounded up to 64
+  int64_t Kp = 0;                // K rounded up to 64
 };
 
 NEURONPACK_VNNI_TARGET void digit_row(const float* x, int64_t K, __m512 inv, DigitRow& out) {
@@ -154,11 +154,11 @@ NEURONPACK_VNNI_TARGET inline __m512i widen_i8(const int8_t* w, __mmask32 m) {
                                                : _mm256_maskz_loadu_epi8(m, w));
 }
 
-// y[r * ystride] = q . w[r * stride ...] / 2^15 for R weight rows far apart (R read streams: with two, the two
-// integer dots per weight vector fall short of the read bandwidth; four keep up).
+// y[r * ystride] = x . w[r * stride ...] for R weight rows far apart (R read streams: with two, the two integer dots
+// per weight vector fall short of the read bandwidth; four keep up); unit: x's value of one hi step (s * 2^15).
 template <int R>
-NEURONPACK_VNNI_TARGET void split_streams(const int8_t* w, int64_t stride, const SplitRow& x, int64_t K, float* y,
-                                          int64_t ystride) {
+NEURONPACK_VNNI_TARGET void split_streams(const int8_t* w, int64_t stride, const SplitRow& x, int64_t K, float unit,
+                                          float* y, int64_t ystride) {
   const int16_t* q = x.q.data();
   __m512 sum[R];
   for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_ps();
@@ -179,7 +179,7 @@ NEURONPACK_VNNI_TARGET void split_streams(const int8_t* w, int64_t stride, const
       sum[r] = _mm512_add_ps(sum[r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[r]), _mm512_set1_ps(1.f / kLoUnit),
                                                      _mm512_cvtepi32_ps(hi[r])));
   }
-  for (int r = 0; r < R; ++r) y[r * ystride] = kLoUnit * _mm512_reduce_add_ps(sum[r]);  // in units of q
+  for (int r = 0; r < R; ++r) y[r * ystride] = unit * _mm512_reduce_add_ps(sum[r]);
 }
 
 }  // namespace
@@ -201,11 +201,12 @@ bool int8_row_times_weight(const float* x, int64_t K, const int8_t* w, int64_t N
   thread_local SplitRow scratch;
   SplitRow& split = scratch;
   split_row(x, K, inv, split);
+  const float unit = s * kLoUnit;
   at::parallel_for(0, N, 32, [&](int64_t n0, int64_t n1) {  // rows n, n + quarter, n + 2 quarter, n + 3 quarter
     const int64_t quarter = (n1 - n0) / 4;
-    for (int64_t n = n0; n < n0 + quarter; ++n) split_streams<4>(w + n * K, quarter * K, split, K, out + n, quarter);
-    for (int64_t n = n0 + 4 * quarter; n < n1; ++n) split_streams<1>(w + n * K, 0, split, K, out + n, 0);
-    for (int64_t n = n0; n < n1; ++n) out[n] *= s;
+    for (int64_t n = n0; n < n0 + quarter; ++n)
+      split_streams<4>(w + n * K, quarter * K, split, K, unit, out + n, quarter);
+    for (int64_t n = n0 + 4 * quarter; n < n1; ++n) split_streams<1>(w + n * K, 0, split, K, unit, out + n, 0);
   });
   return true;
 }
