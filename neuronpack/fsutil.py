@@ -77,23 +77,26 @@ class FlushBehind:
                 flush.wrote(len(piece))
     """
 
-    def __init__(self, fh: BinaryIO, every: int = 64 * 2**20) -> None:
+    def __init__(self, fh: BinaryIO, every: int = 16 * 2**20) -> None:
         self._fh = fh
         self._fd = os.dup(fh.fileno())
         self._every = every
         self._pending = 0
         self._thread: threading.Thread | None = None
         self._error: OSError | None = None
+        self._lock = threading.Lock()
 
     def wrote(self, nbytes: int) -> None:
-        self._pending += nbytes
-        if self._pending < self._every or (self._thread is not None and self._thread.is_alive()):
-            return
-        self._raise_error()
-        self._fh.flush()  # what Python still buffers reaches the kernel before the fdatasync starts
-        self._pending = 0
-        self._thread = threading.Thread(target=self._sync, name="neuronpack-flush-behind", daemon=True)
-        self._thread.start()
+        """Count ``nbytes`` more written; thread-safe (the writer's stored copies count from their worker)."""
+        with self._lock:
+            self._pending += nbytes
+            if self._pending < self._every or (self._thread is not None and self._thread.is_alive()):
+                return
+            self._raise_error()
+            self._fh.flush()  # what Python still buffers reaches the kernel before the fdatasync starts
+            self._pending = 0
+            self._thread = threading.Thread(target=self._sync, name="neuronpack-flush-behind", daemon=True)
+            self._thread.start()
 
     def close(self) -> None:
         """Wait for the running fdatasync; raise its error, if any."""

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from neuronpack.checkpoint import TensorSpec, read_safetensors_header, write_safetensors_sharded
 from neuronpack.progress import NullReporter
@@ -257,3 +257,45 @@ def test_flush_behind_raises_a_background_writeback_error(tmp_path, monkeypatch)
     with pytest.raises(OSError, match="I/O error"):
         write_safetensors_sharded(tmp_path / "out", [TensorSpec("w", "F32", (8, 4))], iter([("w", stored)]),
                                   flush_behind=True)
+
+
+def test_stored_copies_run_beside_the_writing_and_report_their_errors(tmp_path, monkeypatch):
+    """Stored tensors are copied by a worker while later tensors are written (the caller's thread is not the one
+    that copies), into their own places; a copy that fails (a source cut short after its header was read) fails
+    the write with that error, and an error of the caller's own stops the copies still queued."""
+    import os
+    import threading
+
+    source = {"a": torch.randn(64, 8), "b": torch.randn(32, 8)}
+    save_file(source, str(tmp_path / "src.safetensors"))
+    stored = read_safetensors_header(tmp_path / "src.safetensors")
+    threads = []
+    real_copy = os.copy_file_range
+
+    def copy_file_range(*args):
+        threads.append(threading.current_thread())
+        return real_copy(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", copy_file_range)
+    rows = torch.randn(16, 8)
+    specs = [TensorSpec("a", "F32", (64, 8)), TensorSpec("r", "F32", (16, 8)), TensorSpec("b", "F32", (32, 8))]
+    (tmp_path / "out").mkdir()
+    write_safetensors_sharded(tmp_path / "out", specs, iter([("a", stored["a"]), ("r", rows), ("b", stored["b"])]))
+    assert threads and threading.main_thread() not in threads
+    written = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert torch.equal(written["a"], source["a"]) and torch.equal(written["r"], rows)
+    assert torch.equal(written["b"], source["b"])
+
+    short = tmp_path / "short.safetensors"
+    short.write_bytes((tmp_path / "src.safetensors").read_bytes()[: stored["b"].offset + 100])
+    cut = read_safetensors_header(tmp_path / "src.safetensors")["b"]._replace(file=short)
+    with pytest.raises(ValueError, match="ends inside b"):
+        write_safetensors_sharded(tmp_path / "out", specs, iter([("a", stored["a"]), ("r", rows), ("b", cut)]))
+
+    def failing():
+        yield "a", stored["a"]
+        raise RuntimeError("producer failed")
+
+    threads.clear()
+    with pytest.raises(RuntimeError, match="producer failed"):
+        write_safetensors_sharded(tmp_path / "out", specs, failing())
