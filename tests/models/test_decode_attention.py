@@ -58,6 +58,24 @@ def test_kernel_matches_the_formula(rows, kv, group, head_dim, cached, spare, ke
     torch.testing.assert_close(out, formula(*args), **EXACT[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cached", [64, 129, 700])
+def test_long_caches_match_the_formula(dtype, cached):
+    """Caches longer than the kernel's prefetch distance (keys and values are prefetched ahead of the block being
+    read, and the next row's first positions meanwhile): the same result as the formula."""
+    gen = torch.Generator().manual_seed(cached)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    rows, kv, group, head_dim = 3, 2, 3, 128
+    k_cache, v_cache = rand(rows, kv, cached + 5, head_dim), rand(rows, kv, cached + 5, head_dim)
+    past = torch.rand(rows, 1, 1, cached, generator=gen) < 0.9
+    args = (rand(rows, kv, group, head_dim), rand(rows, kv, 1, head_dim), rand(rows, kv, 1, head_dim),
+            k_cache[:, :, :cached], v_cache[:, :, :cached], past, 1 / math.sqrt(head_dim))
+    torch.testing.assert_close(torch.ops.neuronpack.decode_attention(*args), formula(*args), **EXACT[dtype])
+
+
 def test_every_position_masked_leaves_the_token_itself():
     """With no cached position allowed, each query attends only to its own key: the output is its value."""
     q, k, v = torch.randn(2, 1, 3, 16), torch.randn(2, 1, 1, 16), torch.randn(2, 1, 1, 16)

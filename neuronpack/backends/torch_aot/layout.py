@@ -21,8 +21,9 @@ FORMAT = "neuronpack-torch"
 # with ``linear_kernels`` the graphs' linears call neuronpack's decode kernels (torch.ops.neuronpack.*); 6: the decode
 # layer graph computes attention as fused loops (no bmm calls), and int8 one-row linears use vpdpwssd; 7: with
 # ``linear_kernels`` the decode layer graph calls torch.ops.neuronpack.decode_attention; 8: the shipped kernels' int8
-# one-row linears read rows in order through vpdpbusd (kernels/int8_row.cpp)
-FORMAT_VERSION = 8
+# one-row linears read rows in order through vpdpbusd (kernels/int8_row.cpp); 9: the shipped decode attention
+# prefetches the cache rows it reads (kernels/attention.cpp)
+FORMAT_VERSION = 9
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")
