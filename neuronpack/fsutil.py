@@ -61,7 +61,37 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
-class FlushBehind:
+class BackgroundWork:
+    """A context manager over work a helper thread does for its owner: an error the thread meets is kept in
+    ``_error`` and raised in the owner's thread by ``_raise_error`` (from ``close`` or the owner's next call). Leaving
+    the ``with`` normally runs ``close``; leaving it with an exception runs ``_abandon`` instead, and the body's
+    exception is the one the owner sees."""
+
+    _error: BaseException | None = None
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _abandon(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._abandon()
+
+
+class FlushBehind(BackgroundWork):
     """Write a file's data to disk while more of it is still being written: each time ``wrote`` has counted
     ``every`` bytes, a worker thread fdatasyncs (a duplicate of) the file's descriptor, unless its previous fdatasync
     is still running. Writeback then overlaps the writing instead of following it, and the fsync before publishing
@@ -112,21 +142,6 @@ class FlushBehind:
             getattr(os, "fdatasync", os.fsync)(self._fd)
         except OSError as exc:
             self._error = exc
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def __enter__(self) -> FlushBehind:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:  # the body's exception is the one to see
-            with contextlib.suppress(OSError):
-                self.close()
 
 
 def fsync_dir(path: Path) -> None:

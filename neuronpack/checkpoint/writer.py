@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, BinaryIO, NamedTuple, Union
 
 from neuronpack.checkpoint.dtypes import safetensors_dtype
 from neuronpack.checkpoint.safetensors_header import TensorInfo, expected_nbytes
-from neuronpack.fsutil import FlushBehind
+from neuronpack.fsutil import BackgroundWork, FlushBehind
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
@@ -261,7 +261,7 @@ def _check_stored(spec: TensorSpec, info: TensorInfo, written: int) -> None:
                          f"is not the whole {_code(spec.dtype)}{list(spec.shape)} of the spec")
 
 
-class _StoredCopies:
+class _StoredCopies(BackgroundWork):
     """Stored tensors copied into one shard by a worker thread, in the order given, each to the offset the shard's
     file position had when it was submitted: the caller moves on past it and writes what follows meanwhile. Closing
     waits for every copy and raises the first error one met; after an error in the caller's own writing the copies
@@ -304,20 +304,9 @@ class _StoredCopies:
                 except BaseException as exc:  # raised in the caller's thread by submit / close
                     self._error = exc
 
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def __enter__(self) -> _StoredCopies:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:  # the body's exception is the one to see: the copies still queued are dropped
-            self._stop = True
-            self._join()
+    def _abandon(self) -> None:  # after the caller's own error: the copies still queued are dropped
+        self._stop = True
+        self._join()
 
 
 def _copy_stored(fd: int, info: TensorInfo, dst: int, flush: FlushBehind | None = None) -> None:
