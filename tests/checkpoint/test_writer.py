@@ -262,7 +262,7 @@ def test_flush_behind_raises_a_background_writeback_error(tmp_path, monkeypatch)
 def test_stored_copies_run_beside_the_writing_and_report_their_errors(tmp_path, monkeypatch):
     """Stored tensors are copied by a worker while later tensors are written (the caller's thread is not the one
     that copies), into their own places; a copy that fails (a source cut short after its header was read) fails
-    the write with that error, and an error of the caller's own stops the copies still queued."""
+    the write with that error, and an error of the caller's own is the one raised (not hidden by the copies')."""
     import os
     import threading
 
