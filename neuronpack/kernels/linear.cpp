@@ -5,10 +5,11 @@
 // each plain [out, in] weight row once, front to back (one sequential stream, the pattern a plain sum reads at full
 // bandwidth), and dots it with every row of x while it is in the registers. float32, bfloat16 and int8 (NxD
 // Inference's weight-only format, per-channel float32 scale) weights; accumulation in float32. One row of x reads
-// two weight rows far apart at once (two streams; int8 through the integer dot products of int8_row.cpp where the
-// CPU has them); 2+ rows prefetch into L2 ahead of the row being read, and rows of x too long to fit L1 together go
-// a block of K at a time; 6+ rows take two weight rows per pass (each load of x feeds two FMAs, and with 8 rows the 16 sums come out of
-// one shuffle tree); bfloat16 uses vdpbf16ps where the CPU has it, two weight rows per pass against 8 rows of x.
+// two weight rows far apart at once (two streams; int8 goes through the integer dot products of int8_row.cpp where
+// the CPU has them); 2+ rows prefetch into L2 ahead of the row being read, and rows of x too long to fit L1 together
+// go a block of K at a time; 6+ rows take two weight rows per pass (each load of x feeds two FMAs, and with 8 rows
+// the 16 sums come out of one shuffle tree); bfloat16 uses vdpbf16ps where the CPU has it, two weight rows per pass
+// against 8 rows of x.
 // Threads (torch's OpenMP team) split the weight rows.
 // Measured in docs/portable-backend.md (bench/linears.py).
 //
