@@ -1,0 +1,117 @@
+"""Run an nxd artifact's recorded NeuronConfig and checkpoint through NxD Inference's own Llama on the CPU (tp 1).
+
+Where ``neuronx_distributed_inference`` imports (a Neuron build box: no device needed), ``load_on_cpu`` follows
+upstream's ``to_cpu()`` step by step (NXD_CPU_MODE, a one-rank gloo group, model-parallel set-up without
+collectives, NxDI's own checkpoint loader and NxD's ``get_sharded_checkpoint``), with one change quantized
+checkpoints need: the model is built by ``DecoderModelInstance.load_module()``, NxDI's device path, so NxD's
+quantization ``convert()`` makes quantized layers (``to_cpu()`` alone loads int8 values as floats and drops every
+``.scale`` with a warning). ``load_state_dict(strict=False)``'s missing weights are refused (``AccuracyError`` naming
+them); the KV cache (``kv_mgr.*``) is the model's own. ``prefix_logits`` scores tokens teacher-forced through context
+encoding, one pass per prefix (on CPU NxDI's token generation returns the updated KV cache functionally and nothing
+writes it back).
+
+Every recorded option is kept except what a CPU run at tp 1 and batch 1 must change (``CPU_OVERRIDES``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from neuronpack.errors import AccuracyError
+
+CPU_OVERRIDES: dict[str, Any] = {
+    "tp_degree": 1, "batch_size": 1, "ctx_batch_size": 1, "tkg_batch_size": 1, "on_cpu": True,
+    "enable_bucketing": False, "is_continuous_batching": False, "sequence_parallel_enabled": False,
+    "save_sharded_checkpoint": False, "on_device_sampling_config": None,
+}
+DROPPED = ("context_encoding_buckets", "token_generation_buckets")
+# Fused speculation has no CPU forward upstream ("Speculation is not yet supported for CPU inference."): the target
+# model is checked alone.
+SPECULATION_KEYS = ("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3",
+                    "enable_eagle_draft_input_norm")
+
+
+MODULES = ("neuronx_distributed.parallel_layers.parallel_state", "neuronx_distributed.trace.trace",
+           "neuronx_distributed_inference.models.llama.modeling_llama",
+           "neuronx_distributed_inference.models.model_wrapper", "neuronx_distributed_inference.utils.hf_adapter")
+
+
+def nxdi_importable() -> bool:
+    """True where every NxD Inference / NxD module the CPU run uses imports (the real SDK on a Neuron build box, or
+    upstream sources with the closed packages served); imports them."""
+    import importlib
+
+    try:
+        for name in MODULES:
+            importlib.import_module(name)
+    except Exception:
+        return False
+    return True
+
+
+def cpu_neuron_config(recorded: dict[str, Any], seq_len: int, dtype: str) -> dict[str, Any]:
+    """The recorded NeuronConfig kwargs as a tp-1, batch-1 CPU run of the target model needs them."""
+    kwargs = {k: v for k, v in recorded.items() if k not in DROPPED and k not in SPECULATION_KEYS}
+    kwargs.update(CPU_OVERRIDES, seq_len=seq_len, max_context_length=seq_len, torch_dtype=dtype)
+    return kwargs
+
+
+def init_cpu_process_group(port: int | None = None) -> None:
+    """The one-rank gloo group and model-parallel state upstream's ``to_cpu()`` sets up (once per process)."""
+    import torch
+    from neuronx_distributed.parallel_layers.parallel_state import initialize_model_parallel
+
+    os.environ["NXD_CPU_MODE"] = "1"
+    if torch.distributed.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port or 29500))
+    torch.distributed.init_process_group(backend="gloo", world_size=1, rank=0)
+    initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                              expert_model_parallel_size=1, skip_collective_init=True)
+
+
+def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len: int):
+    """NxDI's ``NeuronLlamaForCausalLM`` for ``model_dir`` with the recorded NeuronConfig, its weights loaded on the
+    CPU. Returns (app, module); AccuracyError when a weight NxDI expects is missing from the checkpoint."""
+    from neuronx_distributed.trace.trace import get_sharded_checkpoint
+    from neuronx_distributed_inference.models.llama.modeling_llama import NeuronLlamaForCausalLM as cls
+    from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
+    from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
+
+    neuron_config = cls.get_neuron_config_cls()(**cpu_neuron_config(recorded, seq_len, dtype))
+    config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(model_dir))
+    app = cls(model_dir, config)
+    instance = DecoderModelInstance(app.models[0].model_cls, app.models[0].config)
+    instance.load_module()
+    module = instance.module
+    state = app.checkpoint_loader_fn()
+    get_sharded_checkpoint(state, module, 0, 1)
+    result = module.load_state_dict(state, strict=False)
+    buffers = {name for name, _ in module.named_buffers()}
+    missing = [k for k in result.missing_keys if k not in buffers and not k.startswith("kv_mgr.")]
+    if missing:
+        where = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else model_dir
+        raise AccuracyError(f"NxD Inference found no weight for {', '.join(missing[:5])}"
+                            f"{' ...' if len(missing) > 5 else ''} in the checkpoint", where=str(where),
+                            fix="rebuild the checkpoint with neuronpack (compile --force, or quantize again)")
+    for wrapper in app.models:
+        wrapper.model = module
+    app.eval()
+    return app, module
+
+
+def prefix_logits(app, tokens: Sequence[int], prompt_len: int):
+    """float32 logits [len(tokens) - prompt_len + 1, vocab]: row j predicts the token after prompt + j more."""
+    import torch
+
+    rows = []
+    with torch.inference_mode():
+        for end in range(prompt_len, len(tokens) + 1):
+            ids = torch.tensor([list(tokens[:end])])
+            out = app(ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(end)[None],
+                      seq_ids=torch.tensor([0]))
+            rows.append(out.logits[0, -1].float())
+    return torch.stack(rows)
