@@ -6,8 +6,13 @@ artifact through its serving path (``prompt_logits``: one context-graph pass, th
 continuation token). ``metrics.py`` turns the two logits tensors into figures; the thresholds of the artifact's
 precision decide pass or fail.
 
-Only portable (torch) artifacts run here. NxDI / transformers-neuronx artifacts need a Neuron device: for them the
-report's status is ``not_run`` and ``plan`` says what would run and on what hardware.
+Portable (torch) artifacts run through their runtime. NxDI artifacts run, where NxD Inference imports (a Neuron
+build box; no device needed), through NxDI's own modeling code on the CPU at tp 1 (``nxdi_cpu.py``: the recorded
+NeuronConfig and checkpoint, the quantized one for a quantized recipe), scored teacher-forced one context pass per
+prefix; a quantized artifact is also compared with the reference on its dequantized weights (``vs_dequantized``: a
+format bug is far off there, quantization error is not). Elsewhere, and for transformers-neuronx, the status is
+``not_run`` and ``plan`` says what would run and on what hardware; also when the weights would not fit this
+machine's free memory.
 
 Example::
 
@@ -113,15 +118,112 @@ def check_accuracy(
     if limits is None:
         raise AccuracyError(f"no accuracy thresholds for precision {subject.precision!r}",
                             where=str(subject.artifact_dir), fix=f"use one of {', '.join(THRESHOLDS)}")
-    if subject.framework != "torch":
-        return AccuracyReport(NOT_RUN, subject, limits, new_tokens, plan=neuron_plan(subject, prompts, new_tokens,
-                              limits), reason=f"{subject.framework} artifacts run only on a Neuron device")
     started = time.perf_counter()
-    stats = _score_torch(subject, prompts, new_tokens, reporter)
-    summary = summarize(stats)
+    plan: tuple[str, ...] = ()
+    if subject.framework == "torch":
+        stats = _score_torch(subject, prompts, new_tokens, reporter)
+        summary = summarize(stats)
+    else:
+        not_run = _nxd_cpu_refusal(subject)
+        if not_run:
+            return AccuracyReport(NOT_RUN, subject, limits, new_tokens, reason=not_run,
+                                  plan=neuron_plan(subject, prompts, new_tokens, limits))
+        stats, summary, plan = _score_nxd_cpu(subject, prompts, new_tokens, reporter)
     failures = tuple(limits.failures(summary))
     return AccuracyReport(FAILED if failures else PASSED, subject, limits, new_tokens, summary, tuple(stats),
-                          failures, seconds=time.perf_counter() - started)
+                          failures, plan=plan, seconds=time.perf_counter() - started)
+
+
+def _nxd_cpu_refusal(subject: Subject) -> str | None:
+    """Why an NxDI / TNx artifact cannot be checked on this machine's CPU, or None when it can."""
+    import psutil
+
+    from neuronpack.accuracy import nxdi_cpu
+
+    if subject.framework != "nxd":
+        return f"{subject.framework} artifacts run only on a Neuron device"
+    if not nxdi_cpu.nxdi_importable():
+        return "needs NxD Inference (neuronx-distributed-inference) importable: its CPU path checks nxd artifacts"
+    ref = subject.reference_dir
+    weights = sum(p.stat().st_size for p in ref.glob("*.safetensors")) if ref is not None and ref.is_dir() else 0
+    # NxDI's model, the state dict it loads and the float32 reference live at once: about three copies
+    need, free = 3 * weights, psutil.virtual_memory().available
+    if need > free:
+        return (f"the model needs ~{need / 2**30:.1f} GiB to check on the CPU and {free / 2**30:.1f} GiB is free: "
+                "skipped rather than swap")
+    return None
+
+
+def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tokens: int, reporter: Reporter):
+    """(stats, summary, plan) of an nxd artifact run through NxDI's CPU path; a quantized one also against the
+    reference on its dequantized weights (summary["vs_dequantized"])."""
+    import torch
+
+    from neuronpack.accuracy import nxdi_cpu
+    from neuronpack.artifacts.manifest import read_manifest
+
+    manifest = read_manifest(subject.artifact_dir)
+    recorded = dict(manifest.compile_config.get("neuron_config") or {})
+    tokenizer = _tokenizer(subject)
+    prompts = _usable_prompts(prompts, tokenizer)
+    seq_len = max(len(encode_prompt(p, tokenizer)) for p in prompts) + new_tokens + 1
+    nxdi_cpu.init_cpu_process_group()
+    dtype = str(recorded.get("torch_dtype", "float32"))
+    app, _ = nxdi_cpu.load_on_cpu(str(subject.reference_dir), recorded, dtype=dtype, seq_len=seq_len)
+    reference = _load_reference(subject, app.config.vocab_size)
+    quantized = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else None
+    # in the dtype NxDI ran: what is left against it is kernel rounding, not quantization
+    dequantized = (nxdi_cpu.dequantized_reference(reference, quantized).to(getattr(torch, dtype)) if quantized
+                   else None)
+    stats, against_dequantized = [], []
+    with reporter.task(f"score {len(prompts)} prompts (NxDI on CPU vs reference)", total=len(prompts)) as task, \
+            torch.inference_mode():
+        for prompt in prompts:
+            ids = encode_prompt(prompt, tokenizer)
+            continuation = _greedy(reference, ids, new_tokens)
+            tokens = ids + continuation[:-1]
+            actual = nxdi_cpu.prefix_logits(app, tokens, len(ids))
+            # rows from the last prompt position on: context encoding returns only the last position's logits
+            for model, into in ((reference, stats), (dequantized, against_dequantized)):
+                if model is not None:
+                    expected = model(torch.tensor([tokens])).logits[0, len(ids) - 1:].float()
+                    into.append(compare_logits(expected, actual, continuation, prompt_len=1, name=prompt.name))
+            task.advance()
+    summary = summarize(stats)
+    if against_dequantized:
+        summary["vs_dequantized"] = summarize(against_dequantized)
+    tp = recorded.get("tp_degree", 1)
+    plan = (f"ran NxD Inference's own modeling code on this CPU at tp 1, batch 1 (the recipe: tp {tp}, batch "
+            f"{recorded.get('batch_size', 1)}); neuronx-cc, the device and the token-generation graph were not run",)
+    return stats, summary, plan
+
+
+def _tokenizer(subject: Subject):
+    """The artifact's tokenizer (else the reference's). NxDI pins transformers 4.57, which cannot name a tokenizer
+    class that transformers 5 saved ("TokenizersBackend"): then tokenizer.json and the chat template directly."""
+    import transformers
+
+    for where in (subject.artifact_dir, subject.reference_dir):
+        if where is None or not (Path(where) / "tokenizer_config.json").is_file():
+            continue
+        try:
+            return transformers.AutoTokenizer.from_pretrained(where)
+        except ValueError:
+            if not (Path(where) / "tokenizer.json").is_file():
+                raise
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(Path(where) / "tokenizer.json"))
+        template = Path(where) / "chat_template.jinja"
+        fast.chat_template = template.read_text() if template.is_file() else None
+        return fast
+    raise AccuracyError("no tokenizer in the artifact or the reference checkpoint", where=str(subject.artifact_dir),
+                        fix="pass --reference DIR (the checkpoint the artifact was compiled from)")
+
+
+def _usable_prompts(prompts: Sequence[EvalPrompt] | None, tokenizer) -> list[EvalPrompt]:
+    """The prompts given, or the defaults this tokenizer can encode (the chat one needs a chat template)."""
+    if prompts is not None:
+        return list(prompts)
+    return [p for p in DEFAULT_PROMPTS if p.messages is None or tokenizer.chat_template]
 
 
 def neuron_plan(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tokens: int,
@@ -147,8 +249,7 @@ def _score_torch(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tok
     from neuronpack.backends.torch_aot import load_artifact
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(subject.artifact_dir)
-    if prompts is None:  # the chat default needs a chat template
-        prompts = [p for p in DEFAULT_PROMPTS if p.messages is None or tokenizer.chat_template]
+    prompts = _usable_prompts(prompts, tokenizer)
     lm = load_artifact(subject.artifact_dir, reporter=reporter)
     reference = _load_reference(subject, lm.vocab_size)
     stats = []

@@ -87,13 +87,17 @@ def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len
     instance = DecoderModelInstance(app.models[0].model_cls, app.models[0].config)
     instance.load_module()
     module = instance.module
-    state = app.checkpoint_loader_fn()
-    get_sharded_checkpoint(state, module, 0, 1)
-    result = module.load_state_dict(state, strict=False)
+    where = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else model_dir
+    try:
+        state = app.checkpoint_loader_fn()
+        get_sharded_checkpoint(state, module, 0, 1)
+        result = module.load_state_dict(state, strict=False)
+    except (RuntimeError, AssertionError, ValueError, KeyError) as exc:  # NxDI's own checks of the checkpoint
+        raise AccuracyError(f"NxD Inference refused the checkpoint: {exc}", where=str(where),
+                            fix="rebuild the checkpoint with neuronpack (compile --force, or quantize again)") from exc
     buffers = {name for name, _ in module.named_buffers()}
     missing = [k for k in result.missing_keys if k not in buffers and not k.startswith("kv_mgr.")]
     if missing:
-        where = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else model_dir
         raise AccuracyError(f"NxD Inference found no weight for {', '.join(missing[:5])}"
                             f"{' ...' if len(missing) > 5 else ''} in the checkpoint", where=str(where),
                             fix="rebuild the checkpoint with neuronpack (compile --force, or quantize again)")
@@ -115,3 +119,23 @@ def prefix_logits(app, tokens: Sequence[int], prompt_len: int):
                       seq_ids=torch.tensor([0]))
             rows.append(out.logits[0, -1].float())
     return torch.stack(rows)
+
+
+def dequantized_reference(reference, quantized_dir: str):
+    """A copy of the float32 transformers ``reference`` holding the quantized checkpoint's weights dequantized
+    (stored int8 / fp8 values x their float32 scale): what a correct quantized load must reproduce exactly."""
+    import copy
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    model = copy.deepcopy(reference)
+    weights = {}
+    for shard in sorted(Path(quantized_dir).glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            weights.update({name: f.get_tensor(name) for name in f.keys()})
+    state = {name: (value.float() * weights[name[: -len("weight")] + "scale"]
+                    if name.endswith(".weight") and name[: -len("weight")] + "scale" in weights else value.float())
+             for name, value in weights.items() if not name.endswith(".scale")}
+    model.load_state_dict(state, strict=False)
+    return model

@@ -81,7 +81,7 @@ def exit_code(accuracy: dict[str, Any]) -> int:
 def print_report(data: dict[str, Any], artifact: str, console: Console | LazyConsole = stdout) -> None:
     """The human-readable report of ``AccuracyReport.to_dict()``: one row per prompt, the summary, the verdict
     (failures on stderr). Shared with ``compile --check-accuracy``, which prints it on stderr."""
-    if data["plan"]:
+    if data["status"] == "not_run":
         console.print(f"not run: {data['reason']}. A check of this artifact would:", markup=False)
         for step in data["plan"]:
             console.print(f"  - {step}", markup=False)
@@ -91,7 +91,10 @@ def print_report(data: dict[str, Any], artifact: str, console: Console | LazyCon
     table = Table(title=cell(f"{artifact} ({data['precision']}) vs {data['reference']}"))
     for col in ("prompt", "tokens", "top-1", "max |diff|", "mean |diff|", "mean KL", "max KL", "greedy match"):
         table.add_column(col, justify="left" if col == "prompt" else "right")
-    rows = [*data["prompts"], {"name": "all", **(data["summary"] or {})}]
+    summary = data["summary"] or {}
+    rows = [*data["prompts"], {"name": "all", **summary}]
+    if "vs_dequantized" in summary:  # a quantized nxd artifact: the same scores against the dequantized reference
+        rows.append({"name": "all vs dequantized", **summary["vs_dequantized"]})
     for p in rows:
         greedy = (f"{p['greedy_match']}/{p['continuation_tokens']}" if "greedy_match" in p
                   else f"min {p['greedy_match_min']}/{p['continuation_tokens']}")
@@ -105,3 +108,5 @@ def print_report(data: dict[str, Any], artifact: str, console: Console | LazyCon
     console.print(f"{verdict} ({data['precision']} thresholds: {limits})", markup=False)
     for failure in data["failures"]:
         stderr.print(f"  {failure}", markup=False)
+    for note in data["plan"]:  # what a check that ran did not cover (nxd on the CPU)
+        console.print(f"note: {note}", markup=False)

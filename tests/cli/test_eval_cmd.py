@@ -124,7 +124,8 @@ def test_bad_inputs_are_one_line_errors(checked, tmp_path):
 
 
 def test_neuron_artifact_is_not_run_here_and_exits_3(checked, tmp_path):
-    """An NxDI artifact needs a Neuron device: eval says what it would run and exits 3 (neither pass nor fail)."""
+    """An NxDI artifact where NxD Inference does not import: eval says what it would run and exits 3 (neither pass nor
+    fail). Where it imports, tests/upstream/test_nxdi_eval.py runs it."""
     artifact = tmp_path / "nxd"
     shutil.copytree(checked["path"], artifact)
     manifest = json.loads((artifact / "neuronpack.json").read_text())
@@ -132,7 +133,7 @@ def test_neuron_artifact_is_not_run_here_and_exits_3(checked, tmp_path):
     (artifact / "neuronpack.json").write_text(json.dumps(manifest))
     out = runner.invoke(app, ["eval", str(artifact)])
     assert out.exit_code == 3, out.output
-    assert "not run: nxd artifacts run only on a Neuron device" in out.stdout
+    assert "not run: needs NxD Inference (neuronx-distributed-inference) importable" in out.stdout
     assert "trn1.2xlarge" in out.stdout and "neuronx-distributed-inference" in out.stdout
     report = json.loads(evaluate(artifact).stdout)
     assert report["status"] == "not_run" and report["summary"] is None and len(report["plan"]) == 5

@@ -21,6 +21,9 @@ import types
 
 ROOTS = ("torch_neuronx", "neuronxcc", "nki", "nkilib", "libneuronxla", "torch_xla")
 CALLS: list[str] = []
+# Closed objects that open set-up code constructs and never runs: NxD's model-parallel set-up builds a
+# context-parallel CollectivesConfig (unused at cp 1). They give a stand-in after sealing too.
+CONFIG_OBJECTS = frozenset({"neuronxcc.nki._pre_prod_kernels.collectives.CollectivesConfig"})
 _state = {"sealed": False, "platform": "trn1"}
 
 
@@ -35,7 +38,7 @@ class _ClosedMeta(type):
         return _closed(f"{cls.__qualname__}.{name}")
 
     def __call__(cls, *args, **kwargs):
-        if not _state["sealed"]:  # import time: a decorator factory or a default value
+        if not _state["sealed"] or cls.__qualname__ in CONFIG_OBJECTS:  # import time: a decorator or a default
             return _decorator_or_value(cls.__qualname__, args)
         CALLS.append(cls.__qualname__)
         raise ClosedCall(f"closed Neuron code called on the CPU path: {cls.__qualname__}")

@@ -3,9 +3,9 @@
 Usage: ``python nxdi_cpu.py SPEC.json OUT.pt`` in ``.venv-nxdi`` (NxDI's transformers 4.57 beside this project's
 packages). The spec names the upstream source directories (``sys_path``) and the runs: each a ``model_dir``, the
 NeuronConfig kwargs neuronpack recorded (``neuron_config``), ``dtype`` and ``tokens`` / ``prompt_len``. The closed
-packages are served by ``closed_shim``, sealed after model-parallel set-up (which builds NxD's context-parallel
-``CollectivesConfig``, a closed config object unused at cp 1): from then on loading and every forward must run open
-code only. The loading itself is neuronpack's (``neuronpack.accuracy.nxdi_cpu``), the code ``neuronpack eval`` runs.
+packages are served by ``closed_shim``, sealed once NxDI has imported: from then on set-up, loading and every
+forward must run open code only. The loading itself is neuronpack's (``neuronpack.accuracy.nxdi_cpu``), the code
+``neuronpack eval`` runs.
 
 Writes {run name: {logits, modules (class name counts), closed_calls} or {error, closed_calls}} to OUT.pt.
 """
@@ -31,8 +31,8 @@ def main(spec_path: str, out_path: str) -> None:
     from neuronpack.accuracy import nxdi_cpu
 
     assert nxdi_cpu.nxdi_importable(), "upstream NxD Inference does not import from the given sources"
-    nxdi_cpu.init_cpu_process_group(spec.get("port"))
     closed_shim.seal()
+    nxdi_cpu.init_cpu_process_group(spec.get("port"))
     results = {}
     for name, run in spec["runs"].items():
         del closed_shim.CALLS[:]

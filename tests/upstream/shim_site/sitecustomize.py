@@ -1,0 +1,24 @@
+"""Start-up of a Python process that runs neuronpack against upstream NxD Inference sources (tests/upstream).
+
+On PYTHONPATH only in those tests' subprocesses: puts NEURONPACK_UPSTREAM_PATH's directories first on sys.path,
+serves the closed Neuron packages (closed_shim), imports NxDI and seals the shim, so any later call into closed code
+raises; at exit the calls recorded (even ones upstream swallowed) go to NEURONPACK_CLOSED_CALLS as JSON.
+"""
+
+import atexit
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]),
+                *os.environ.get("NEURONPACK_UPSTREAM_PATH", "").split(os.pathsep)]
+import closed_shim  # noqa: E402
+
+closed_shim.install()
+from neuronpack.accuracy import nxdi_cpu  # noqa: E402
+
+if nxdi_cpu.nxdi_importable():
+    closed_shim.seal()
+if os.environ.get("NEURONPACK_CLOSED_CALLS"):
+    atexit.register(lambda: Path(os.environ["NEURONPACK_CLOSED_CALLS"]).write_text(json.dumps(closed_shim.CALLS)))
