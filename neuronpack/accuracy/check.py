@@ -187,7 +187,8 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
             for model, into in ((reference, stats), (dequantized, against_dequantized)):
                 if model is not None:
                     expected = model(torch.tensor([tokens])).logits[0, len(ids) - 1:].float()
-                    into.append(compare_logits(expected, actual, continuation, prompt_len=1, name=prompt.name))
+                    scored = compare_logits(expected, actual, continuation, prompt_len=1, name=prompt.name)
+                    into.append(replace(scored, prompt_tokens=len(ids)))  # scored from the last prompt position
             task.advance()
     summary = summarize(stats)
     if against_dequantized:
