@@ -92,6 +92,7 @@ def compiled_draft(draft, work: Path, layout: str, limits):
     from neuronpack.backends.torch_aot.draft_graphs import CompiledDraft, export_draft_graph
     from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS
     from neuronpack.backends.torch_aot.runners import boxed
+    from neuronpack.backends.torch_aot.torch_api import aoti_package_loader
 
     runners, seconds = {}, {}
     for name in DRAFT_GRAPHS:
@@ -101,7 +102,7 @@ def compiled_draft(draft, work: Path, layout: str, limits):
             program = export_draft_graph(draft, name, limits, kernels=True)
             torch._inductor.aoti_compile_and_package(program, package_path=str(package))
             seconds[name] = round(time.perf_counter() - start, 1)
-        runners[name] = boxed(torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1))
+        runners[name] = boxed(aoti_package_loader(str(package), "model"))
     return CompiledDraft(runners, draft, limits.max_tokens, kernels=True), seconds
 
 

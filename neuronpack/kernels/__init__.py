@@ -150,7 +150,7 @@ def _build(library: Path) -> None:
         raise KernelBuildError(f"no C++ compiler ({_compiler()}) to build neuronpack's kernels",
                                fix="install one (e.g. apt-get install g++) or set CXX")
     library.parent.mkdir(parents=True, exist_ok=True)
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    abi = int(torch.compiled_with_cxx11_abi())  # public: torch's private API stays in backends/torch_aot/torch_api.py
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         out = Path(tmp) / library.name
         command = [_compiler(), *_code_flags(), "-shared", "-fPIC", "-w",

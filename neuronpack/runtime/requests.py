@@ -52,10 +52,25 @@ class CompiledModel(Protocol):
     adapter_names: tuple[str, ...]  # LoRA adapters (index k is adapter_names[k - 1]); models without: ()
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                adapters: Sequence[int] | None = None, return_hidden: bool = False): ...
+                adapters: Sequence[int] | None = None, return_hidden: bool = False,
+                hidden_layers: Sequence[int] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """Write each prompt's KV into its slot. Returns float32 logits [len(slots), vocab] of each prompt's last
+        token; with ``return_hidden`` the tuple (logits, hidden): hidden [len(slots), longest prompt, hidden size]
+        (the final-normed states, or with ``hidden_layers`` the inputs of those layers concatenated)."""
+        ...
 
     def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None,
-               adapters: Sequence[int] | None = None) -> Tensor: ...
+               adapters: Sequence[int] | None = None) -> Tensor:
+        """One step per slot; returns float32 logits [len(slots), vocab] in slot order."""
+        ...
+
+    def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
+               return_hidden: bool = False, adapters: Sequence[int] | None = None,
+               hidden_layers: Sequence[int] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """T tokens per slot in one step (speculative verification), row i at positions ``starts[i]..+T-1``.
+        Returns float32 logits [n, T, vocab]; with ``return_hidden`` the tuple (logits, hidden): hidden [n, T, hidden
+        size] (or ``hidden_layers``' inputs concatenated, as ``prefill``)."""
+        ...
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""

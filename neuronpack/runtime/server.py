@@ -85,8 +85,8 @@ def create_app(
     """
     base = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
     served = ServedModels(base, engine.adapter_names, roots=adapter_roots or {})
-    # Chat templates (and memory releases) run on a few threads of the app's own rather than one pooled thread per
-    # concurrent request: every thread that allocates gets a malloc arena whose freed memory stays resident
+    # Tokenizing, chat templates (and memory releases) run on a few threads of the app's own rather than one pooled
+    # thread per concurrent request: every thread that allocates gets a malloc arena whose freed memory stays resident
     # (bench/serve_memory.py).
     blocking_pool = ThreadPoolExecutor(TEMPLATE_THREADS, thread_name_prefix="neuronpack-blocking")
 
@@ -116,6 +116,10 @@ def create_app(
     declare_served_models(app, served.names, with_api_key=bool(api_key))
     created = int(time.time())
 
+    async def off_loop(fn, *args):
+        """``fn(*args)`` on the app's blocking threads (tokenizing, chat templates): the event loop keeps serving."""
+        return await asyncio.get_running_loop().run_in_executor(blocking_pool, fn, *args)
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -134,7 +138,7 @@ def create_app(
         adapter = _check_request(body, served)
         body.refuse_unsupported()
         prompts = body.prompts()
-        prompt_ids = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        prompt_ids = await off_loop(_encode_prompts, engine.tokenizer, prompts)
         gen_requests = [_generation_request(body, ids, body.max_tokens, index=i, prompt_logprobs=body.prompt_logprobs,
                                             adapter=adapter) for ids in prompt_ids for i in range(body.n)]
         request_id = f"cmpl-{uuid.uuid4().hex}"
@@ -157,8 +161,7 @@ def create_app(
         adapter = _check_request(body, served)
         body.refuse_unsupported()
         messages = [m.as_template_dict() for m in body.messages]
-        prompt_ids = await asyncio.get_running_loop().run_in_executor(blocking_pool, engine.tokenizer.encode_chat,
-                                                                      messages)
+        prompt_ids = await off_loop(engine.tokenizer.encode_chat, messages)
         gen_requests = [_generation_request(body, prompt_ids, body.completion_limit, index=i, adapter=adapter)
                         for i in range(body.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -185,6 +188,11 @@ def run_server(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_l
 
 
 # ---- request building ----------------------------------------------------------------------------------------
+
+
+def _encode_prompts(tokenizer, prompts) -> list[list[int]]:
+    """Each completion prompt's token ids: a string is encoded, token ids are taken as they are."""
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
 
 
 def _check_request(body: Any, served: ServedModels) -> int:

@@ -251,3 +251,20 @@ def test_chat_templates_render_on_the_apps_few_threads(server):
     started = [n for n in names() if n not in before]
     assert len([n for n in started if n.startswith("neuronpack-blocking")]) <= TEMPLATE_THREADS
     assert not [n for n in started if "AnyIO" in n or "worker" in n.lower()], started
+
+
+def test_completion_prompts_tokenize_on_the_apps_threads(server, client, monkeypatch):
+    """/v1/completions encodes its prompts off the event loop, on the threads chat templates use."""
+    import threading
+
+    tokenizer = server.engine.tokenizer
+    threads = []
+
+    def encode(text, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return original(text, *args, **kwargs)
+
+    original = tokenizer.encode
+    monkeypatch.setattr(tokenizer, "encode", encode)
+    client.completions.create(model=NAME, prompt=["hello", "hi there"], max_tokens=1, temperature=0)
+    assert len(threads) == 2 and all(n.startswith("neuronpack-blocking") for n in threads), threads

@@ -23,6 +23,7 @@ from typing import Any
 
 from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS, GRAPHS_FILE, WEIGHTS_DIR
 from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS
+from neuronpack.backends.torch_aot.torch_api import aoti_compile, package_aoti_graphs, package_exported_programs
 from neuronpack.errors import BuildError
 
 
@@ -49,13 +50,9 @@ def compile_graphs(model, plan, config: dict, staging: Path, reporter, draft=Non
         # Python's write raises a plain ENOSPC OSError that the pipeline reports as such.
         buffer = io.BytesIO()
         if config["compiler"] == "aoti":
-            from torch._inductor.package import package_aoti
-
-            package_aoti(buffer, compiled)
+            package_aoti_graphs(buffer, compiled)
         else:
-            from torch.export.pt2_archive._package import package_pt2
-
-            package_pt2(buffer, exported_programs=compiled)
+            package_exported_programs(buffer, compiled)
         with open(Path(staging) / GRAPHS_FILE, "wb") as fh:
             fh.write(buffer.getbuffer())
         task.advance()
@@ -154,8 +151,6 @@ def _staged_draft(staging: Path, config: dict):
 
 
 def _compile_one(model, name: str, limits, config: dict) -> Any:
-    import torch
-
     from neuronpack.backends.torch_aot import graphs as G
     from neuronpack.backends.torch_aot.draft_graphs import export_draft_graph
 
@@ -164,4 +159,4 @@ def _compile_one(model, name: str, limits, config: dict) -> Any:
     if config["compiler"] == "export":
         return program
     module = program.module(check_guards=False)
-    return torch._inductor.aot_compile(module, program.example_inputs[0], options=dict(INDUCTOR_SETTINGS))
+    return aoti_compile(module, program.example_inputs[0], dict(INDUCTOR_SETTINGS))

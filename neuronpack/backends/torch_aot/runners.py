@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from neuronpack.backends.torch_aot.torch_api import aoti_package_loader, load_exported_programs
 from neuronpack.errors import ArtifactError
 
 
@@ -21,21 +22,17 @@ def load_runners(package: Path, config: dict, task) -> dict[str, Callable]:
     the graph's input order: ``layer_weights`` / ``head_weights``)."""
     runners = {}
     if config["compiler"] == "aoti":
-        import torch
-
         for name, model_name in config["graphs"].items():
             # The C++ loader directly: torch._inductor's Python wrapper would import dynamo and probe the
             # compiler's vector ISA (seconds), and re-read every model of the package for each graph.
-            loader = torch._C._aoti.AOTIModelPackageLoader(str(package), model_name, False, 1, -1)
+            loader = aoti_package_loader(str(package), model_name)
             if loader.get_constant_fqns():  # weights are inputs: a graph holding constants is not ours
                 raise ArtifactError(f"graph {name} expects constants {loader.get_constant_fqns()[:3]}",
                                     where=str(package), fix="recompile the artifact (neuronpack compile --force)")
             runners[name] = boxed(loader)
             task.advance()
         return runners
-    from torch.export.pt2_archive._package import load_pt2
-
-    programs = load_pt2(str(package)).exported_programs
+    programs = load_exported_programs(str(package))
     for name, model_name in config["graphs"].items():
         runners[name] = exported(programs[model_name])
         task.advance()
