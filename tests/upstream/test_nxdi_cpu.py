@@ -68,30 +68,28 @@ def _quantize(model: Path, out: Path, *args: str) -> Path:
     return out
 
 
-def _plant_bad_scale(quantized: Path, out: Path) -> Path:
-    """A copy of ``quantized`` with one per-channel scale stored as [out] instead of [out, 1]."""
+def _edited_copy(checkpoint: Path, out: Path, edit) -> Path:
+    """A copy of ``checkpoint`` whose tensors went through ``edit(tensors)`` (a dict, changed in place)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    shutil.copytree(quantized, out)
-    tensors = load_file(quantized / "model.safetensors")
-    tensors["model.layers.0.mlp.down_proj.scale"] = tensors["model.layers.0.mlp.down_proj.scale"].reshape(-1)
+    shutil.copytree(checkpoint, out)
+    tensors = load_file(checkpoint / "model.safetensors")
+    edit(tensors)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out
+
+
+def _plant_bad_scale(quantized: Path, out: Path) -> Path:
+    """A copy of ``quantized`` with one per-channel scale stored as [out] instead of [out, 1]."""
+    name = "model.layers.0.mlp.down_proj.scale"
+    return _edited_copy(quantized, out, lambda t: t.update({name: t[name].reshape(-1)}))
 
 
 def _drop_weight(model: Path, out: Path, name: str) -> Path:
     """A copy of ``model`` without the tensor ``name`` (upstream loads with strict=False: only our check sees it)."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(model, out)
-    tensors = load_file(model / "model.safetensors")
-    del tensors[name]
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    return out
+    return _edited_copy(model, out, lambda t: t.pop(name))
 
 
 def _reference_logits(model_dir: Path, dtype: str = "float32", quantized: Path | None = None):
@@ -99,21 +97,19 @@ def _reference_logits(model_dir: Path, dtype: str = "float32", quantized: Path |
     ``quantized`` the model runs on that checkpoint's weights dequantized (int8 / fp8 values x scale)."""
     import torch
     import transformers
-    from safetensors.torch import load_file
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     if quantized is not None:
-        stored = load_file(quantized / "model.safetensors")
-        weights = {k: (v.float() * stored[k[: -len("weight")] + "scale"] if k[: -len("weight")] + "scale" in stored
-                       else v.float()) for k, v in stored.items() if not k.endswith(".scale")}
-        model.load_state_dict(weights, strict=False)
+        from neuronpack.accuracy.nxdi_cpu import dequantized_reference
+
+        model = dequantized_reference(model, str(quantized))
     with torch.no_grad():
         return model(torch.tensor([TOKENS])).logits[0, PROMPT_LEN - 1:].float()
 
 
-@pytest.fixture(scope="module")
-def nxdi(tmp_path_factory):
-    """Every run below through one upstream worker: {name: (result, reference logits or None)}."""
+def nxdi_setup(tmp_path_factory, name: str):
+    """(upstream source dirs, .venv-nxdi's python, a work dir, a tiny Llama in it): skips where no upstream sources
+    are present (a user's fresh clone), fails where they are but ``make install`` did not make .venv-nxdi."""
     sources = upstream_sources()
     if sources is None:
         pytest.skip("no upstream NxD Inference sources: neither UPSTREAM_SRC nor ../shared/upstream is present")
@@ -123,8 +119,14 @@ def nxdi(tmp_path_factory):
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny_models import make_tiny_checkpoint
 
-    work = tmp_path_factory.mktemp("nxdi")
-    llama = make_tiny_checkpoint(work / "llama")
+    work = tmp_path_factory.mktemp(name)
+    return sources, python, work, make_tiny_checkpoint(work / "llama")
+
+
+@pytest.fixture(scope="module")
+def nxdi(tmp_path_factory):
+    """Every run below through one upstream worker: {name: (result, reference logits or None)}."""
+    sources, python, work, llama = nxdi_setup(tmp_path_factory, "nxdi")
     runs, references = {}, {}
 
     def add(name, neuron_config, dtype, model=llama, reference=None):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.upstream.test_nxdi_cpu import ROOT, _plant_bad_scale, upstream_sources
+from tests.upstream.test_nxdi_cpu import ROOT, _plant_bad_scale, nxdi_setup
 
 STANDIN = ROOT / "tests" / "backends" / "neuron_standin"
 INT8_RECIPE = ROOT / "recipes" / "llama-3.1-8b-instruct-int8-trn1.toml"
@@ -25,17 +25,7 @@ INT8_RECIPE = ROOT / "recipes" / "llama-3.1-8b-instruct-int8-trn1.toml"
 
 @pytest.fixture(scope="module")
 def nxd_artifact(tmp_path_factory):
-    sources = upstream_sources()
-    if sources is None:
-        pytest.skip("no upstream NxD Inference sources: neither UPSTREAM_SRC nor ../shared/upstream is present")
-    python = Path(os.environ.get("NEURONPACK_NXDI_PYTHON", ROOT / ".venv-nxdi" / "bin" / "python"))
-    if not python.is_file():
-        pytest.fail(f"{python} is missing: run `make install` (it makes .venv-nxdi, NxDI's transformers 4.57)")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_models import make_tiny_checkpoint
-
-    work = tmp_path_factory.mktemp("nxd-eval")
-    llama = make_tiny_checkpoint(work / "llama")
+    sources, python, work, llama = nxdi_setup(tmp_path_factory, "nxd-eval")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STANDIN / "nxd"), str(STANDIN / "compiler")])}
     built = subprocess.run([sys.executable, "-m", "neuronpack", "compile", str(llama), "--recipe", str(INT8_RECIPE),
                             "--out-root", str(work / "root"), "--progress", "none"], capture_output=True, text=True,
