@@ -21,7 +21,7 @@ DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench eval-clients soak upstream-check clean
+.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench bench-peers eval-clients soak upstream-check clean
 
 install: $(STAMP)
 
@@ -77,6 +77,17 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/lora.py --model $(DEMO_MODEL)
 	$(PY) bench/remote.py
 	$(PY) bench/speculation.py --model $(DEMO_MODEL)
+
+# Against llama.cpp (docs/portable-backend.md, "Against llama.cpp"): llama-cpp-python in its own venv, never this one.
+#   python3 -m venv /tmp/llamacpp-venv && CMAKE_ARGS=-DGGML_NATIVE=ON /tmp/llamacpp-venv/bin/pip install llama-cpp-python
+# LLAMA_SRC: a llama.cpp tree with convert_hf_to_gguf.py (vendor/llama.cpp of the unpacked llama-cpp-python sdist);
+# the converter imports sentencepiece: `pip install --target DIR sentencepiece` and PEERS_PYTHONPATH=DIR.
+LLAMA_PYTHON ?= /tmp/llamacpp-venv/bin/python
+LLAMA_SRC ?= /tmp/llama.cpp
+PEERS_THREADS ?= 1,2
+bench-peers: install $(DEMO_MODEL)/config.json
+	PYTHONPATH="$(PEERS_PYTHONPATH)" $(PY) bench/peers.py --model $(DEMO_MODEL) --llama-python $(LLAMA_PYTHON) \
+		--llama-src $(LLAMA_SRC) --threads $(PEERS_THREADS)
 
 # lm-eval (local-completions vs its hf model) and guidellm against the server; both come with the dev extra
 # (the suite runs their smoke tests), so `install` already has them.
