@@ -165,8 +165,8 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
     manifest = read_manifest(subject.artifact_dir)
     recorded = dict(manifest.compile_config.get("neuron_config") or {})
     tokenizer = _tokenizer(subject)
-    prompts = _usable_prompts(prompts, tokenizer)
-    seq_len = max(len(encode_prompt(p, tokenizer)) for p in prompts) + new_tokens + 1
+    encoded = [(prompt, _encoded(prompt, tokenizer)) for prompt in _usable_prompts(prompts, tokenizer)]
+    seq_len = max(len(ids) for _, ids in encoded) + new_tokens + 1
     nxdi_cpu.init_cpu_process_group()
     dtype = str(recorded.get("torch_dtype", "float32"))
     app, _ = nxdi_cpu.load_on_cpu(str(subject.reference_dir), recorded, dtype=dtype, seq_len=seq_len)
@@ -176,10 +176,9 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
     dequantized = (nxdi_cpu.dequantized_reference(reference, quantized).to(getattr(torch, dtype)) if quantized
                    else None)
     stats, against_dequantized = [], []
-    with reporter.task(f"score {len(prompts)} prompts (NxDI on CPU vs reference)", total=len(prompts)) as task, \
+    with reporter.task(f"score {len(encoded)} prompts (NxDI on CPU vs reference)", total=len(encoded)) as task, \
             torch.inference_mode():
-        for prompt in prompts:
-            ids = encode_prompt(prompt, tokenizer)
+        for prompt, ids in encoded:
             continuation = _greedy(reference, ids, new_tokens)
             tokens = ids + continuation[:-1]
             actual = nxdi_cpu.prefix_logits(app, tokens, len(ids))
@@ -220,6 +219,13 @@ def _tokenizer(subject: Subject):
                         fix="pass --reference DIR (the checkpoint the artifact was compiled from)")
 
 
+def _encoded(prompt: EvalPrompt, tokenizer) -> list[int]:
+    ids = encode_prompt(prompt, tokenizer)
+    if not ids:
+        raise AccuracyError(f"prompt {prompt.name!r} encodes to no tokens", where=prompt.name, fix="give it some text")
+    return ids
+
+
 def _usable_prompts(prompts: Sequence[EvalPrompt] | None, tokenizer) -> list[EvalPrompt]:
     """The prompts given, or the defaults this tokenizer can encode (the chat one needs a chat template)."""
     if prompts is not None:
@@ -257,10 +263,7 @@ def _score_torch(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tok
     with reporter.task(f"score {len(prompts)} prompts (artifact vs reference)", total=len(prompts)) as task, \
             torch.inference_mode():
         for prompt in prompts:
-            ids = encode_prompt(prompt, tokenizer)
-            if not ids:
-                raise AccuracyError(f"prompt {prompt.name!r} encodes to no tokens", where=prompt.name,
-                                    fix="give it some text")
+            ids = _encoded(prompt, tokenizer)
             truncated = len(ids) > lm.context_buckets[-1]
             ids = ids[: lm.context_buckets[-1]]
             count = min(new_tokens, lm.max_seq_len - len(ids) + 1)  # decode positions stay below max_seq_len
