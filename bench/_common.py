@@ -161,3 +161,32 @@ def save_bar_plot(name: str, labels: list[str], values: list[float], *, ylabel: 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def build_artifact(model_dir: Path, dtype: str, out: Path, *, batch: int, seq_len: int, max_context: int) -> Path:
+    """Build (or reuse) a ``batch``-row artifact (one context bucket of ``max_context``, one generation bucket of
+    ``seq_len``) of ``dtype`` ("int8": int8 weights, float32 compute) in ``out``."""
+    from neuronpack.backends.base import BuildRequest
+    from neuronpack.backends.torch_aot import TorchAotBackend
+    from neuronpack.buckets import plan_buckets
+    from neuronpack.recipe import Recipe
+
+    if (out / "build-info.json").is_file():
+        return out
+    quantization = {}
+    if dtype == "int8":
+        from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
+
+        quantized = out.parent / "SmolLM2-135M-Instruct-int8"
+        if not (quantized / "config.json").is_file():
+            quantize_checkpoint(model_dir, quantized, QuantizeOptions("int8"))
+        model_dir, dtype, quantization = quantized, "float32", {"quantization": {"dtype": "int8"}}
+    recipe = Recipe.model_validate({"model": {"dtype": dtype}, "buckets": {"context": [max_context],
+                                    "token_generation": [seq_len]},
+                                    "target": {"batch_size": batch, "seq_len": seq_len,
+                                               "max_context_length": max_context}, **quantization})
+    plan = plan_buckets(seq_len, max_context, context=[max_context], token_generation=[seq_len])
+    out.mkdir(parents=True)
+    info = TorchAotBackend().build(BuildRequest(model_dir, recipe, plan, out))
+    (out / "build-info.json").write_text(json.dumps(info))
+    return out

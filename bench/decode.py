@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from _common import read_bandwidth_gbs
+from _common import build_artifact, read_bandwidth_gbs
 
 from neuronpack.backends.torch_aot import load_artifact
 
@@ -49,31 +49,8 @@ def smollm2_checkpoint(workdir: Path) -> Path:
 
 
 def build(model_dir: Path, dtype: str, out: Path) -> Path:
-    """Build (or reuse) a batch-8 artifact of ``dtype`` ("int8": int8 weights, float32 compute) in ``out``."""
-    from neuronpack.backends.base import BuildRequest
-    from neuronpack.backends.torch_aot import TorchAotBackend
-    from neuronpack.buckets import plan_buckets
-    from neuronpack.recipe import Recipe
-
-    if (out / "build-info.json").is_file():
-        return out
-    quantization = {}
-    if dtype == "int8":
-        from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
-
-        quantized = out.parent / "SmolLM2-135M-Instruct-int8"
-        if not (quantized / "config.json").is_file():
-            quantize_checkpoint(model_dir, quantized, QuantizeOptions("int8"))
-        model_dir, dtype, quantization = quantized, "float32", {"quantization": {"dtype": "int8"}}
-    recipe = Recipe.model_validate({"model": {"dtype": dtype}, "buckets": {"context": [MAX_CONTEXT],
-                                    "token_generation": [SEQ_LEN]},
-                                    "target": {"batch_size": BATCH, "seq_len": SEQ_LEN,
-                                               "max_context_length": MAX_CONTEXT}, **quantization})
-    plan = plan_buckets(SEQ_LEN, MAX_CONTEXT, context=[MAX_CONTEXT], token_generation=[SEQ_LEN])
-    out.mkdir(parents=True)
-    info = TorchAotBackend().build(BuildRequest(model_dir, recipe, plan, out))
-    (out / "build-info.json").write_text(json.dumps(info))
-    return out
+    """Build (or reuse) a batch-8 artifact of ``dtype`` in ``out`` (``_common.build_artifact``)."""
+    return build_artifact(model_dir, dtype, out, batch=BATCH, seq_len=SEQ_LEN, max_context=MAX_CONTEXT)
 
 
 def _timed(fn) -> float:

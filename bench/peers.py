@@ -119,32 +119,11 @@ def make_ggufs(model_dir: Path, llama_src: Path, python: str, out: Path) -> dict
     return made
 
 
-def build_artifact(model_dir: Path, dtype: str, out: Path) -> Path:
+def build_batch1_artifact(model_dir: Path, dtype: str, out: Path) -> Path:
     """Build (or reuse) a batch-1 artifact of ``dtype`` ("int8": int8 weights, float32 compute) in ``out``."""
-    from neuronpack.backends.base import BuildRequest
-    from neuronpack.backends.torch_aot import TorchAotBackend
-    from neuronpack.buckets import plan_buckets
-    from neuronpack.recipe import Recipe
+    from _common import build_artifact
 
-    if (out / "build-info.json").is_file():
-        return out
-    quantization = {}
-    if dtype == "int8":
-        from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
-
-        quantized = out.parent / "SmolLM2-135M-Instruct-int8"
-        if not (quantized / "config.json").is_file():
-            quantize_checkpoint(model_dir, quantized, QuantizeOptions("int8"))
-        model_dir, dtype, quantization = quantized, "float32", {"quantization": {"dtype": "int8"}}
-    recipe = Recipe.model_validate({"model": {"dtype": dtype}, "buckets": {"context": [MAX_CONTEXT],
-                                    "token_generation": [SEQ_LEN]},
-                                    "target": {"batch_size": 1, "seq_len": SEQ_LEN,
-                                               "max_context_length": MAX_CONTEXT}, **quantization})
-    plan = plan_buckets(SEQ_LEN, MAX_CONTEXT, context=[MAX_CONTEXT], token_generation=[SEQ_LEN])
-    out.mkdir(parents=True)
-    info = TorchAotBackend().build(BuildRequest(model_dir, recipe, plan, out))
-    (out / "build-info.json").write_text(json.dumps(info))
-    return out
+    return build_artifact(model_dir, dtype, out, batch=1, seq_len=SEQ_LEN, max_context=MAX_CONTEXT)
 
 
 # ---- torch sides ----
@@ -318,7 +297,7 @@ def main() -> None:
     else:
         sys.exit("give --gguf TYPE=FILE for each precision, or --llama-src DIR to convert the checkpoint")
     artifacts = dict(a.split("=", 1) for a in args.artifact) or {
-        p: build_artifact(model_dir, p, args.workdir / f"artifact-{p}-b1") for p in precisions}
+        p: build_batch1_artifact(model_dir, p, args.workdir / f"artifact-{p}-b1") for p in precisions}
     artifacts = {p: artifacts[p] for p in precisions}
     import transformers
 
