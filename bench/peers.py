@@ -321,10 +321,9 @@ def main() -> None:
                  "Llama.generate in its own process"),
         "results": rows,
     }
-    out = ROOT / "docs" / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(rows, out / f"{args.out}.png")
+    from _common import save_results
+
+    plot(rows, save_results(args.out, report).with_suffix(".png"))
     print(f"{report['cpu']}, load {load_before} -> {os.getloadavg()}, prompt {len(prompt)} tokens, "
           f"{args.tokens} new")
     print(f"{'prec':9} {'thr':>3} {'gguf':6} {'llama tok/s':>11} {'np tok/s':>8} {'np/llama':>8} {'HF tok/s':>8} "
