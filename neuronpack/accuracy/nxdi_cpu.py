@@ -31,8 +31,7 @@ DROPPED = ("context_encoding_buckets", "token_generation_buckets")
 # model is checked alone.
 SPECULATION_KEYS = ("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3",
                     "enable_eagle_draft_input_norm")
-
-
+REBUILD = "rebuild the checkpoint with neuronpack (compile --force, or quantize again)"
 MODULES = ("neuronx_distributed.parallel_layers.parallel_state", "neuronx_distributed.trace.trace",
            "neuronx_distributed_inference.models.llama.modeling_llama",
            "neuronx_distributed_inference.models.model_wrapper", "neuronx_distributed_inference.utils.hf_adapter")
@@ -94,13 +93,13 @@ def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len
         result = module.load_state_dict(state, strict=False)
     except (RuntimeError, AssertionError, ValueError, KeyError) as exc:  # NxDI's own checks of the checkpoint
         raise AccuracyError(f"NxD Inference refused the checkpoint: {exc}", where=str(where),
-                            fix="rebuild the checkpoint with neuronpack (compile --force, or quantize again)") from exc
+                            fix=REBUILD) from exc
     buffers = {name for name, _ in module.named_buffers()}
     missing = [k for k in result.missing_keys if k not in buffers and not k.startswith("kv_mgr.")]
     if missing:
         raise AccuracyError(f"NxD Inference found no weight for {', '.join(missing[:5])}"
                             f"{' ...' if len(missing) > 5 else ''} in the checkpoint", where=str(where),
-                            fix="rebuild the checkpoint with neuronpack (compile --force, or quantize again)")
+                            fix=REBUILD)
     for wrapper in app.models:
         wrapper.model = module
     app.eval()

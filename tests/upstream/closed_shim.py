@@ -2,11 +2,12 @@
 
 NxDI 0.9.0 and NxD 2.29 import ``torch_neuronx``, ``neuronxcc``, ``nki``, ``nkilib``, ``libneuronxla`` and
 ``torch_xla`` at module level (kernels, tracing, XLA ops), none of which is installable here. ``install()`` serves an
-empty module for each of those names. Every attribute is a ``Closed`` object: subclassable (upstream subclasses a few),
-usable as a decorator while modules import (``nki.jit`` and friends wrap kernels at import time), and otherwise
-inert. ``seal()`` ends the import phase: from then on any call of a closed object raises ``ClosedCall`` and is
-recorded in ``CALLS``, so a test can prove that loading and a CPU forward ran only open code (an upstream ``try`` that
-swallowed the error still leaves its record).
+empty module for each of those names. Every attribute is a closed stand-in class (``_closed``): subclassable
+(upstream subclasses a few), usable as a decorator while modules import (``nki.jit`` and friends wrap kernels at
+import time), and otherwise inert. ``seal()`` ends the import phase: from then on any call of a closed object raises
+``ClosedCall`` and is recorded in ``CALLS``, so a test can prove that set-up, loading and a CPU forward ran only open
+code (an upstream ``try`` that swallowed the error still leaves its record). The one exception is ``CONFIG_OBJECTS``,
+closed config classes open set-up code constructs and never runs.
 
 The one closed function that needs a real answer is ``torch_neuronx.utils.get_platform_target`` (NeuronConfig's
 constructor stores it); it returns the platform target, as on a build box with NEURON_PLATFORM_TARGET_OVERRIDE.
