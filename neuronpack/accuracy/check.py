@@ -49,6 +49,9 @@ class Subject:
     precision: str  # a THRESHOLDS key: float32 / bfloat16 / float16 / int8 / fp8
     reference_dir: Path | None
     instance: str | None = None
+    # nxd: the NeuronConfig kwargs to run (None: the artifact manifest's); given before the build (before_compile.py)
+    neuron_config: dict[str, Any] | None = None
+    draft_dir: Path | None = None  # nxd fused speculation: the converted EAGLE draft (loaded, not run: no CPU forward)
 
 
 @dataclass(frozen=True)
@@ -90,15 +93,23 @@ class AccuracyReport:
 def subject_from_manifest(manifest: Manifest, artifact_dir: Path, reference: Path | None = None) -> Subject:
     """The Subject of an artifact: precision from its compile config (the resolved dtype) and recipe (quantization),
     reference = the checkpoint it was compiled from (before quantization) unless ``reference`` is given."""
-    recipe = manifest.recipe
+    source = reference or manifest.model.original_path or manifest.model.path
+    return subject_of(artifact_dir, manifest.framework, manifest.compile_config, manifest.recipe,
+                      manifest.model.config, Path(source) if source else None, manifest.target.get("instance"))
+
+
+def subject_of(artifact_dir: Path, framework: str, compile_config: dict[str, Any], recipe, model_config: dict,
+               reference: Path | None, instance: str | None, *, neuron_config: dict | None = None) -> Subject:
+    """The Subject of a build from its compile config and recipe: precision = the resolved dtype (``auto``: the
+    checkpoint's own) and the recipe's quantization."""
     quant = recipe.quantization.dtype if recipe.quantization else None
-    config = manifest.compile_config
+    config = compile_config
     dtype = config.get("torch_dtype") or (config.get("neuron_config") or {}).get("torch_dtype") or recipe.model.dtype
     if dtype == "auto":  # the checkpoint's own dtype
-        dtype = manifest.model.config.get("torch_dtype") or manifest.model.config.get("dtype") or "float32"
-    source = reference or manifest.model.original_path or manifest.model.path
-    return Subject(Path(artifact_dir), manifest.framework, precision_class(str(dtype), quant),
-                   Path(source) if source else None, manifest.target.get("instance"))
+        dtype = model_config.get("torch_dtype") or model_config.get("dtype") or "float32"
+    draft = (config.get("draft") or {}).get("path")
+    return Subject(Path(artifact_dir), framework, precision_class(str(dtype), quant), reference, instance,
+                   neuron_config, Path(draft) if draft else None)
 
 
 def check_accuracy(
@@ -124,7 +135,7 @@ def check_accuracy(
         stats = _score_torch(subject, prompts, new_tokens, reporter)
         summary = summarize(stats)
     else:
-        not_run = _nxd_cpu_refusal(subject)
+        not_run = nxd_cpu_refusal(subject)
         if not_run:
             return AccuracyReport(NOT_RUN, subject, limits, new_tokens, reason=not_run,
                                   plan=neuron_plan(subject, prompts, new_tokens, limits))
@@ -134,7 +145,7 @@ def check_accuracy(
                           failures, plan=plan, seconds=time.perf_counter() - started)
 
 
-def _nxd_cpu_refusal(subject: Subject) -> str | None:
+def nxd_cpu_refusal(subject: Subject) -> str | None:
     """Why an NxDI / TNx artifact cannot be checked on this machine's CPU, or None when it can."""
     import psutil
 
@@ -162,13 +173,20 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
     from neuronpack.accuracy import nxdi_cpu
     from neuronpack.artifacts.manifest import read_manifest
 
-    manifest = read_manifest(subject.artifact_dir)
-    recorded = dict(manifest.compile_config.get("neuron_config") or {})
+    recorded = dict(subject.neuron_config if subject.neuron_config is not None
+                    else read_manifest(subject.artifact_dir).compile_config.get("neuron_config") or {})
     tokenizer = _tokenizer(subject)
     encoded = [(prompt, _encoded(prompt, tokenizer)) for prompt in _usable_prompts(prompts, tokenizer)]
     seq_len = max(len(ids) for _, ids in encoded) + new_tokens + 1
     nxdi_cpu.init_cpu_process_group()
     dtype = str(recorded.get("torch_dtype", "float32"))
+    draft = ()
+    if recorded.get("enable_fused_speculation") and subject.draft_dir is not None:
+        loaded = nxdi_cpu.load_fused_spec_on_cpu(str(subject.reference_dir), recorded, str(subject.draft_dir),
+                                                 dtype=dtype, seq_len=seq_len)
+        draft = (f"NeuronFusedSpecModel loaded {loaded['draft_model']} draft_model.* and {loaded['target_model']} "
+                 f"target_model.* weights with their shapes from {subject.draft_dir}; the speculation forward was "
+                 "not run (upstream has none on the CPU): the target model is scored alone",)
     app, _ = nxdi_cpu.load_on_cpu(str(subject.reference_dir), recorded, dtype=dtype, seq_len=seq_len)
     reference = _load_reference(subject, app.config.vocab_size)
     quantized = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else None
@@ -194,7 +212,8 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
         summary["vs_dequantized"] = summarize(against_dequantized)
     tp = recorded.get("tp_degree", 1)
     plan = (f"ran NxD Inference's own modeling code on this CPU at tp 1, batch 1 (the recipe: tp {tp}, batch "
-            f"{recorded.get('batch_size', 1)}); neuronx-cc, the device and the token-generation graph were not run",)
+            f"{recorded.get('batch_size', 1)}); neuronx-cc, the device and the token-generation graph were not run",
+            *draft)
     return stats, summary, plan
 
 

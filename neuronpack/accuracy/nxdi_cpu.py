@@ -32,6 +32,7 @@ DROPPED = ("context_encoding_buckets", "token_generation_buckets")
 SPECULATION_KEYS = ("speculation_length", "enable_fused_speculation", "enable_eagle_speculation", "is_eagle3",
                     "enable_eagle_draft_input_norm")
 REBUILD = "rebuild the checkpoint with neuronpack (compile --force, or quantize again)"
+RECONVERT = "convert the draft for this target with `neuronpack convert-eagle` (compile does it for a raw draft)"
 MODULES = ("neuronx_distributed.parallel_layers.parallel_state", "neuronx_distributed.trace.trace",
            "neuronx_distributed_inference.models.llama.modeling_llama",
            "neuronx_distributed_inference.models.model_wrapper", "neuronx_distributed_inference.utils.hf_adapter")
@@ -94,16 +95,67 @@ def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len
     except (RuntimeError, AssertionError, ValueError, KeyError) as exc:  # NxDI's own checks of the checkpoint
         raise AccuracyError(f"NxD Inference refused the checkpoint: {exc}", where=str(where),
                             fix=REBUILD) from exc
-    buffers = {name for name, _ in module.named_buffers()}
-    missing = [k for k in result.missing_keys if k not in buffers and not k.startswith("kv_mgr.")]
-    if missing:
-        raise AccuracyError(f"NxD Inference found no weight for {', '.join(missing[:5])}"
-                            f"{' ...' if len(missing) > 5 else ''} in the checkpoint", where=str(where),
-                            fix=REBUILD)
+    _refuse_missing(module, result.missing_keys, where)
     for wrapper in app.models:
         wrapper.model = module
     app.eval()
     return app, module
+
+
+def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: str, *, dtype: str,
+                           seq_len: int) -> dict[str, int]:
+    """NxDI's ``NeuronFusedSpecModel`` (target + EAGLE draft, the config neuronpack records, its own fused-speculation
+    config and draft process group) built on the CPU and given the target's and the draft's checkpoints through
+    NxDI's fused loader: every ``draft_model.*`` / ``target_model.*`` weight must load with the right shape
+    (AccuracyError naming what is missing or mis-shaped). Upstream has no CPU speculation forward, so nothing runs.
+    Returns ``{"draft_model": n, "target_model": m}``, the weights loaded."""
+    from types import SimpleNamespace
+
+    from neuronx_distributed.trace.trace import get_sharded_checkpoint
+    from neuronx_distributed_inference.models.application_base import init_custom_process_group_fn
+    from neuronx_distributed_inference.models.llama.modeling_llama import NeuronLlamaForCausalLM as cls
+    from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
+
+    from neuronpack.backends.nxd import _inference_config
+
+    kwargs = {k: v for k, v in recorded.items() if k not in DROPPED}
+    kwargs.update(CPU_OVERRIDES, seq_len=seq_len, max_context_length=seq_len, torch_dtype=dtype)
+    # fused speculation samples on the device (the draft's sampler is built from it): the recorded config stays
+    kwargs["on_device_sampling_config"] = recorded.get("on_device_sampling_config")
+    config = _inference_config(cls, {"neuron_config": kwargs, "draft": {}},
+                               SimpleNamespace(model_dir=model_dir, draft_dir=draft_dir))
+    app = cls(model_dir, config)
+    init_custom_process_group_fn(app.config)  # the draft's tensor-parallel group, as NxDI's model builder makes it
+    wrapper = app.fused_spec_model
+    instance = DecoderModelInstance(wrapper.model_cls, wrapper.config)
+    instance.load_module()
+    module = instance.module
+    had_prefix = "_FUSED_PREFIX" in vars(cls)
+    try:
+        state = app.checkpoint_loader_fn()
+        get_sharded_checkpoint(state, module, 0, 1)
+        result = module.load_state_dict(state, strict=False)
+    except (RuntimeError, AssertionError, ValueError, KeyError) as exc:
+        raise AccuracyError(f"NxD Inference refused the target + draft checkpoints: {exc}", where=draft_dir,
+                            fix=RECONVERT) from exc
+    finally:  # NxDI's fused loader sets the class's key prefix ("target_model") and leaves it: a later load breaks
+        if not had_prefix and "_FUSED_PREFIX" in vars(cls):
+            del cls._FUSED_PREFIX
+    _refuse_missing(module, result.missing_keys, draft_dir, fix=RECONVERT,
+                    extra_buffers=("hidden_state_rolling_buffer",))
+    loaded = set(state) - set(result.unexpected_keys)
+    return {prefix: sum(k.startswith(prefix + ".") for k in loaded) for prefix in ("draft_model", "target_model")}
+
+
+def _refuse_missing(module, missing_keys: Sequence[str], where: str, *, fix: str = REBUILD,
+                    extra_buffers: Sequence[str] = ()) -> None:
+    """AccuracyError naming the weights ``load_state_dict(strict=False)`` found no value for (buffers aside)."""
+    buffers = {name for name, _ in module.named_buffers()}
+    missing = [k for k in missing_keys if k not in buffers and "kv_mgr." not in k
+               and not any(b in k for b in extra_buffers)]
+    if missing:
+        raise AccuracyError(f"NxD Inference found no weight for {', '.join(missing[:5])}"
+                            f"{' ...' if len(missing) > 5 else ''} in the checkpoint", where=str(where), fix=fix)
 
 
 def prefix_logits(app, tokens: Sequence[int], prompt_len: int):

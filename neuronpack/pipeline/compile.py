@@ -178,6 +178,21 @@ def _accuracy(manifest: Manifest, artifact_dir: Path, reporter: Reporter) -> dic
     return record
 
 
+def _accuracy_before_compile(plan: BuildPlan, config: dict[str, Any], staging: Path,
+                             reporter: Reporter) -> dict[str, Any]:
+    from neuronpack.accuracy.before_compile import check_before_compile
+    from neuronpack.accuracy.check import subject_of
+
+    inputs = plan.inputs
+    subject = subject_of(staging, inputs.framework, config, inputs.recipe, plan.model_info().config,
+                         Path(inputs.model_dir), inputs.backend.target(inputs.recipe).get("instance"),
+                         neuron_config=config["neuron_config"])
+    report = check_before_compile(subject, reporter)
+    if report["status"] == "passed":
+        reporter.info(f"accuracy before the Neuron compile: passed (top-1 {report['summary']['top1_agreement']:.3f})")
+    return report
+
+
 def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool,
            check_accuracy: bool) -> CompileResult:
     from neuronpack.artifacts.manifest import build_manifest, write_manifest
@@ -194,6 +209,11 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             ensure_eagle_draft(plan.draft_dir, inputs.draft_dir, inputs.model_dir, reporter)
         request = plan.request(staging, reporter)
         config = inputs.backend.compile_config(request)
+        before = None
+        if check_accuracy and inputs.backend.name == "nxd":  # NxDI's CPU run: a bad checkpoint fails before neuronx-cc
+            t0 = time.perf_counter()
+            before = _accuracy_before_compile(plan, config, staging, reporter)
+            timings["accuracy"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         extras = inputs.backend.build(request) or {}
         timings["build"] = time.perf_counter() - t0
@@ -211,7 +231,9 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             root=staging,
         )
         timings["manifest"] = time.perf_counter() - t0
-        if check_accuracy:  # after the file list, before the manifest exists: the check writes nothing here
+        if before is not None:
+            manifest = manifest.model_copy(update={"accuracy": {**before, "recorded": True}})
+        elif check_accuracy:  # after the file list, before the manifest exists: the check writes nothing here
             t0 = time.perf_counter()
             accuracy = {**_accuracy(manifest, staging, reporter), "recorded": True}
             timings["accuracy"] = time.perf_counter() - t0

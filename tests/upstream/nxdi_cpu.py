@@ -2,12 +2,14 @@
 
 Usage: ``python nxdi_cpu.py SPEC.json OUT.pt`` in ``.venv-nxdi`` (NxDI's transformers 4.57 beside this project's
 packages). The spec names the upstream source directories (``sys_path``) and the runs: each a ``model_dir``, the
-NeuronConfig kwargs neuronpack recorded (``neuron_config``), ``dtype`` and ``tokens`` / ``prompt_len``. The closed
+NeuronConfig kwargs neuronpack recorded (``neuron_config``), ``dtype`` and ``tokens`` / ``prompt_len``; a run with a
+``draft_dir`` loads NxDI's fused-speculation model (target + EAGLE draft) and reports the weights loaded. The closed
 packages are served by ``closed_shim``, sealed once NxDI has imported: from then on set-up, loading and every
 forward must run open code only. The loading itself is neuronpack's (``neuronpack.accuracy.nxdi_cpu``), the code
 ``neuronpack eval`` runs.
 
-Writes {run name: {logits, modules (class name counts), closed_calls} or {error, closed_calls}} to OUT.pt.
+Writes {run name: {logits, modules (class name counts), closed_calls} or {loaded: {draft_model: n, target_model:
+m}, closed_calls} or {error, closed_calls}} to OUT.pt.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ def main(spec_path: str, out_path: str) -> None:
     for name, run in spec["runs"].items():
         del closed_shim.CALLS[:]
         try:
+            if run.get("draft_dir"):  # fused speculation: load target + draft (no CPU forward upstream)
+                results[name] = {"loaded": nxdi_cpu.load_fused_spec_on_cpu(
+                    run["model_dir"], run["neuron_config"], run["draft_dir"], dtype=run["dtype"],
+                    seq_len=len(run["tokens"]) + 1)}
+                results[name]["closed_calls"] = list(closed_shim.CALLS)
+                continue
             app, module = nxdi_cpu.load_on_cpu(run["model_dir"], run["neuron_config"], dtype=run["dtype"],
                                                seq_len=len(run["tokens"]) + 1)
             results[name] = {"logits": nxdi_cpu.prefix_logits(app, run["tokens"], run["prompt_len"]),

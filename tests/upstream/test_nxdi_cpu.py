@@ -9,7 +9,11 @@ loading or running fails the test. Compared with transformers: float32 within 1e
 against transformers on the dequantized weights within 1e-4. Negative cases prove the judge can fail: NxDI refuses a
 scale of the wrong shape and a float lm_head not listed in modules_to_not_convert.
 
-Not run here, because upstream has no CPU path for them: tp > 1, fused speculation (EAGLE) forward, Mllama, LoRA
+EAGLE-1 and EAGLE-3 drafts from ``neuronpack convert-eagle`` are loaded, with the target, into NxDI's
+``NeuronFusedSpecModel`` (every ``draft_model.*`` / ``target_model.*`` weight given, with its shape); a draft without
+lm_head is refused.
+
+Not run here, because upstream has no CPU path for them: tp > 1, the fused speculation (EAGLE) forward, Mllama, LoRA
 serving; the bucketed token-generation graph (the check runs context encoding once per prefix).
 """
 
@@ -129,9 +133,9 @@ def nxdi(tmp_path_factory):
     sources, python, work, llama = nxdi_setup(tmp_path_factory, "nxdi")
     runs, references = {}, {}
 
-    def add(name, neuron_config, dtype, model=llama, reference=None):
+    def add(name, neuron_config, dtype, model=llama, reference=None, draft=None):
         runs[name] = {"model_dir": str(model), "neuron_config": neuron_config, "dtype": dtype, "tokens": TOKENS,
-                      "prompt_len": PROMPT_LEN}
+                      "prompt_len": PROMPT_LEN, "draft_dir": str(draft) if draft else None}
         references[name] = reference
 
     fp32 = _reference_logits(llama)
@@ -162,6 +166,9 @@ def nxdi(tmp_path_factory):
         "float32")
     add("negative: a weight missing", runs["llama-3.2-1b-inf2 float32"]["neuron_config"], "float32",
         model=_drop_weight(llama, work / "missing-weight", "model.layers.1.mlp.up_proj.weight"))
+    _add_eagle_runs(add, work, llama)
+    # after the fused loads, in the same process: NxDI's fused loader leaves a class attribute set (see nxdi_cpu.py)
+    add("target after fused loads", runs["llama-3.2-1b-inf2 float32"]["neuron_config"], "float32", reference=fp32)
     spec = work / "spec.json"
     spec.write_text(json.dumps({"sys_path": [str(s) for s in sources], "port": _free_port(), "runs": runs}))
     out = work / "results.pt"
@@ -180,6 +187,9 @@ def _figures(results: dict, references: dict) -> dict:
     figures = {}
     for name, result in results.items():
         reference = references[name]
+        if "loaded" in result:
+            figures[name] = {"loaded": result["loaded"]}
+            continue
         if "error" in result or reference is None:
             figures[name] = {"refused": result.get("error", "")[:160]}
             continue
@@ -201,6 +211,29 @@ def _recipe_sets(recipe: Path, work: Path, llama: Path) -> list[str]:
     return ["--set", f"speculation.draft={draft}"]
 
 
+def _add_eagle_runs(add, work: Path, llama: Path) -> None:
+    """EAGLE-1 (on the 2-layer Llama) and EAGLE-3 (on a 4-layer one: its draft reads target layers 2, L // 2 and
+    L - 3) drafts converted by ``neuronpack convert-eagle``, each with the NeuronConfig the EAGLE recipe records for
+    it; and the raw EAGLE-1 draft (no lm_head) as the negative case."""
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "convert")]
+    from eagle_fixtures import make_eagle1_draft, make_eagle3_draft
+    from tiny_models import make_tiny_checkpoint
+
+    recipe = ROOT / "recipes" / "llama-3-8b-eagle-trn1.toml"
+    vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
+    deep = make_tiny_checkpoint(work / "llama-4-layers", layers=4)
+    for kind, target, make in (("eagle1", llama, make_eagle1_draft), ("eagle3", deep, make_eagle3_draft)):
+        raw = make(work / f"{kind}-raw", hidden=64, vocab=vocab, layout="safetensors")
+        converted = work / f"{kind}-converted"
+        _np("convert-eagle", "--draft", str(raw), "--target", str(target), "--out", str(converted),
+            "--progress", "none")
+        recorded = _recorded_neuron_config(target, recipe, work / f"root-{kind}", "--set",
+                                           f"speculation.draft={converted}")
+        add(f"{kind} fused", recorded, "float32", model=target, draft=converted)
+        if kind == "eagle1":
+            add("negative: draft without lm_head", recorded, "float32", model=target, draft=raw)
+
+
 def _ran(nxdi, name):
     result, reference = nxdi[name]
     assert "error" not in result, f"NxDI refused {name}: {result['error']}"
@@ -208,9 +241,10 @@ def _ran(nxdi, name):
     return result, reference
 
 
-@pytest.mark.parametrize("recipe", [p.stem for p in nxdi_recipes() if "int8" not in p.stem])
+@pytest.mark.parametrize("recipe", [*(p.stem for p in nxdi_recipes() if "int8" not in p.stem),
+                                    "target after fused loads"])
 def test_recipe_float32_equals_transformers(nxdi, recipe):
-    result, reference = _ran(nxdi, f"{recipe} float32")
+    result, reference = _ran(nxdi, recipe if recipe.startswith("target") else f"{recipe} float32")
     diff = (result["logits"] - reference).abs().max().item()
     assert diff < 1e-4, f"{recipe}: NxDI vs transformers max |dlogit| {diff:.3g}"
 
@@ -236,3 +270,20 @@ def test_malformed_checkpoints_are_refused(nxdi, case, reason):
     result, _ = nxdi[case]
     assert "error" in result, f"NxDI accepted {case}: the judge cannot fail"
     assert reason in result["error"], result["error"]
+
+
+@pytest.mark.parametrize("case", ["eagle1 fused", "eagle3 fused"])
+def test_converted_eagle_drafts_load_into_nxdis_fused_speculation_model(nxdi, case):
+    """Every draft_model.* and target_model.* weight NeuronFusedSpecModel has is given, with its shape (a shape
+    mismatch raises in load_state_dict; a missing weight in neuronpack's check). Nothing runs: upstream has no
+    fused-speculation forward on the CPU."""
+    result = nxdi[case][0]
+    assert "error" not in result, f"NxDI refused {case}: {result['error']}"
+    assert result["closed_calls"] == [], result["closed_calls"]
+    assert result["loaded"]["draft_model"] > 0 and result["loaded"]["target_model"] > 0, result["loaded"]
+
+
+def test_a_draft_without_lm_head_is_refused(nxdi):
+    """The raw EAGLE-1 draft (what convert-eagle adds the head to): upstream alone would load it silently."""
+    result, _ = nxdi["negative: draft without lm_head"]
+    assert "error" in result and "draft_model.lm_head.weight" in result["error"], result.get("error")

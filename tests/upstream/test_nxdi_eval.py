@@ -33,12 +33,17 @@ def nxd_artifact(tmp_path_factory):
     return Path(built), python, sources, work
 
 
-def _eval(python: Path, sources, artifact: Path, work: Path, *args: str) -> subprocess.CompletedProcess:
+def _neuronpack(python: Path, sources, work: Path, *args: str) -> subprocess.CompletedProcess:
+    """``neuronpack ARGS`` in .venv-nxdi with upstream NxDI importable and the closed packages the strict shim."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "upstream" / "shim_site"), str(ROOT)]),
            "NEURONPACK_UPSTREAM_PATH": os.pathsep.join(str(s) for s in sources), "PYTHONWARNINGS": "ignore",
            "NEURONPACK_CLOSED_CALLS": str(work / "closed-calls.json"), "COLUMNS": "160"}
-    return subprocess.run([str(python), "-m", "neuronpack", "eval", str(artifact), "--progress", "none",
-                           "--max-new-tokens", "8", *args], capture_output=True, text=True, env=env)
+    return subprocess.run([str(python), "-m", "neuronpack", *args, "--progress", "none"], capture_output=True,
+                          text=True, env=env)
+
+
+def _eval(python: Path, sources, artifact: Path, work: Path, *args: str) -> subprocess.CompletedProcess:
+    return _neuronpack(python, sources, work, "eval", str(artifact), "--max-new-tokens", "8", *args)
 
 
 def test_eval_runs_nxdi_on_the_cpu_and_passes(nxd_artifact):
@@ -75,3 +80,46 @@ def test_eval_refuses_a_planted_scale_of_the_wrong_shape(nxd_artifact, tmp_path)
     errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and "layers.0.mlp.down_proj.scale" in errors[0], out.stderr[-3000:]
     assert "Traceback" not in out.stderr
+
+
+def test_compile_check_accuracy_runs_nxdi_before_the_neuron_compile(nxd_artifact, tmp_path):
+    """``compile --check-accuracy`` of the int8 recipe where NxDI imports: the CPU check passes first, then the
+    compile starts (and, torch-neuronx being the closed shim here, fails in NxD's ModelBuilder). A scale transposed
+    in the cached quantized checkpoint (same file size, so the quantize cache takes it) is then refused by NxDI
+    before any compile: one error line naming the tensor, no closed call, nothing published."""
+    _, python, sources, work = nxd_artifact
+    llama, root = work / "llama", tmp_path / "root"
+    args = ("compile", str(llama), "--recipe", str(INT8_RECIPE), "--out-root", str(root), "--check-accuracy")
+    first = _neuronpack(python, sources, work, *args)
+    assert first.returncode == 1, first.stderr[-3000:]
+    lines = first.stderr.splitlines()
+    passed = [i for i, line in enumerate(lines) if "accuracy before the Neuron compile: passed" in line]
+    failed = [i for i, line in enumerate(lines) if line.startswith("error") and "nxd build failed" in line]
+    assert passed and failed and passed[0] < failed[0], first.stderr[-3000:]
+    # the failure log: NxDI's compile() reached NxD's ModelBuilder, which needs the closed torch_neuronx
+    (log,) = (root / "neuron-compiled-artifacts" / ".failed").glob("*.log")
+    assert "model.compile(" in log.read_text() and "ModelBuilder" in log.read_text(), log.read_text()[-2000:]
+
+    (quantized,) = (root / "quantized-checkpoints").iterdir()
+    _transpose_in_header(quantized / "model.safetensors", "model.layers.0.mlp.down_proj.scale")
+    second = _neuronpack(python, sources, work, *args)
+    assert second.returncode == 1, second.stderr[-3000:]
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "layers.0.mlp.down_proj.scale" in errors[0], second.stderr[-3000:]
+    assert "Traceback" not in second.stderr
+    assert json.loads((work / "closed-calls.json").read_text()) == [], "the Neuron compile started"
+    assert not [p for p in root.iterdir() if (p / "neuronpack.json").is_file()]
+
+
+def _transpose_in_header(shard: Path, name: str) -> None:
+    """Rewrite ``name``'s shape [out, 1] as [1, out] in the safetensors header, in place: same bytes, same size."""
+    import struct
+
+    data = bytearray(shard.read_bytes())
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    header[name]["shape"] = header[name]["shape"][::-1]
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(length)  # safetensors pads headers with spaces
+    assert len(text) == length
+    data[8:8 + length] = text
+    shard.write_bytes(bytes(data))
