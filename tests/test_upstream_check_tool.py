@@ -1,4 +1,5 @@
-"""`make upstream-check` without UPSTREAM_SRC: one skip line, exit 0 (CI stays offline)."""
+"""`make upstream-check` without UPSTREAM_SRC nor ../shared/upstream: one skip line, exit 0; with a UPSTREAM_SRC
+lacking a source tree: exit 1 naming it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 TOOL = Path(__file__).parents[1] / "tools" / "upstream_check.py"
 
 
-def test_upstream_check_is_skipped_without_sources():
-    env = {k: v for k, v in os.environ.items() if k != "UPSTREAM_SRC"}
+def test_upstream_check_is_skipped_without_sources(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if k != "UPSTREAM_SRC"}, "UPSTREAM_SHARED": str(tmp_path / "none")}
     out = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True, env=env, check=False)
     assert out.returncode == 0
     assert out.stdout.startswith("upstream-check skipped: UPSTREAM_SRC is not set")

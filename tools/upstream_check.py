@@ -14,9 +14,15 @@ upstream source from DIR with device-only imports stubbed (tools/upstream_stubs.
 - vLLM 0.13.0 / 0.16.0's parser + EngineArgs, then vllm-neuron 0.4.1 / 0.5.0's override validation and the runner's
   max_prompt_length check: DIR/vllm-0.13.0 + DIR/vllm-neuron-0.4.1, DIR/vllm-0.16.0 + DIR/vllm-neuron-0.5.0
 
-DIR/vllm-X is a git checkout of vllm-project/vllm at tag vX, or the Python files of the vllm==X wheel (unzip). Prints a
-table recipe x target -> ok / failed (reason). Exit 1 when any cell failed. Without UPSTREAM_SRC it says so and exits 0.
-Upstream code is read at check time; none of it is copied into the project.
+- "nxdi-0.9 CPU run": ``neuronpack eval`` of each nxd artifact in .venv-nxdi, where NxD Inference's own modeling code
+  runs it on this CPU at tp 1 (closed packages: the strict shim of tests/upstream) against transformers: ok (top-1),
+  failed (the figures or NxDI's refusal of the checkpoint), or not run (what upstream's CPU path cannot do, and why)
+
+DIR/vllm-X is a git checkout of vllm-project/vllm at tag vX, or the Python files of the vllm==X wheel (unzip). The NxDI
+columns take NxDI / NxD from DIR when it has them, else from ../shared/upstream beside the clone (``UPSTREAM_SHARED``
+overrides that path): without UPSTREAM_SRC only those two columns run. Prints a table recipe x target -> ok / failed
+(reason). Exit 1 when any cell failed. With neither source it says so and exits 0. Upstream code is read at check
+time; none of it is copied into the project.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ VENVS = {"vllm": ["transformers==4.57.1", "msgspec", "cbor2", "pyzmq", "pybase64
 NXD = ["neuronx-distributed-inference/src", "neuronx-distributed/src"]
 COLUMNS = {
     "nxdi-0.9 config": ("vllm", NXD, "nxdi", None),
+    "nxdi-0.9 CPU run": (None, NXD, "nxdi-cpu", None),
     "vllm-v0 (0.9.2)": ("vllm-v0", ["vllm-0.9.2", *NXD], "vllm", "vllm-v0"),
     "vllm-v0-fork (2.24.0)": ("vllm-v0", ["upstreaming-to-vllm", *NXD], "vllm", "vllm-v0-fork"),
     "vllm-neuron 0.4.1 (vLLM 0.13)": ("vllm", ["vllm-0.13.0", "vllm-neuron-0.4.1", *NXD], "vllm", "vllm-neuron"),
@@ -49,25 +56,40 @@ COLUMNS = {
 }
 
 
+SHARED = Path(os.environ.get("UPSTREAM_SHARED") or ROOT.parent / "shared" / "upstream")
+NXDI_PYTHON = ROOT / ".venv-nxdi" / "bin" / "python"  # made by `make install`: NxDI's transformers 4.57
+
+
 def main() -> int:
-    src = os.environ.get("UPSTREAM_SRC")
-    if not src:
+    src = Path(os.environ["UPSTREAM_SRC"]).absolute() if os.environ.get("UPSTREAM_SRC") else None
+    if src is None and not all((SHARED / d).is_dir() for d in NXD):
         print("upstream-check skipped: UPSTREAM_SRC is not set (point it at a directory of upstream checkouts; "
-              "see tools/upstream_check.py)")
+              f"see tools/upstream_check.py) and {SHARED} has no NxD Inference sources")
         return 0
-    src = Path(src).absolute()
-    missing = [d for _, dirs, _, _ in COLUMNS.values() for d in dirs if not (src / d).is_dir()]
+    # without UPSTREAM_SRC: only the columns ../shared/upstream has the sources for
+    columns = [col for col, (_, dirs, _, _) in COLUMNS.items() if src is not None or set(dirs) <= set(NXD)]
+    missing = [d for col in columns for d in COLUMNS[col][1] if _source(src, d) is None]
     if missing:
         print(f"upstream-check: missing in {src}: {', '.join(sorted(set(missing)))}", file=sys.stderr)
         return 1
     work = Path(tempfile.mkdtemp(prefix="np-upstream-"))
     try:
         cases = _make_cases(work, src)
-        results = {col: _run_column(src, work, col, cases) for col in COLUMNS}
+        results = {col: _run_column(src, work, col, cases) for col in columns}
     finally:
         if not os.environ.get("UPSTREAM_CHECK_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
+    if src is None:
+        print(f"NxDI columns from {SHARED}; the vLLM columns need UPSTREAM_SRC")
     return _print_table(cases, results)
+
+
+def _source(src: Path | None, directory: str) -> Path | None:
+    """Where ``directory`` (an upstream source tree) is: in UPSTREAM_SRC, else (NxDI / NxD) in ../shared/upstream."""
+    for base in (src, SHARED if directory in NXD else None):
+        if base is not None and (base / directory).is_dir():
+            return base / directory
+    return None
 
 
 # --- neuronpack's side (project environment) -------------------------------------------------------------------------
@@ -145,15 +167,16 @@ def _np(args: list[str], pythonpath: list[Path] = ()) -> str:
 
 
 # --- upstream's side (throwaway venvs) -------------------------------------------------------------------------------
-def _venv(src: Path, name: str) -> Path:
-    path = src / ".venvs" / name
+def _venv(src: Path | None, name: str) -> Path:
+    base = src / ".venvs" if src is not None else Path(tempfile.gettempdir()) / "neuronpack-upstream-check-venvs"
+    path = base / name
     python = path / "bin" / "python"
     fresh = not python.exists()
     if fresh:
         subprocess.run([str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "venv", str(path)], check=True)
     site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    chain = [str(src / ".venvs" / "vllm" / "lib" / Path(site).parent.name / "site-packages")] if name != "vllm" else []
+    chain = [str(base / "vllm" / "lib" / Path(site).parent.name / "site-packages")] if name != "vllm" else []
     project = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     # Written on every run: a reused venv must see THIS project's environment (it may have moved since).
@@ -163,8 +186,10 @@ def _venv(src: Path, name: str) -> Path:
     return python
 
 
-def _run_column(src: Path, work: Path, column: str, cases: list[dict]) -> dict[str, str]:
+def _run_column(src: Path | None, work: Path, column: str, cases: list[dict]) -> dict[str, str]:
     venv, dirs, kind, target = COLUMNS[column]
+    if kind == "nxdi-cpu":
+        return {str(i): _cpu_run(case, [_source(src, d) for d in dirs], work) for i, case in enumerate(cases)}
     if venv == "vllm-v0":
         _venv(src, "vllm")
     python = _venv(src, venv)
@@ -191,11 +216,11 @@ def _run_column(src: Path, work: Path, column: str, cases: list[dict]) -> dict[s
                        "neuron_config": config.get("neuron_config"), "model_class": config.get("model_class"),
                        "platform_target": config.get("platform_target"),
                        "max_model_len": served["max_model_len"], "nodes": served.get("nodes", 1),
-                       "vllm_src": str(src / dirs[0])})
+                       "vllm_src": str(_source(src, dirs[0]))})
     path = work / f"cases-{len(results)}-{abs(hash(column))}.json"
     path.write_text(json.dumps(inputs))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
-           "PYTHONPATH": os.pathsep.join(str(src / d) for d in dirs), "VLLM_TARGET_DEVICE": "cpu"}
+           "PYTHONPATH": os.pathsep.join(str(_source(src, d)) for d in dirs), "VLLM_TARGET_DEVICE": "cpu"}
     out = subprocess.run([str(python), str(Path(__file__).with_name("upstream_check_worker.py")), kind, str(path)],
                          capture_output=True, text=True, env=env, cwd=work)
     for line in out.stdout.splitlines():
@@ -207,6 +232,29 @@ def _run_column(src: Path, work: Path, column: str, cases: list[dict]) -> dict[s
     return results
 
 
+def _cpu_run(case: dict, sources: list[Path], work: Path) -> str:
+    """``neuronpack eval`` of the case's artifact with upstream NxDI's CPU path (tests/upstream/shim_site)."""
+    if case["framework"] != "nxd":
+        return "n/a (tnx)"
+    if not NXDI_PYTHON.is_file():
+        return f"failed: {NXDI_PYTHON} is missing (run `make install`)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "upstream" / "shim_site"), str(ROOT)]),
+           "NEURONPACK_UPSTREAM_PATH": os.pathsep.join(str(s) for s in sources), "PYTHONWARNINGS": "ignore",
+           "NEURONPACK_CLOSED_CALLS": str(work / "closed-calls.json")}
+    out = subprocess.run([str(NXDI_PYTHON), "-m", "neuronpack", "eval", case["artifact"], "--format", "json",
+                          "--max-new-tokens", "8", "--progress", "none"], capture_output=True, text=True, env=env)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]  # NxD logs on stdout too
+    if not lines:
+        errors = [line for line in out.stderr.splitlines() if line.startswith("error")] or out.stderr.splitlines()
+        return f"failed: {(errors or ['no output'])[-1][:200]}"
+    report = json.loads(lines[-1])
+    if report["status"] == "passed":
+        return f"ok (top-1 {report['summary']['top1_agreement']:.3f}, tp 1 on CPU)"
+    if report["status"] == "not_run":
+        return f"not run: {report['reason'][:160]}"
+    return f"failed: {'; '.join(report['failures'])[:200]}"
+
+
 def _bundled_draft(case: dict) -> str:
     bundled = Path(case["artifact"]) / "draft"
     return str(bundled) if (bundled / "config.json").is_file() else case["dry"]["draft"]["path"]
@@ -214,10 +262,10 @@ def _bundled_draft(case: dict) -> str:
 
 def _print_table(cases: list[dict], results: dict[str, dict[str, str]]) -> int:
     failed = 0
-    header = ["recipe", *COLUMNS]
+    header = ["recipe", *results]
     rows = []
     for i, case in enumerate(cases):
-        cells = [results[col].get(str(i), "?") for col in COLUMNS]
+        cells = [results[col].get(str(i), "?") for col in results]
         failed += sum(c.startswith("failed") for c in cells)
         rows.append([case["name"], *cells])
     print("| " + " | ".join(header) + " |")

@@ -52,6 +52,7 @@ class Subject:
     # nxd: the NeuronConfig kwargs to run (None: the artifact manifest's); given before the build (before_compile.py)
     neuron_config: dict[str, Any] | None = None
     draft_dir: Path | None = None  # nxd fused speculation: the converted EAGLE draft (loaded, not run: no CPU forward)
+    model_class: str | None = None  # nxd: the NxDI application class the artifact was compiled with
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def subject_of(artifact_dir: Path, framework: str, compile_config: dict[str, Any
         dtype = model_config.get("torch_dtype") or model_config.get("dtype") or "float32"
     draft = (config.get("draft") or {}).get("path")
     return Subject(Path(artifact_dir), framework, precision_class(str(dtype), quant), reference, instance,
-                   neuron_config, Path(draft) if draft else None)
+                   neuron_config, Path(draft) if draft else None, config.get("model_class"))
 
 
 def check_accuracy(
@@ -155,6 +156,9 @@ def nxd_cpu_refusal(subject: Subject) -> str | None:
         return f"{subject.framework} artifacts run only on a Neuron device"
     if not nxdi_cpu.nxdi_importable():
         return "needs NxD Inference (neuronx-distributed-inference) importable: its CPU path checks nxd artifacts"
+    limit = nxdi_cpu.upstream_limit(_recorded(subject), subject.model_class)
+    if limit:
+        return limit
     ref = subject.reference_dir
     weights = sum(p.stat().st_size for p in ref.glob("*.safetensors")) if ref is not None and ref.is_dir() else 0
     # NxDI's model, the state dict it loads and the float32 reference live at once: about three copies
@@ -171,23 +175,21 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
     import torch
 
     from neuronpack.accuracy import nxdi_cpu
-    from neuronpack.artifacts.manifest import read_manifest
 
-    recorded = dict(subject.neuron_config if subject.neuron_config is not None
-                    else read_manifest(subject.artifact_dir).compile_config.get("neuron_config") or {})
+    recorded = _recorded(subject)
     tokenizer = _tokenizer(subject)
     encoded = [(prompt, _encoded(prompt, tokenizer)) for prompt in _usable_prompts(prompts, tokenizer)]
     seq_len = max(len(ids) for _, ids in encoded) + new_tokens + 1
     nxdi_cpu.init_cpu_process_group()
     dtype = str(recorded.get("torch_dtype", "float32"))
-    draft = ()
+    draft, model_class = (), {"model_class": subject.model_class} if subject.model_class else {}
     if recorded.get("enable_fused_speculation") and subject.draft_dir is not None:
         loaded = nxdi_cpu.load_fused_spec_on_cpu(str(subject.reference_dir), recorded, str(subject.draft_dir),
-                                                 dtype=dtype, seq_len=seq_len)
+                                                 dtype=dtype, seq_len=seq_len, **model_class)
         draft = (f"NeuronFusedSpecModel loaded {loaded['draft_model']} draft_model.* and {loaded['target_model']} "
                  f"target_model.* weights with their shapes from {subject.draft_dir}; the speculation forward was "
                  "not run (upstream has none on the CPU): the target model is scored alone",)
-    app, _ = nxdi_cpu.load_on_cpu(str(subject.reference_dir), recorded, dtype=dtype, seq_len=seq_len)
+    app, _ = nxdi_cpu.load_on_cpu(str(subject.reference_dir), recorded, dtype=dtype, seq_len=seq_len, **model_class)
     reference = _load_reference(subject, app.config.vocab_size)
     quantized = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else None
     # in the dtype NxDI ran: what is left against it is kernel rounding, not quantization
@@ -215,6 +217,15 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
             f"{recorded.get('batch_size', 1)}); neuronx-cc, the device and the token-generation graph were not run",
             *draft)
     return stats, summary, plan
+
+
+def _recorded(subject: Subject) -> dict[str, Any]:
+    """The NeuronConfig kwargs to run: the subject's, else those the artifact's manifest recorded."""
+    from neuronpack.artifacts.manifest import read_manifest
+
+    if subject.neuron_config is not None:
+        return dict(subject.neuron_config)
+    return dict(read_manifest(subject.artifact_dir).compile_config.get("neuron_config") or {})
 
 
 def _tokenizer(subject: Subject):

@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from neuronpack.backends.neuron_common import import_class
 from neuronpack.errors import AccuracyError
 
 CPU_OVERRIDES: dict[str, Any] = {
@@ -33,6 +34,7 @@ SPECULATION_KEYS = ("speculation_length", "enable_fused_speculation", "enable_ea
                     "enable_eagle_draft_input_norm")
 REBUILD = "rebuild the checkpoint with neuronpack (compile --force, or quantize again)"
 RECONVERT = "convert the draft for this target with `neuronpack convert-eagle` (compile does it for a raw draft)"
+LLAMA = "neuronx_distributed_inference.models.llama.modeling_llama.NeuronLlamaForCausalLM"
 MODULES = ("neuronx_distributed.parallel_layers.parallel_state", "neuronx_distributed.trace.trace",
            "neuronx_distributed_inference.models.llama.modeling_llama",
            "neuronx_distributed_inference.models.model_wrapper", "neuronx_distributed_inference.utils.hf_adapter")
@@ -51,6 +53,17 @@ def nxdi_importable() -> bool:
     return True
 
 
+def upstream_limit(recorded: dict[str, Any], model_class: str | None) -> str | None:
+    """Why NxDI's CPU path cannot score this config (measured on NxDI 0.9.0), or None when it can."""
+    if model_class and ".mllama." in model_class:
+        return ("the multimodal (Mllama) model is not scored on the CPU: the check feeds text only, and NxDI's "
+                "Mllama needs torchvision at import")
+    if recorded.get("lora_config"):
+        return ("NxDI's CPU forward with LoRA fails in upstream's own code (NxDI 0.9.0 "
+                "_copy_past_key_values: IndexError); the adapters' loading is checked by neuronpack's upstream tests")
+    return None
+
+
 def cpu_neuron_config(recorded: dict[str, Any], seq_len: int, dtype: str) -> dict[str, Any]:
     """The recorded NeuronConfig kwargs as a tp-1, batch-1 CPU run of the target model needs them."""
     kwargs = {k: v for k, v in recorded.items() if k not in DROPPED and k not in SPECULATION_KEYS}
@@ -67,19 +80,29 @@ def init_cpu_process_group(port: int | None = None) -> None:
     if torch.distributed.is_initialized():
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port or 29500))
+    os.environ.setdefault("MASTER_PORT", str(port or _free_port()))  # not 29500: two checks may run at once
     torch.distributed.init_process_group(backend="gloo", world_size=1, rank=0)
     initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
                               expert_model_parallel_size=1, skip_collective_init=True)
 
 
-def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len: int):
-    """NxDI's ``NeuronLlamaForCausalLM`` for ``model_dir`` with the recorded NeuronConfig, its weights loaded on the
-    CPU. Returns (app, module); AccuracyError when a weight NxDI expects is missing from the checkpoint."""
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len: int, model_class: str = LLAMA):
+    """NxDI's ``model_class`` (the artifact's; default ``NeuronLlamaForCausalLM``) for ``model_dir`` with the recorded
+    NeuronConfig, its weights loaded on the CPU. Returns (app, module); AccuracyError when a weight NxDI expects is
+    missing from the checkpoint."""
     from neuronx_distributed.trace.trace import get_sharded_checkpoint
-    from neuronx_distributed_inference.models.llama.modeling_llama import NeuronLlamaForCausalLM as cls
     from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
+
+    cls = import_class(model_class)
 
     neuron_config = cls.get_neuron_config_cls()(**cpu_neuron_config(recorded, seq_len, dtype))
     config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(model_dir))
@@ -103,7 +126,7 @@ def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len
 
 
 def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: str, *, dtype: str,
-                           seq_len: int) -> dict[str, int]:
+                           seq_len: int, model_class: str = LLAMA) -> dict[str, int]:
     """NxDI's ``NeuronFusedSpecModel`` (target + EAGLE draft, the config neuronpack records, its own fused-speculation
     config and draft process group) built on the CPU and given the target's and the draft's checkpoints through
     NxDI's fused loader: every ``draft_model.*`` / ``target_model.*`` weight must load with the right shape
@@ -113,10 +136,11 @@ def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: 
 
     from neuronx_distributed.trace.trace import get_sharded_checkpoint
     from neuronx_distributed_inference.models.application_base import init_custom_process_group_fn
-    from neuronx_distributed_inference.models.llama.modeling_llama import NeuronLlamaForCausalLM as cls
     from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
 
     from neuronpack.backends.nxd import _inference_config
+
+    cls = import_class(model_class)
 
     kwargs = {k: v for k, v in recorded.items() if k not in DROPPED}
     kwargs.update(CPU_OVERRIDES, seq_len=seq_len, max_context_length=seq_len, torch_dtype=dtype)

@@ -3,7 +3,8 @@
 Usage: ``python nxdi_cpu.py SPEC.json OUT.pt`` in ``.venv-nxdi`` (NxDI's transformers 4.57 beside this project's
 packages). The spec names the upstream source directories (``sys_path``) and the runs: each a ``model_dir``, the
 NeuronConfig kwargs neuronpack recorded (``neuron_config``), ``dtype`` and ``tokens`` / ``prompt_len``; a run with a
-``draft_dir`` loads NxDI's fused-speculation model (target + EAGLE draft) and reports the weights loaded. The closed
+``draft_dir`` loads NxDI's fused-speculation model (target + EAGLE draft) and reports the weights loaded; one with
+``load_only`` (LoRA, run in ``cwd``, the artifact) loads and reports its modules and LoRA weights. The closed
 packages are served by ``closed_shim``, sealed once NxDI has imported: from then on set-up, loading and every
 forward must run open code only. The loading itself is neuronpack's (``neuronpack.accuracy.nxdi_cpu``), the code
 ``neuronpack eval`` runs.
@@ -15,6 +16,7 @@ m}, closed_calls} or {error, closed_calls}} to OUT.pt.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -45,8 +47,15 @@ def main(spec_path: str, out_path: str) -> None:
                     seq_len=len(run["tokens"]) + 1)}
                 results[name]["closed_calls"] = list(closed_shim.CALLS)
                 continue
+            os.chdir(run.get("cwd") or ROOT)  # LoRA: lora_ckpt_paths are relative to the artifact
             app, module = nxdi_cpu.load_on_cpu(run["model_dir"], run["neuron_config"], dtype=run["dtype"],
                                                seq_len=len(run["tokens"]) + 1)
+            if run.get("load_only"):  # no CPU forward for it upstream: the weights it loaded, by name
+                results[name] = {"modules": dict(Counter(type(m).__name__ for m in module.modules())),
+                                 "lora_weights": {k: float(v.abs().sum()) for k, v in module.state_dict().items()
+                                                  if k.endswith((".lora_A.weight", ".lora_B.weight"))}}
+                results[name]["closed_calls"] = list(closed_shim.CALLS)
+                continue
             results[name] = {"logits": nxdi_cpu.prefix_logits(app, run["tokens"], run["prompt_len"]),
                              "modules": dict(Counter(type(m).__name__ for m in module.modules()))}
         except Exception as exc:  # NxDI (or the missing-weight check) refused it: the test decides if it should

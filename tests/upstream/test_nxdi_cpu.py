@@ -133,9 +133,9 @@ def nxdi(tmp_path_factory):
     sources, python, work, llama = nxdi_setup(tmp_path_factory, "nxdi")
     runs, references = {}, {}
 
-    def add(name, neuron_config, dtype, model=llama, reference=None, draft=None):
+    def add(name, neuron_config, dtype, model=llama, reference=None, draft=None, **extra):
         runs[name] = {"model_dir": str(model), "neuron_config": neuron_config, "dtype": dtype, "tokens": TOKENS,
-                      "prompt_len": PROMPT_LEN, "draft_dir": str(draft) if draft else None}
+                      "prompt_len": PROMPT_LEN, "draft_dir": str(draft) if draft else None, **extra}
         references[name] = reference
 
     fp32 = _reference_logits(llama)
@@ -167,6 +167,7 @@ def nxdi(tmp_path_factory):
     add("negative: a weight missing", runs["llama-3.2-1b-inf2 float32"]["neuron_config"], "float32",
         model=_drop_weight(llama, work / "missing-weight", "model.layers.1.mlp.up_proj.weight"))
     _add_eagle_runs(add, work, llama)
+    _add_lora_run(add, work, llama)
     # after the fused loads, in the same process: NxDI's fused loader leaves a class attribute set (see nxdi_cpu.py)
     add("target after fused loads", runs["llama-3.2-1b-inf2 float32"]["neuron_config"], "float32", reference=fp32)
     spec = work / "spec.json"
@@ -234,6 +235,20 @@ def _add_eagle_runs(add, work: Path, llama: Path) -> None:
             add("negative: draft without lm_head", recorded, "float32", model=target, draft=raw)
 
 
+def _add_lora_run(add, work: Path, llama: Path) -> None:
+    """The 8B recipe's LoRA variant (a [lora] section, one PEFT adapter on q/k/v/o) with its adapter where the
+    artifact carries it (lora/<name>, which lora_ckpt_paths names relative to the artifact): load only."""
+    from lora_adapters import make_peft_adapter
+
+    artifact = work / "lora-artifact"
+    adapter = make_peft_adapter(llama, artifact / "lora" / "sql", rank=8)
+    recipe = work / "lora-recipe.toml"
+    recipe.write_text((ROOT / "recipes" / "llama-3.1-8b-instruct-trn1.toml").read_text()
+                      + f'\n[lora]\nmax_rank = 8\nmax_loras = 1\nadapters = [{{name = "sql", path = "{adapter}"}}]\n')
+    recorded = _recorded_neuron_config(llama, recipe, work / "root-lora")
+    add("lora load", recorded, "float32", load_only=True, cwd=str(artifact))
+
+
 def _ran(nxdi, name):
     result, reference = nxdi[name]
     assert "error" not in result, f"NxDI refused {name}: {result['error']}"
@@ -287,3 +302,15 @@ def test_a_draft_without_lm_head_is_refused(nxdi):
     """The raw EAGLE-1 draft (what convert-eagle adds the head to): upstream alone would load it silently."""
     result, _ = nxdi["negative: draft without lm_head"]
     assert "error" in result and "draft_model.lm_head.weight" in result["error"], result.get("error")
+
+
+def test_the_lora_variant_loads_its_adapter_into_nxdis_multi_lora_layers(nxdi):
+    """The LoRA recipe's NeuronConfig builds NxDI's MultiLora layers and loads the base checkpoint and the adapter
+    (every LoRA A / B weight non-zero: PEFT's random adapter). Its CPU forward is upstream's to fix: NxDI 0.9.0's
+    ``_copy_past_key_values`` raises "IndexError: index 4 is out of range" on it (docs/neuron.md)."""
+    result = nxdi["lora load"][0]
+    assert "error" not in result, f"NxDI refused the LoRA variant: {result['error']}"
+    assert result["closed_calls"] == [], result["closed_calls"]
+    assert any(name.startswith("MultiLora") for name in result["modules"]), result["modules"]
+    # 2 layers x q, k, v, o x (A, B)
+    assert len(result["lora_weights"]) == 16 and all(v > 0 for v in result["lora_weights"].values())
