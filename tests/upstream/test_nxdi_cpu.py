@@ -180,21 +180,29 @@ def nxdi(tmp_path_factory):
 
     results = torch.load(out)
     if os.environ.get("NEURONPACK_NXDI_REPORT"):  # the figures, for docs and notes: {name: max |dlogit|, greedy}
-        Path(os.environ["NEURONPACK_NXDI_REPORT"]).write_text(json.dumps(_figures(results, references), indent=1))
+        figures = _figures(results, references, runs)
+        Path(os.environ["NEURONPACK_NXDI_REPORT"]).write_text(json.dumps(figures, indent=1))
     return {name: (results[name], references[name]) for name in runs}
 
 
-def _figures(results: dict, references: dict) -> dict:
+def _figures(results: dict, references: dict, runs: dict) -> dict:
+    """{run: NxDI's figures}, with `neuronpack quantize`'s own report (SNR, relative error) beside quantized runs."""
     figures = {}
     for name, result in results.items():
         reference = references[name]
-        if "loaded" in result:
-            figures[name] = {"loaded": result["loaded"]}
+        quantized = Path(runs[name]["neuron_config"].get("quantized_checkpoints_path") or "/nonexistent")
+        if (quantized / "quantization_report.json").is_file() and "error" not in result:
+            model = json.loads((quantized / "quantization_report.json").read_text())["model"]
+            figures[name] = {"quantize_report": {"snr_db": model["snr_db"],
+                                                 "relative_error": model["relative_error"]}}
+        if "loaded" in result or "lora_weights" in result:
+            figures[name] = {"loaded": result.get("loaded") or len(result["lora_weights"])}
             continue
         if "error" in result or reference is None:
-            figures[name] = {"refused": result.get("error", "")[:160]}
+            figures[name] = {**figures.get(name, {}), "refused": result.get("error", "")[:160]}
             continue
-        figures[name] = {"max_abs_dlogit": (result["logits"] - reference).abs().max().item(),
+        figures[name] = {**figures.get(name, {}),
+                         "max_abs_dlogit": (result["logits"] - reference).abs().max().item(),
                          "greedy_equal": result["logits"].argmax(-1).tolist() == reference.argmax(-1).tolist()}
     return figures
 
