@@ -21,7 +21,7 @@ DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench bench-peers eval-clients soak upstream-check clean
+.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench bench-peers bench-peers-serve eval-clients soak upstream-check clean
 
 install: $(STAMP)
 
@@ -88,6 +88,13 @@ PEERS_THREADS ?= 1,2
 bench-peers: install $(DEMO_MODEL)/config.json
 	PYTHONPATH="$(PEERS_PYTHONPATH)" $(PY) bench/peers.py --model $(DEMO_MODEL) --llama-python $(LLAMA_PYTHON) \
 		--llama-src $(LLAMA_SRC) --threads $(PEERS_THREADS)
+
+# neuronpack serve vs llama-server (continuous batching) at 1 / 4 / 8 concurrent requests; llama-server built from
+# $(LLAMA_SRC) (see bench/peers_serve.py), GGUFs made by bench-peers in $(PEERS_GGUF_DIR)
+LLAMA_SERVER ?= $(LLAMA_SRC)/build/bin/llama-server
+PEERS_GGUF_DIR ?= /tmp/neuronpack-bench-peers/gguf
+bench-peers-serve: install $(DEMO_MODEL)/config.json
+	$(PY) bench/peers_serve.py --model $(DEMO_MODEL) --gguf-dir $(PEERS_GGUF_DIR) --llama-server $(LLAMA_SERVER)
 
 # lm-eval (local-completions vs its hf model) and guidellm against the server; both come with the dev extra
 # (the suite runs their smoke tests), so `install` already has them.

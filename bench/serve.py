@@ -107,22 +107,27 @@ def stop_server(proc) -> None:
     proc.communicate(timeout=60)
 
 
-async def _one(client, prompt: str, max_tokens: int) -> tuple[float, int, float]:
-    """(TTFT, completion tokens, end time) of one streamed completion."""
+async def _one(client, prompt: str, max_tokens: int, model: str) -> tuple[float, int, float]:
+    """(TTFT, completion tokens, end time) of one streamed completion: the usage the server reports, else the
+    chunks that carried text (a server that streams one token per chunk)."""
     t0 = time.perf_counter()
-    ttft, tokens = None, 0
-    stream = await client.completions.create(model="smollm2", prompt=prompt, max_tokens=max_tokens, temperature=0,
+    ttft, tokens, chunks = None, 0, 0
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
                                              stream=True, stream_options={"include_usage": True},
                                              extra_body={"ignore_eos": True})
     async for chunk in stream:
-        if ttft is None and chunk.choices:
-            ttft = time.perf_counter() - t0
+        if chunk.choices and chunk.choices[0].text:
+            chunks += 1
+            if ttft is None:
+                ttft = time.perf_counter() - t0
         if chunk.usage:
             tokens = chunk.usage.completion_tokens
-    return ttft or 0.0, tokens, time.perf_counter()
+    return ttft or 0.0, tokens or chunks, time.perf_counter()
 
 
-async def _load(port: int, concurrency: int, n_requests: int, max_tokens: int) -> dict:
+async def load_round(port: int, concurrency: int, n_requests: int, max_tokens: int, model: str = "smollm2") -> dict:
+    """Aggregate tokens/s and TTFT p50/p99 of ``n_requests`` streamed greedy completions, ``concurrency`` at a time,
+    through the OpenAI API of the server on ``port`` (any OpenAI-compatible server)."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
@@ -130,7 +135,7 @@ async def _load(port: int, concurrency: int, n_requests: int, max_tokens: int) -
 
     async def gated(i: int):
         async with gate:
-            return await _one(client, PROMPTS[i % len(PROMPTS)], max_tokens)
+            return await _one(client, PROMPTS[i % len(PROMPTS)], max_tokens, model)
 
     started = time.perf_counter()
     async with client:
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         load = []
         for c in CONCURRENCY:
             print(f"load: concurrency {c}", file=sys.stderr)
-            load.append(asyncio.run(_load(port, c, max(4, 2 * c), args.max_tokens)))
+            load.append(asyncio.run(load_round(port, c, max(4, 2 * c), args.max_tokens)))
     finally:
         stop_server(proc)
     base = load[0]["tokens_per_s"]

@@ -1,0 +1,137 @@
+"""``neuronpack serve`` against llama.cpp's own server (``llama-server``, continuous batching), equal weight bytes.
+
+One run on SmolLM2-135M-Instruct, same threads: for each precision, neuronpack's batch-8 artifact served by
+``neuronpack serve`` (float32, bfloat16, int8 weights) and ``llama-server -np 8 --cont-batching`` on the GGUF of equal
+weight bytes (F32, BF16, Q8_0, converted from the same checkpoint by llama.cpp's ``convert_hf_to_gguf.py``; see
+bench/peers.py). Each server in turn gets the same streamed greedy completions through the same async openai client
+(bench/serve.py ``load_round``: ``ignore_eos``, ``--max-tokens`` each) at concurrency 1, 4 and 8; figures: aggregate
+generated tokens/s and TTFT p50, and neuronpack's aggregate as a ratio to llama-server's at the same precision and
+concurrency. Output: a table on stdout, docs/bench/peers-serve.json and .png.
+
+llama-server is not on PyPI as a binary: build it from the llama.cpp tree the llama-cpp-python sdist vendors
+(the same llama.cpp as bench/peers.py's), e.g.
+
+    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 && tar xzf llama_cpp_python-0.3.36.tar.gz
+    cd llama_cpp_python-0.3.36/vendor/llama.cpp && cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \\
+        -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF && \\
+        cmake --build build --target llama-server
+    .venv/bin/python bench/peers_serve.py --model DIR --gguf-dir DIR --llama-server .../build/bin/llama-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import OUT_DIR, build_artifact, free_port, save_results, start_serve_process  # noqa: E402
+from serve import load_round, stop_server  # noqa: E402
+
+PRECISIONS = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0"}  # neuronpack dtype -> GGUF of equal bytes
+CONCURRENCY = (1, 4, 8)
+SLOTS, SEQ_LEN, MAX_CONTEXT = 8, 256, 64
+
+
+def start_llama_server(binary: Path, gguf: Path, port: int, threads: int) -> tuple:
+    """``llama-server`` with 8 slots of SEQ_LEN tokens each, continuous batching; (process, seconds to /health)."""
+    import httpx
+
+    log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(SLOTS),
+            "-c", str(SLOTS * SEQ_LEN), "--cont-batching", "-t", str(threads), "-tb", str(threads),
+            "--alias", "smollm2", "--no-webui"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log_path = Path(log.name)
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama-server exited: {proc.log_path.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, time.perf_counter() - t0
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+
+
+def measure(start, max_tokens: int) -> list[dict]:
+    port = free_port()
+    proc, _ = start(port)
+    try:
+        asyncio.run(load_round(port, 1, 1, 8))  # warm-up
+        return [asyncio.run(load_round(port, c, 2 * c, max_tokens)) for c in CONCURRENCY]
+    finally:
+        stop_server(proc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True, help="the SmolLM2 HF checkpoint (import-gguf output)")
+    parser.add_argument("--gguf-dir", type=Path, required=True, help="SmolLM2-135M-Instruct-{F32,BF16,Q8_0}.gguf")
+    parser.add_argument("--llama-server", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-peers-serve")
+    args = parser.parse_args(argv)
+    rows = []
+    for dtype in args.precisions.split(","):
+        gguf = args.gguf_dir / f"SmolLM2-135M-Instruct-{PRECISIONS[dtype]}.gguf"
+        artifact = build_artifact(args.model, dtype, args.work / f"artifact-{dtype}-b{SLOTS}", batch=SLOTS,
+                                  seq_len=SEQ_LEN, max_context=MAX_CONTEXT)
+        print(f"{dtype}: neuronpack serve", file=sys.stderr)
+        ours = measure(lambda port, a=artifact: start_serve_process(
+            a, port, ["--threads", str(args.threads), "--served-model-name", "smollm2", "--quiet"]), args.max_tokens)
+        print(f"{dtype}: llama-server {gguf.name}", file=sys.stderr)
+        theirs = measure(lambda port, g=gguf: start_llama_server(args.llama_server, g, port, args.threads),
+                         args.max_tokens)
+        for a, b in zip(ours, theirs, strict=True):
+            rows.append({"precision": dtype, "gguf": PRECISIONS[dtype], "concurrency": a["concurrency"],
+                         "neuronpack": a, "llama_server": b, "ratio": a["tokens_per_s"] / b["tokens_per_s"]})
+    result = {"model": "SmolLM2-135M-Instruct", "threads": args.threads, "max_tokens": args.max_tokens,
+              "slots": SLOTS, "load_avg_1min_at_end": os.getloadavg()[0], "rows": rows,
+              "goal": "neuronpack >= 1.5x llama-server aggregate at 8 concurrent requests (issue 30)"}
+    print_table(result)
+    print(f"saved {save_results('peers-serve', result)} and {plot(result)}")
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{'precision':<10}{'conc':>5}{'neuronpack tok/s':>18}{'llama-server tok/s':>20}{'ratio':>7}"
+          f"{'TTFT p50 np':>13}{'TTFT p50 llama':>16}")
+    for row in r["rows"]:
+        a, b = row["neuronpack"], row["llama_server"]
+        print(f"{row['precision'] + '/' + row['gguf']:<10}{row['concurrency']:>5}{a['tokens_per_s']:>18.1f}"
+              f"{b['tokens_per_s']:>20.1f}{row['ratio']:>7.2f}{a['ttft_p50_s'] * 1000:>11.0f}ms"
+              f"{b['ttft_p50_s'] * 1000:>14.0f}ms")
+    print(f"threads {r['threads']}, {r['max_tokens']} tokens per request, 2 x concurrency requests per round; "
+          f"load average at the end {r['load_avg_1min_at_end']:.1f} on {os.cpu_count()} cores")
+
+
+def plot(r: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = [f"{row['gguf']}\nc={row['concurrency']}" for row in r["rows"]]
+    bars = ax.bar(labels, [row["ratio"] for row in r["rows"]], color="#4a7ab5")
+    ax.bar_label(bars, fmt="%.2f")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_ylabel("neuronpack / llama-server aggregate tok/s")
+    ax.set_title(f"serve vs llama-server, SmolLM2-135M, {r['threads']} threads")
+    fig.tight_layout()
+    path = OUT_DIR / "peers-serve.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    main()
