@@ -20,9 +20,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import types
+import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,15 +120,6 @@ class LoraConfig:
                    adapters=tuple(entries))
 
 
-def _cfg(read: Callable, default: Any = dataclasses.MISSING):
-    return field(default=default, metadata={"read": read})
-
-
-def _built(read: Callable):
-    """A field only the build knows: absent (None) in ``compile_config`` and in a config not yet built."""
-    return field(default=None, metadata={"read": read, "built": True})
-
-
 def _int(key: str, value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(key, "an integer", value, where)
@@ -171,7 +165,7 @@ def _opt(read: Callable) -> Callable:
 
 
 def _section(cls) -> Callable:
-    return lambda key, value, where: None if value is None else cls.from_dict(value, where)
+    return lambda key, value, where: cls.from_dict(value, where)
 
 
 def _bad(key: str, expected: str, value: Any, where: str) -> ArtifactError:
@@ -185,38 +179,39 @@ class ArtifactConfig:
     compiler, inductor settings); ``graphs``: graph name -> its model name in ``graphs.pt2``; ``layer_graphs``: each
     layer's kind (``graphs.layer_groups``)."""
 
-    compiler: str = _cfg(_str)  # "aoti" | "export"
-    batch_size: int = _cfg(_int)
-    ctx_batch_size: int = _cfg(_int)
-    tkg_batch_size: int = _cfg(_int)
-    seq_len: int = _cfg(_int)
-    max_context_length: int = _cfg(_int)
-    max_length: int = _cfg(_int)
-    enable_bucketing: bool = _cfg(_bool)
-    context_encoding_buckets: tuple[int, ...] = _cfg(_ints)
-    token_generation_buckets: tuple[int, ...] = _cfg(_ints)
-    torch_dtype: str = _cfg(_str)
-    kv_cache_dtype: str = _cfg(_str)
-    tp_degree: int = _cfg(_int)
-    padding_side: str = _cfg(_str)
-    is_continuous_batching: bool = _cfg(_bool)
-    quantized: bool = _cfg(_bool)
-    quantization_dtype: str | None = _cfg(_opt(_str))
-    model_type: str = _cfg(_str)
-    num_layers: int = _cfg(_int)
-    num_kv_heads: int = _cfg(_int)
-    head_dim: int = _cfg(_int)
-    kv_cache_positions: int = _cfg(_int)  # positions per cache row: seq_len + 1 (layout.cache_positions)
-    vocab_size: int = _cfg(_int)
-    max_step_tokens: int = _cfg(_int)  # tokens (and logits) per row one step runs
-    speculation: SpeculationSection | None = _cfg(_section(SpeculationSection))
-    target: Mapping[str, Any] = _cfg(_mapping)
-    lora: LoraConfig | None = _cfg(_section(LoraConfig))
-    linear_kernels: bool | None = _built(_bool)  # the graphs' linears call torch.ops.neuronpack.* (aoti)
-    layer_graphs: tuple[int, ...] | None = _built(_ints)
-    graphs: Mapping[str, str] | None = _built(_graphs)
-    format: str = _cfg(_str, FORMAT)
-    format_version: int = _cfg(_int, FORMAT_VERSION)
+    compiler: str  # "aoti" | "export"
+    batch_size: int
+    ctx_batch_size: int
+    tkg_batch_size: int
+    seq_len: int
+    max_context_length: int
+    max_length: int
+    enable_bucketing: bool
+    context_encoding_buckets: tuple[int, ...]
+    token_generation_buckets: tuple[int, ...]
+    torch_dtype: str
+    kv_cache_dtype: str
+    tp_degree: int
+    padding_side: str
+    is_continuous_batching: bool
+    quantized: bool
+    quantization_dtype: str | None
+    model_type: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    kv_cache_positions: int  # positions per cache row: seq_len + 1 (layout.cache_positions)
+    vocab_size: int
+    max_step_tokens: int  # tokens (and logits) per row one step runs
+    speculation: SpeculationSection | None
+    target: Mapping[str, Any]
+    lora: LoraConfig | None
+    # What only the build knows (None before it: absent from compile_config)
+    linear_kernels: bool | None = None  # the graphs' linears call torch.ops.neuronpack.* (aoti)
+    layer_graphs: tuple[int, ...] | None = None
+    graphs: Mapping[str, str] | None = None
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
@@ -238,7 +233,7 @@ class ArtifactConfig:
         out = {"format": self.format, "format_version": self.format_version}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in out or (value is None and f.metadata.get("built")):
+            if f.name in out or (value is None and f.name in BUILT):
                 continue
             out[f.name] = _plain(value)
         return out
@@ -255,14 +250,36 @@ class ArtifactConfig:
         """Validate ``data`` (a parsed ``neuron_config.json``) field by field; ArtifactError names the first bad
         key. A missing ``format_version`` reads as the current one; the caller checks format and version."""
         data = _mapping("(the file)", data, where)
+        readers = _readers()
         values = {}
         for f in dataclasses.fields(cls):
             if f.name not in data:
                 if f.default is dataclasses.MISSING:
                     raise ArtifactError(f"{NEURON_CONFIG} has no {f.name}", where=where, fix=REBUILD)
                 continue
-            values[f.name] = f.metadata["read"](f.name, data[f.name], where)
+            values[f.name] = readers[f.name](f.name, data[f.name], where)
         return cls(**values)
+
+
+BUILT = ("linear_kernels", "layer_graphs", "graphs")
+
+
+@functools.cache
+def _readers() -> dict[str, Callable]:
+    """Field name -> the function that checks and converts its JSON value, chosen by the field's type."""
+    by_type: dict[Any, Callable] = {
+        int: _int, str: _str, bool: _bool, tuple[int, ...]: _ints, Mapping[str, Any]: _mapping,
+        Mapping[str, str]: _graphs, SpeculationSection: _section(SpeculationSection), LoraConfig: _section(LoraConfig),
+    }
+    readers = {}
+    for name, hint in typing.get_type_hints(ArtifactConfig).items():
+        args = typing.get_args(hint)
+        if type(None) in args and isinstance(hint, types.UnionType):  # X | None
+            (inner,) = (a for a in args if a is not type(None))
+            readers[name] = _opt(by_type[inner])
+        else:
+            readers[name] = by_type[hint]
+    return readers
 
 
 def _plain(value: Any) -> Any:
