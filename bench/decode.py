@@ -128,7 +128,7 @@ def measure(label: str, artifact: Path, model_dir: Path, tokens: int, repeat: in
     best = {k: min(v) for k, v in runs.items()}
     best_cpu = {k: min(v) for k, v in cpu.items()}
     return {
-        "label": label, "artifact": str(artifact), "dtype": dtype, "quantized": lm.config.get("quantized", False),
+        "label": label, "artifact": str(artifact), "dtype": dtype, "quantized": lm.config.quantized,
         "batch": batch, "weight_bytes": weight_bytes(artifact),
         **{f"{k}_ms": round(v, 2) for k, v in best.items()},
         "runs_ms": {k: [round(x, 2) for x in v] for k, v in runs.items()},

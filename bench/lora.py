@@ -92,7 +92,7 @@ def step_ms(lm, prompt: list[int], active: int, adapters: list[int] | None, toke
 def measure(lora_lm, plain_lm, prompt: list[int], tokens: int, repeat: int) -> list[dict]:
     rows = []
     for active in sorted({1, BATCH}):
-        on = [1 + i % lora_lm.config["lora"]["max_loras"] for i in range(active)]
+        on = [1 + i % lora_lm.config.lora.max_loras for i in range(active)]
         runs: dict[str, list[float]] = {"lora_on": [], "lora_off": [], "plain": []}
         for _ in range(repeat):  # interleaved so contention hits all three alike
             runs["lora_on"].append(step_ms(lora_lm, prompt, active, on, tokens))

@@ -234,7 +234,7 @@ def _draft(artifact_dir: Path, serve: dict) -> str:
 
 
 def _lora(artifact_dir: Path, serve: dict, manifest: dict) -> LoraSpec | None:
-    from neuronpack.backends.nxd import lora_path
+    from neuronpack.checkpoint.lora import lora_path
 
     modules = serve.get("lora_modules") or []
     if not modules:

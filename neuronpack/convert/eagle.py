@@ -2,11 +2,11 @@
 
 NxDI needs the target's ``lm_head.weight`` inside an EAGLE-1/2 draft, and for an EAGLE-3 draft ``layers.0.*`` names
 plus the target's ``embed_tokens.weight``. ``convert_eagle`` validates everything from headers first
-(``eagle_layouts.plan_eagle_conversion``), then streams: a tensor kept unchanged from a safetensors file is copied
-file to file by the kernel; a safetensors tensor that is cast is cast on its stored bytes in row chunks
-(``float_cast``, bit for bit torch's cast), so safetensors inputs never need torch. Only a ``.bin`` draft (or rows
-holding a NaN) go through torch: draft tensors one at a time (large ones in row chunks), the target's head/embedding
-in row chunks. The target's other weights are never read. OUT is written atomically:
+(``eagle_layouts.plan_eagle_conversion``), then streams (``eagle_stream.TensorStream``): a tensor kept unchanged
+from a safetensors file is copied file to file by the kernel; a safetensors tensor that is cast is cast on its stored
+bytes in row chunks (``float_cast``, bit for bit torch's cast), so safetensors inputs never need torch. Only a
+``.bin`` draft (or rows holding a NaN) go through torch: draft tensors one at a time (large ones in row chunks), the
+target's head/embedding in row chunks. The target's other weights are never read. OUT is written atomically:
 safetensors (+ index when sharded), ``config.json`` with NxDI's keys, the draft's tokenizer files and
 ``neuronpack-eagle.json`` (what was added, renamed and cast, with source digests).
 
@@ -20,16 +20,12 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from neuronpack import __version__
 from neuronpack.checkpoint import Checkpoint, TensorSpec, copy_aux_files, open_checkpoint, write_safetensors_sharded
-from neuronpack.checkpoint.dtypes import torch_dtype
-from neuronpack.checkpoint.safetensors_header import TensorInfo, expected_nbytes
 from neuronpack.checkpoint.writer import DEFAULT_MAX_SHARD_BYTES
 from neuronpack.convert.eagle_layouts import (
     EMBED,
@@ -37,27 +33,18 @@ from neuronpack.convert.eagle_layouts import (
     FLOAT_DTYPES,
     HEAD,
     EaglePlan,
-    OutputTensor,
     detect_layout,
     plan_eagle_conversion,
 )
-from neuronpack.convert.float_cast import FloatCaster, warm_up
+from neuronpack.convert.eagle_stream import TensorStream
+from neuronpack.convert.float_cast import warm_up
 from neuronpack.digest import file_sha256
 from neuronpack.errors import ConversionError
 from neuronpack.fsutil import atomic_output_dir, check_output_path
 from neuronpack.progress import NullReporter, Reporter
 
-if TYPE_CHECKING:
-    import torch
-
 MANIFEST = "neuronpack-eagle.json"
 CONFIG_SECTION = "neuronpack_eagle"
-# Row chunks of about this many bytes bound the memory a large tensor (head, embedding) needs while it streams.
-# 64 MiB chunks were not faster (bench/eagle.py).
-CHUNK_BYTES = 16 * 2**20
-# Rows cast without torch go in smaller chunks: read, cast and written while they are still in the CPU cache. The
-# 1b-cast draft of bench/convert_eagle.py converted in 0.69 s with 1-2 MiB chunks, 0.74 s with 4 and 1.13 s with 16.
-RAW_CHUNK_BYTES = 2 * 2**20
 
 
 @dataclass(frozen=True)
@@ -122,7 +109,7 @@ def convert_eagle(
         if plan.casts:
             pool.submit(warm_up, {(t.source_dtype, t.dtype) for t in plan.casts})
         with atomic_output_dir(Path(out), inputs=[draft_dir, target_dir], label="eagle-") as staging:
-            stream = _TensorStream(plan, draft_ckpt, target_ckpt)
+            stream = TensorStream(plan, draft_ckpt, target_ckpt)
             specs = [TensorSpec(t.name, t.dtype, t.shape) for t in plan.tensors]
             shards = write_safetensors_sharded(  # flush_behind: writeback overlaps the copy, not the fsync after it
                 staging, specs, stream.chunks(), max_shard_bytes=max_shard_bytes, reporter=reporter, flush_behind=True
@@ -162,118 +149,6 @@ def eagle_nxd_hints(out_dir: Path) -> dict:
     return _hints(layout, fc_bias="fc.bias" in names, input_norm="layers.0.input_layernorm.weight" in names)
 
 
-# --- streaming ------------------------------------------------------------------------------------------------------
-class _TensorStream:
-    """Yields (name, tensor) in plan order for the writer; compares a replaced head with the new one on the way.
-
-    Rows cast without torch are read into one buffer and cast into another, both reused for every chunk: the writer
-    writes a chunk before it asks for the next (``write_safetensors_sharded``), so no chunk allocates memory."""
-
-    def __init__(self, plan: EaglePlan, draft: Checkpoint, target: Checkpoint) -> None:
-        self.plan = plan
-        self.draft = draft
-        self.target = target
-        self.head_identical: bool | None = None
-        if plan.replaces_head:
-            old = draft.info(HEAD)
-            new = next(t for t in plan.tensors if t.name == HEAD)
-            self.head_identical = old.dtype == new.dtype and tuple(old.shape) == new.shape
-        self._casters: dict[tuple[str, str], FloatCaster] = {}
-        self._raw = bytearray()  # stored rows read for a cast
-        self._cast = bytearray()  # their cast bytes
-
-    def chunks(self) -> Iterator[tuple[str, torch.Tensor | bytes | memoryview | TensorInfo]]:
-        # Reading the next chunk in a worker thread, to overlap it with the write, measured no faster on the 2 busy
-        # cores of the build machine (4.4-7.7 s either way), so the stream stays single-threaded.
-        for spec in self.plan.tensors:
-            ckpt = self.draft if spec.source == "draft" else self.target
-            if self._copied_as_stored(spec, ckpt):
-                yield spec.name, ckpt.info(spec.source_name)  # the writer copies its bytes kernel-side
-                continue
-            raw = self._castable_without_torch(spec, ckpt)
-            for start, stop in _row_ranges(spec, RAW_CHUNK_BYTES if raw else CHUNK_BYTES):
-                cast = self._cast_without_torch(spec, ckpt, start, stop) if raw else None
-                if cast is not None:
-                    yield spec.name, cast
-                    continue
-                rows = ckpt.get_rows(spec.source_name, start, stop) if spec.shape else ckpt.get(spec.source_name)
-                rows = _cast(spec, rows)
-                if self._comparing(spec):
-                    import torch
-
-                    self.head_identical = torch.equal(rows, self.draft.get_rows(HEAD, start, stop))
-                yield spec.name, rows
-
-    def _comparing(self, spec: OutputTensor) -> bool:
-        """Whether the tensor is the head, still being compared with the draft's old one: it goes through torch
-        (torch.equal decides "identical")."""
-        return spec.name == HEAD and bool(self.head_identical)
-
-    def _copied_as_stored(self, spec: OutputTensor, ckpt: Checkpoint) -> bool:
-        """Unchanged safetensors bytes are copied file to file: no torch, no pages of them in this process (not a
-        head being compared)."""
-        return not spec.cast and not self._comparing(spec) and ckpt.format == "safetensors"
-
-    def _castable_without_torch(self, spec: OutputTensor, ckpt: Checkpoint) -> bool:
-        """Whether rows of the tensor are cast on their stored bytes: not for a .bin source, a scalar or a head
-        being compared."""
-        return spec.cast and not self._comparing(spec) and bool(spec.shape) and ckpt.format == "safetensors"
-
-    def _cast_without_torch(self, spec: OutputTensor, ckpt: Checkpoint, start: int, stop: int) -> memoryview | None:
-        """Rows of a safetensors tensor cast on their stored bytes (``float_cast``: numpy, bit for bit torch's cast),
-        as a view of the reused cast buffer; None when a row holds a NaN (torch casts those rows)."""
-        caster = self._casters.get((spec.source_dtype, spec.dtype))
-        if caster is None:
-            caster = self._casters[spec.source_dtype, spec.dtype] = FloatCaster(spec.source_dtype, spec.dtype)
-        rows = (stop - start, *spec.shape[1:])
-        raw_size, cast_size = expected_nbytes(spec.source_dtype, rows), expected_nbytes(spec.dtype, rows)
-        if len(self._raw) < raw_size or len(self._cast) < cast_size:  # new buffers: views of the old ones may live on
-            self._raw, self._cast = bytearray(raw_size), bytearray(cast_size)
-        raw = ckpt.raw_rows(spec.source_name, start, stop, into=self._raw)
-        out = memoryview(self._cast)[:cast_size]
-        overflow = caster.cast_into(raw, out)
-        if overflow:
-            raise _overflow(spec)
-        return None if overflow is None else out
-
-
-def _cast(spec: OutputTensor, rows: torch.Tensor) -> torch.Tensor:
-    """Cast a chunk to its output dtype; refuse an overflow (|x| > 65504 in float16) rather than write inf."""
-    if not spec.cast:
-        return rows
-    import torch
-
-    cast = rows.to(torch_dtype(spec.dtype))
-    # aminmax is one cheap pass (isfinite over the whole chunk cost as much as the cast); NaN/inf show up in it.
-    if cast.numel() and not all(torch.isfinite(v) for v in torch.aminmax(cast)):
-        if all(torch.isfinite(v) for v in torch.aminmax(rows)):
-            raise _overflow(spec)
-    return cast
-
-
-def _overflow(spec: OutputTensor) -> ConversionError:
-    return ConversionError(
-        f"{spec.name} overflows when cast from {spec.source_dtype} to {spec.dtype}",
-        where=f"{spec.source} tensor {spec.source_name}",
-        fix="choose a wider --dtype (bfloat16 or float32)",
-    )
-
-
-def _row_ranges(spec: OutputTensor, chunk_bytes: int) -> list[tuple[int, int]]:
-    """[start, stop) row ranges of about ``chunk_bytes`` each (one range for scalars and empty tensors)."""
-    if not spec.shape or spec.shape[0] == 0:
-        return [(0, spec.shape[0] if spec.shape else 0)]
-    rows = spec.shape[0]
-    row_bytes = max(1, _nbytes(spec) // rows)
-    step = max(1, chunk_bytes // row_bytes)
-    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
-
-
-def _nbytes(spec: OutputTensor) -> int:
-    return max(expected_nbytes(spec.source_dtype, spec.shape), expected_nbytes(spec.dtype, spec.shape))
-
-
-
 # --- config, manifest, report ---------------------------------------------------------------------------------------
 def _hints(layout: str, *, fc_bias: bool, input_norm: bool) -> dict:
     return {
@@ -306,7 +181,7 @@ def nxd_draft_config(config: dict, plan: EaglePlan, *, explicit_dtype: bool) -> 
     return out
 
 
-def _finish(staging: Path, out: Path, plan: EaglePlan, stream: _TensorStream, draft: Checkpoint,
+def _finish(staging: Path, out: Path, plan: EaglePlan, stream: TensorStream, draft: Checkpoint,
             target: Checkpoint, shards: list[Path], digests: dict, *, sources: dict) -> EagleResult:
     """Write config.json, aux files and the manifest into staging; return the result (paths under ``out``)."""
     config = nxd_draft_config(draft.config, plan, explicit_dtype=sources["dtype"] != "auto")

@@ -176,9 +176,10 @@ def test_compile_config_is_torch_free_data(tiny_llama, tmp_path):
 
 
 def test_an_adapter_path_in_neuron_config_that_leaves_the_artifact_is_refused(tmp_path):
+    from neuronpack.backends.torch_aot.artifact_config import LoraConfig
     from neuronpack.backends.torch_aot.lora import attach_artifact_lora
 
     section = {"max_loras": 1, "max_rank": 8, "target_modules": ["q_proj"],
                "adapters": [{"name": "sql", "path": "../outside", "rank": 8}]}
     with pytest.raises(ArtifactError, match="escapes the artifact"):
-        attach_artifact_lora(None, {"lora": section}, tmp_path)  # refused before the model is touched
+        attach_artifact_lora(None, LoraConfig.from_dict(section, "test"), tmp_path)  # refused before the model

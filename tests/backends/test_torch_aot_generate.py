@@ -248,7 +248,7 @@ def test_aoti_graphs_call_the_linear_kernels(artifacts, arch, kernels):
 
     _, artifact = artifacts(arch)
     lm = load_artifact(artifact)
-    assert lm.config["linear_kernels"] is kernels
+    assert lm.config.linear_kernels is kernels
     assert (artifact / "neuronpack_kernels.so").is_file() is kernels  # shipped: serving needs no compiler
     linears = [m for m in lm._model.modules() if isinstance(m, Linear)]
     assert linears and all(m.kernel is kernels and m.weight.layout == torch.strided for m in linears)

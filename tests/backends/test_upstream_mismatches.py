@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from neuronpack.backends.base import BuildRequest
-from neuronpack.backends.nxd import NxdBackend, nxd_module_names
+from neuronpack.backends.nxd import NxdBackend
+from neuronpack.backends.nxd_config import nxd_module_names
 from neuronpack.errors import ArtifactError, RecipeError, UnsupportedModelError
 from neuronpack.pipeline import verify_artifact
 from neuronpack.recipe import load_recipe

@@ -258,7 +258,7 @@ def test_a_head_cast_in_many_chunks_with_a_nan_row_is_torchs_cast(tmp_path, targ
 
     from safetensors.torch import load_file, save_file
 
-    import neuronpack.convert.eagle as eagle
+    import neuronpack.convert.eagle_stream as eagle_stream
 
     tgt = tmp_path / "target"
     shutil.copytree(target("tied"), tgt)  # fp32, the head is model.embed_tokens.weight
@@ -267,9 +267,9 @@ def test_a_head_cast_in_many_chunks_with_a_nan_row_is_torchs_cast(tmp_path, targ
     head[7, 3] = float("nan")
     save_file(tensors, str(tgt / "model.safetensors"), metadata={"format": "pt"})
     draft = make_eagle1_draft(tmp_path / "draft", vocab=vocab_of(tgt), layout="safetensors", dtype="bfloat16")
-    monkeypatch.setattr(eagle, "RAW_CHUNK_BYTES", 3 * head.shape[1] * 4)  # 3 rows of the fp32 head per chunk
-    through_torch, get_rows = [], eagle.Checkpoint.get_rows
-    monkeypatch.setattr(eagle.Checkpoint, "get_rows", lambda self, name, start, stop: (
+    monkeypatch.setattr(eagle_stream, "RAW_CHUNK_BYTES", 3 * head.shape[1] * 4)  # 3 rows of the fp32 head per chunk
+    through_torch, get_rows = [], eagle_stream.Checkpoint.get_rows
+    monkeypatch.setattr(eagle_stream.Checkpoint, "get_rows", lambda self, name, start, stop: (
         through_torch.append((start, stop)), get_rows(self, name, start, stop))[1])
     convert_eagle(draft, tgt, tmp_path / "out")
     assert through_torch == [(6, 9)]  # only the chunk holding row 7

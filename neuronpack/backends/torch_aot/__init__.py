@@ -31,7 +31,7 @@ __getattr__ = lazy_attributes(__name__, {"CompiledLM": "load", "load_artifact": 
 
 
 class TorchAotBackend:
-    """Backend "torch": builds graphs.pt2 + weights/ + neuron_config.json (see build.py)."""
+    """Backend "torch": builds graphs.pt2 + weights/ + neuron_config.json (see build.py, artifact_config.py)."""
 
     name = "torch"
     quantizes_on_load = False  # runs NxDI-format quantized checkpoints made by `neuronpack quantize`
@@ -54,11 +54,9 @@ class TorchAotBackend:
         return {**target, "format_version": FORMAT_VERSION}
 
     def compile_config(self, request: BuildRequest) -> dict[str, Any]:
-        from neuronpack.backends.torch_aot.build import neuron_config
+        from neuronpack.backends.torch_aot.build import artifact_config
 
-        config = neuron_config(request)
-        config.pop("target")  # reported separately by target()
-        return config
+        return artifact_config(request).compile_config()  # without the target: reported by target()
 
     def build(self, request: BuildRequest) -> dict[str, Any]:
         from neuronpack.backends.torch_aot.build import build_artifact
@@ -66,7 +64,7 @@ class TorchAotBackend:
         return build_artifact(request)
 
     def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
-        from neuronpack.backends.torch_aot.load import check_loadable, read_neuron_config
+        from neuronpack.backends.torch_aot.artifact_config import read_artifact_config
+        from neuronpack.backends.torch_aot.validate import check_loadable
 
-        config = read_neuron_config(artifact_dir)
-        check_loadable(artifact_dir, config["target"])
+        check_loadable(artifact_dir, read_artifact_config(artifact_dir).target)

@@ -7,7 +7,8 @@ Files written into the staging directory (the pipeline adds ``neuronpack.json``)
     draft/               [speculation] kind = "eagle": the converted EAGLE draft (its weights; graphs.pt2 holds its
                          compiled draft_step and draft_head graphs)
     lora/<name>/         with [lora]: each PEFT adapter as given (stacked into the layers' lora_A / lora_B at load)
-    neuron_config.json   batch, lengths, buckets, dtype, compiler, target: what the loader needs
+    neuron_config.json   the ArtifactConfig (artifact_config.py): batch, lengths, buckets, dtype, compiler,
+                         target, graphs: what the loader needs
     config.json, tokenizer files, generation_config.json
 
 Example::
@@ -18,14 +19,16 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.torch_aot import layout as L
+from neuronpack.backends.torch_aot.artifact_config import ArtifactConfig, SpeculationSection, write_artifact_config
 from neuronpack.backends.torch_aot.compile import compile_graphs
-from neuronpack.backends.torch_aot.layout import DRAFT_DIR, FORMAT, FORMAT_VERSION, NEURON_CONFIG, WEIGHTS_DIR
+from neuronpack.backends.torch_aot.layout import DRAFT_DIR, WEIGHTS_DIR
 from neuronpack.backends.torch_aot.lora import (
     attach_artifact_lora,
     check_lora_recipe,
@@ -41,11 +44,11 @@ if TYPE_CHECKING:
     from neuronpack.backends.base import BuildRequest
 
 
+def artifact_config(request: BuildRequest) -> ArtifactConfig:
+    """What is compiled, and how (torch-free): the portable equivalent of NxDI's neuron_config.json, before the
+    build completes it (``ArtifactConfig.built``).
 
-def neuron_config(request: BuildRequest) -> dict[str, Any]:
-    """The portable equivalent of NxDI's neuron_config.json (torch-free): what is compiled, and how.
-
-    Example: ``neuron_config(request)["context_encoding_buckets"] == [128, 256]``.
+    Example: ``artifact_config(request).context_encoding_buckets == (128, 256)``.
     """
     recipe, plan = request.recipe, request.plan
     check_recipe(recipe)
@@ -53,50 +56,48 @@ def neuron_config(request: BuildRequest) -> dict[str, Any]:
     cfg = ModelConfig.from_hf(hf, max_seq_len=plan.seq_len)
     dtype = resolve_dtype(recipe.model.dtype, hf)
     compiler = effective_compiler(recipe.compiler)
-    return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "compiler": compiler,
-        "batch_size": recipe.target.batch_size,
-        "ctx_batch_size": 1,
-        "tkg_batch_size": recipe.target.batch_size,
-        "seq_len": plan.seq_len,
-        "max_context_length": plan.max_context_length,
-        "max_length": plan.seq_len,
-        "enable_bucketing": recipe.buckets.enabled,
-        "context_encoding_buckets": list(plan.context),
-        "token_generation_buckets": list(plan.token_generation),
-        "torch_dtype": dtype,
-        "kv_cache_dtype": dtype,
-        "tp_degree": 1,
-        "padding_side": "right",
-        "is_continuous_batching": True,
-        "quantized": recipe.quantization is not None,
-        "quantization_dtype": recipe.quantization.dtype if recipe.quantization else None,
-        "model_type": cfg.model_type,
-        "num_layers": cfg.num_layers,
-        "num_kv_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "kv_cache_positions": L.cache_positions(plan.seq_len),
-        "vocab_size": cfg.vocab_size,
+    return ArtifactConfig(
+        compiler=compiler,
+        batch_size=recipe.target.batch_size,
+        ctx_batch_size=1,
+        tkg_batch_size=recipe.target.batch_size,
+        seq_len=plan.seq_len,
+        max_context_length=plan.max_context_length,
+        max_length=plan.seq_len,
+        enable_bucketing=recipe.buckets.enabled,
+        context_encoding_buckets=tuple(plan.context),
+        token_generation_buckets=tuple(plan.token_generation),
+        torch_dtype=dtype,
+        kv_cache_dtype=dtype,
+        tp_degree=1,
+        padding_side="right",
+        is_continuous_batching=True,
+        quantized=recipe.quantization is not None,
+        quantization_dtype=recipe.quantization.dtype if recipe.quantization else None,
+        model_type=cfg.model_type,
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        kv_cache_positions=L.cache_positions(plan.seq_len),
+        vocab_size=cfg.vocab_size,
         # Tokens (and logits) per row one step runs: the longest prompt, at least speculation length + 1 (verify).
-        "max_step_tokens": max(plan.max_context_length, (recipe.speculation.length + 1) if recipe.speculation else 1),
-        "speculation": speculation_config(recipe, dtype),  # what the runtime speculates with (None: it does not)
-        "target": current_target(compiler, recipe.instance_for("torch")),
-        "lora": lora_section(recipe.lora, request.adapter_dirs()),
-    }
+        max_step_tokens=max(plan.max_context_length, (recipe.speculation.length + 1) if recipe.speculation else 1),
+        speculation=speculation_section(recipe, dtype),  # what the runtime speculates with (None: it does not)
+        target=current_target(compiler, recipe.instance_for("torch")),
+        lora=lora_section(recipe.lora, request.adapter_dirs()),
+    )
 
 
-def speculation_config(recipe, dtype: str) -> dict[str, Any] | None:
+def speculation_section(recipe, dtype: str) -> SpeculationSection | None:
     """What the runtime speculates with (None: no speculation): kind, length, the n-gram sizes of prompt lookup, and
     for EAGLE the draft's directory inside the artifact and the dtype it runs in (the target's)."""
     spec = recipe.speculation
     if spec is None:
         return None
     if spec.kind == "eagle":
-        return {"kind": spec.kind, "length": spec.length, "draft": DRAFT_DIR, "draft_dtype": dtype}
-    return {"kind": spec.kind, "length": spec.length, "prompt_lookup_min": spec.prompt_lookup_min,
-            "prompt_lookup_max": spec.prompt_lookup_max}
+        return SpeculationSection(spec.kind, spec.length, draft=DRAFT_DIR, draft_dtype=dtype)
+    return SpeculationSection(spec.kind, spec.length, prompt_lookup_min=spec.prompt_lookup_min,
+                              prompt_lookup_max=spec.prompt_lookup_max)
 
 
 def check_recipe(recipe) -> None:
@@ -135,37 +136,37 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     from neuronpack.checkpoint import copy_aux_files, open_checkpoint
     from neuronpack.models.loading import load_model
 
-    config = neuron_config(request)
+    planned = artifact_config(request)
     staging, reporter = Path(request.staging), request.reporter
-    dtype = getattr(torch, config["torch_dtype"])
+    dtype = getattr(torch, planned.torch_dtype)
     model = load_model(open_checkpoint(request.model_dir), dtype, max_seq_len=request.plan.seq_len,
                        reporter=reporter)
     # AOTInductor graphs call neuronpack's decode kernels for their linears (models/linear_kernels.py); export-only
     # programs keep F.linear, which any torch runs.
-    config["linear_kernels"] = config["compiler"] == "aoti"
-    if config["linear_kernels"]:  # built here once per machine; the artifact ships a copy: serving needs no compiler
+    kernels = planned.compiler == "aoti"
+    if kernels:  # built here once per machine; the artifact ships a copy: serving needs no compiler
         from neuronpack.kernels import machine_library
 
         with reporter.task("neuronpack kernels", total=1) as task:
             shutil.copy2(machine_library(), staging / L.KERNELS_LIBRARY)
             task.advance()
-    groups = layer_groups(model)
-    config["layer_graphs"] = groups  # layer -> its kind of layer graph (one kind unless some layers differ)
-    names, draft = graph_names(groups), None
-    if config["speculation"] and config["speculation"]["kind"] == "eagle":  # checked before the compile
-        draft = copy_eagle_draft(request.draft_dir, staging / DRAFT_DIR, dtype, target_layers=config["num_layers"])
-        config["speculation"]["layout"] = "eagle3" if draft.eagle3 else "eagle1"
-        config["speculation"]["target_layers"] = list(draft.target_layers) if draft.eagle3 else None
+    groups = layer_groups(model)  # layer -> its kind of layer graph (one kind unless some layers differ)
+    names, draft, speculation = graph_names(groups), None, planned.speculation
+    if speculation and speculation.kind == "eagle":  # checked before the compile
+        draft = copy_eagle_draft(request.draft_dir, staging / DRAFT_DIR, dtype, target_layers=planned.num_layers)
+        speculation = dataclasses.replace(speculation, layout="eagle3" if draft.eagle3 else "eagle1",
+                                          target_layers=tuple(draft.target_layers) if draft.eagle3 else None)
         names += list(L.DRAFT_GRAPHS)
-    config["graphs"] = {name: name for name in names}  # graph -> model name in graphs.pt2
+    config = planned.built(linear_kernels=kernels, layer_graphs=groups, speculation=speculation,
+                           graphs={name: name for name in names})  # graph -> model name in graphs.pt2
     write_weights(model, request.model_dir, staging / WEIGHTS_DIR, reporter)
     shutil.copy2(Path(request.model_dir) / "config.json", staging / "config.json")
     copy_aux_files(request.model_dir, staging)
-    copy_artifact_adapters(config, request.adapter_dirs(), staging)
-    attach_artifact_lora(model, config, staging)  # after write_weights: the artifact keeps the PEFT copies only
+    copy_artifact_adapters(config.lora, request.adapter_dirs(), staging)
+    attach_artifact_lora(model, config.lora, staging)  # after write_weights: the artifact keeps the PEFT copies only
     seconds = compile_graphs(model, request.plan, config, staging, reporter, draft=draft)
-    (staging / NEURON_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return {"bucket_seconds": seconds, "compiler": config["compiler"]}
+    write_artifact_config(staging, config)
+    return {"bucket_seconds": seconds, "compiler": config.compiler}
 
 
 def copy_eagle_draft(draft_dir: Path | None, out: Path, dtype, target_layers: int):

@@ -1,4 +1,4 @@
-"""Compile an artifact's graphs (``config["graphs"]``: layer graphs and the head) and package them into
+"""Compile an artifact's graphs (``config.graphs``: layer graphs and the head) and package them into
 ``graphs.pt2``.
 
 With AOTInductor and two or more usable cores, the graphs compile in parallel worker processes (each graph's
@@ -19,37 +19,40 @@ import io
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.torch_aot.layout import DRAFT_GRAPHS, GRAPHS_FILE, WEIGHTS_DIR
 from neuronpack.backends.torch_aot.target import INDUCTOR_SETTINGS
 from neuronpack.backends.torch_aot.torch_api import aoti_compile, package_aoti_graphs, package_exported_programs
 from neuronpack.errors import BuildError
 
+if TYPE_CHECKING:
+    from neuronpack.backends.torch_aot.artifact_config import ArtifactConfig
 
-def compile_graphs(model, plan, config: dict, staging: Path, reporter, draft=None) -> dict[str, float]:
+
+def compile_graphs(model, plan, config: ArtifactConfig, staging: Path, reporter, draft=None) -> dict[str, float]:
     """Export (and with AOTInductor, compile) every graph; package them into ``staging/graphs.pt2``. ``draft``: the
     loaded EAGLE draft when the artifact has draft graphs. ``staging/weights`` (and ``staging/draft``) must already
     hold the weights (the parallel workers read them)."""
     limits = _limits(plan, config)
-    names = list(config["graphs"])
-    workers = min(_parallel_workers(), len(names)) if config["compiler"] == "aoti" else 1
+    names = list(config.graphs)
+    workers = min(_parallel_workers(), len(names)) if config.compiler == "aoti" else 1
     seconds, compiled = {}, {}
-    with reporter.task(f"compile {len(names)} graphs ({config['compiler']}, {workers} at a time)",
+    with reporter.task(f"compile {len(names)} graphs ({config.compiler}, {workers} at a time)",
                        total=len(names)) as task:
         if workers > 1:
             jobs = _compile_in_workers(Path(staging) / WEIGHTS_DIR, config, limits, workers)
         else:
             jobs = _compile_each(model, draft, names, limits, config)
         for name, result, elapsed in jobs:
-            compiled[config["graphs"][name]], seconds[name] = result, round(elapsed, 3)
+            compiled[config.graphs[name]], seconds[name] = result, round(elapsed, 3)
             task.advance()
     with reporter.task("package graphs.pt2", total=1) as task:
         # Packaged in memory (the weights are outside: it is small), then written by Python: torch's archive writer,
         # writing to a full disk, reports only "unexpected pos" and aborts the process from its destructor later;
         # Python's write raises a plain ENOSPC OSError that the pipeline reports as such.
         buffer = io.BytesIO()
-        if config["compiler"] == "aoti":
+        if config.compiler == "aoti":
             package_aoti_graphs(buffer, compiled)
         else:
             package_exported_programs(buffer, compiled)
@@ -59,10 +62,10 @@ def compile_graphs(model, plan, config: dict, staging: Path, reporter, draft=Non
     return seconds
 
 
-def _limits(plan, config: dict):
+def _limits(plan, config: ArtifactConfig):
     from neuronpack.backends.torch_aot.graphs import GraphLimits
 
-    return GraphLimits(batch_size=config["batch_size"], max_tokens=config["max_step_tokens"], max_seq=plan.seq_len)
+    return GraphLimits(batch_size=config.batch_size, max_tokens=config.max_step_tokens, max_seq=plan.seq_len)
 
 
 def _parallel_workers() -> int:
@@ -73,7 +76,7 @@ def _parallel_workers() -> int:
     return cores
 
 
-def _compile_timed(model, name: str, limits, config: dict):
+def _compile_timed(model, name: str, limits, config: ArtifactConfig):
     start = time.perf_counter()
     try:
         result = _compile_one(model, name, limits, config)
@@ -83,7 +86,7 @@ def _compile_timed(model, name: str, limits, config: dict):
     return name, result, time.perf_counter() - start
 
 
-def _compile_in_workers(weights_dir: Path, config: dict, limits, workers: int):
+def _compile_in_workers(weights_dir: Path, config: ArtifactConfig, limits, workers: int):
     """Spread the graphs over ``workers`` processes (each loads the model once); yield (name, files, seconds)."""
     import dataclasses
     import json
@@ -91,12 +94,12 @@ def _compile_in_workers(weights_dir: Path, config: dict, limits, workers: int):
     import sys
     import tempfile
 
-    names = list(config["graphs"])
+    names = list(config.graphs)
     shares = [names[i::workers] for i in range(workers)]  # layer_decode, layer_step, head: the big two apart
     with tempfile.TemporaryDirectory(prefix="neuronpack-compile-") as tmp:
         procs = []
         for i, share in enumerate(shares):
-            job = {"weights_dir": str(weights_dir), "config": config, "limits": dataclasses.asdict(limits),
+            job = {"weights_dir": str(weights_dir), "config": config.to_dict(), "limits": dataclasses.asdict(limits),
                    "names": share, "result": str(Path(tmp) / f"worker{i}.json")}
             log = open(Path(tmp) / f"worker{i}.log", "w+")  # noqa: SIM115 - closed below
             procs.append((subprocess.Popen([sys.executable, "-m", "neuronpack.backends.torch_aot.compile_worker",
@@ -118,7 +121,7 @@ def _compile_in_workers(weights_dir: Path, config: dict, limits, workers: int):
                              fix="rerun with NEURONPACK_DEBUG=1 NEURONPACK_COMPILE_WORKERS=1, or set compiler=export")
 
 
-def compile_in_this_process(weights_dir: Path, config: dict, limits, names: list[str]):
+def compile_in_this_process(weights_dir: Path, config: ArtifactConfig, limits, names: list[str]):
     """The worker's job: reload the staged weights, compile ``names``; yield (name, files, seconds) for each."""
     import torch
 
@@ -126,37 +129,37 @@ def compile_in_this_process(weights_dir: Path, config: dict, limits, names: list
     from neuronpack.checkpoint import open_checkpoint
     from neuronpack.models.loading import load_model
 
-    model = load_model(open_checkpoint(Path(weights_dir)), getattr(torch, config["torch_dtype"]),
+    model = load_model(open_checkpoint(Path(weights_dir)), getattr(torch, config.torch_dtype),
                        max_seq_len=limits.max_seq)
-    attach_artifact_lora(model, config, Path(weights_dir).parent)  # the staging dir: its lora/ copies
+    attach_artifact_lora(model, config.lora, Path(weights_dir).parent)  # the staging dir: its lora/ copies
     draft = _staged_draft(Path(weights_dir).parent, config) if set(names) & set(DRAFT_GRAPHS) else None
     yield from _compile_each(model, draft, names, limits, config)
 
 
-def _compile_each(model, draft, names: list[str], limits, config: dict):
+def _compile_each(model, draft, names: list[str], limits, config: ArtifactConfig):
     """Compile ``names`` in this process, the draft graphs from ``draft``; yield (name, result, seconds)."""
     for name in names:
         yield _compile_timed(draft if name in DRAFT_GRAPHS else model, name, limits, config)
 
 
-def _staged_draft(staging: Path, config: dict):
+def _staged_draft(staging: Path, config: ArtifactConfig):
     """The EAGLE draft as the artifact ships it (``draft/``), loaded as the runtime loads it."""
     import torch
 
     from neuronpack.models.eagle import load_eagle_draft
 
-    spec = config["speculation"]
-    return load_eagle_draft(Path(staging) / spec["draft"], getattr(torch, spec["draft_dtype"]),
-                            target_layers=config["num_layers"])
+    spec = config.speculation
+    return load_eagle_draft(Path(staging) / spec.draft, getattr(torch, spec.draft_dtype),
+                            target_layers=config.num_layers)
 
 
-def _compile_one(model, name: str, limits, config: dict) -> Any:
+def _compile_one(model, name: str, limits, config: ArtifactConfig) -> Any:
     from neuronpack.backends.torch_aot import graphs as G
     from neuronpack.backends.torch_aot.draft_graphs import export_draft_graph
 
     export = export_draft_graph if name in DRAFT_GRAPHS else G.export_graph
-    program = export(model, name, limits, kernels=config.get("linear_kernels", False))
-    if config["compiler"] == "export":
+    program = export(model, name, limits, kernels=config.kernels)
+    if config.compiler == "export":
         return program
     module = program.module(check_guards=False)
     return aoti_compile(module, program.example_inputs[0], dict(INDUCTOR_SETTINGS))

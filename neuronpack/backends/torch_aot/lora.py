@@ -2,23 +2,24 @@
 graphs' ``lora_A`` / ``lora_B`` tensors wherever a model is made from the artifact (the build, a compile worker,
 the loader), so the artifact stores each adapter once, in the format users know.
 
-``neuron_config.json`` records the layout and the slot order::
+``neuron_config.json`` records the layout and the slot order (``ArtifactConfig.lora``, a ``LoraConfig``)::
 
     "lora": {"max_loras": 2, "max_rank": 16, "target_modules": ["q_proj", ...],
              "adapters": [{"name": "sql", "path": "lora/sql", "rank": 8}, ...]}   # slot 1, 2, ...
 
 Example::
 
-    section = lora_section(recipe, request.adapter_dirs())     # for neuron_config.json (torch-free)
-    attach_artifact_lora(model, config, artifact_dir)          # zero stacks + every adapter in its slot
+    section = lora_section(recipe.lora, request.adapter_dirs())  # ArtifactConfig.lora (torch-free)
+    attach_artifact_lora(model, config.lora, artifact_dir)       # zero stacks + every adapter in its slot
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neuronpack.artifacts.paths import member_path
+from neuronpack.backends.torch_aot.artifact_config import LoraAdapterEntry, LoraConfig
 from neuronpack.checkpoint.lora import LINEAR_BLOCKS, copy_adapters, lora_path, read_adapter
 from neuronpack.errors import ArtifactError, RecipeError
 
@@ -40,44 +41,36 @@ def check_lora_recipe(lora: LoraSection | None) -> None:
                           fix=f"set lora.max_loras = {len(lora.adapters)} (or list fewer adapters)")
 
 
-def lora_section(lora: LoraSection | None, adapter_dirs: dict[str, Path]) -> dict[str, Any] | None:
-    """neuron_config.json's ``lora`` (torch-free): the layout and each adapter's slot (list order), path and rank."""
+def lora_section(lora: LoraSection | None, adapter_dirs: dict[str, Path]) -> LoraConfig | None:
+    """The artifact config's ``lora`` (torch-free): the layout and each adapter's slot (list order), path and rank."""
     if lora is None:
         return None
     adapters = []
     for adapter in lora.adapters:
         info = read_adapter(adapter.name, adapter_dirs[adapter.name], target_modules=lora.target_modules,
                             max_rank=lora.max_rank)
-        adapters.append({"name": adapter.name, "path": lora_path(adapter.name), "rank": info.rank})
-    return {"max_loras": lora.max_loras, "max_rank": lora.max_rank, "target_modules": list(lora.target_modules),
-            "adapters": adapters}
+        adapters.append(LoraAdapterEntry(adapter.name, lora_path(adapter.name), info.rank))
+    return LoraConfig(lora.max_loras, lora.max_rank, tuple(lora.target_modules), tuple(adapters))
 
 
-def copy_artifact_adapters(config: dict[str, Any], adapter_dirs: dict[str, Path], staging: Path) -> None:
-    section = config.get("lora")
-    if section:
-        copy_adapters(adapter_dirs, staging, {a["name"]: a["path"] for a in section["adapters"]})
+def copy_artifact_adapters(lora: LoraConfig | None, adapter_dirs: dict[str, Path], staging: Path) -> None:
+    if lora:
+        copy_adapters(adapter_dirs, staging, {a.name: a.path for a in lora.adapters})
 
 
-def adapter_names(config: dict[str, Any]) -> tuple[str, ...]:
-    """The adapters of an artifact in slot order (slot k+1 is ``names[k]``); () without LoRA."""
-    return tuple(a["name"] for a in (config.get("lora") or {}).get("adapters", ()))
-
-
-def attach_artifact_lora(model, config: dict[str, Any], artifact_dir: Path) -> None:
-    """Give ``model`` the artifact's LoRA stacks, every adapter in its slot (nothing without a ``lora``
-    section). ArtifactError when an adapter copy is missing or no longer valid."""
+def attach_artifact_lora(model, lora: LoraConfig | None, artifact_dir: Path) -> None:
+    """Give ``model`` the artifact's LoRA stacks, every adapter in its slot (nothing without LoRA). ArtifactError
+    when an adapter copy is missing or no longer valid."""
     from neuronpack.errors import CheckpointError
     from neuronpack.models.lora import LoraLayout, attach_lora, fill_lora
 
-    section = config.get("lora")
-    if not section:
+    if not lora:
         return
-    layout = LoraLayout.from_dict(section)
-    paths = [member_path(Path(artifact_dir), a["path"]) for a in section["adapters"]]  # untrusted: stays inside
+    layout = LoraLayout(lora.max_loras, lora.max_rank, lora.target_modules)
+    paths = [member_path(Path(artifact_dir), a.path) for a in lora.adapters]  # untrusted: stays inside
     try:
-        infos = [read_adapter(a["name"], path, target_modules=layout.target_modules, max_rank=layout.max_rank)
-                 for a, path in zip(section["adapters"], paths, strict=True)]
+        infos = [read_adapter(a.name, path, target_modules=layout.target_modules, max_rank=layout.max_rank)
+                 for a, path in zip(lora.adapters, paths, strict=True)]
         attach_lora(model, layout)
         fill_lora(model, layout, infos)
     except CheckpointError as exc:

@@ -4,7 +4,7 @@ through the C++ package loader, export-only programs through their ``module()``.
 
 Example::
 
-    runners = load_runners(Path("artifact/graphs.pt2"), neuron_config, task)
+    runners = load_runners(Path("artifact/graphs.pt2"), config, task)     # config: the ArtifactConfig
     x, k, v = runners["layer_decode"](layer_weights(model, 0), x, cos, sin, past, k_rows, v_rows)
 """
 
@@ -12,17 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from neuronpack.backends.torch_aot.torch_api import aoti_package_loader, load_exported_programs
 from neuronpack.errors import ArtifactError
 
+if TYPE_CHECKING:
+    from neuronpack.backends.torch_aot.artifact_config import ArtifactConfig
 
-def load_runners(package: Path, config: dict, task) -> dict[str, Callable]:
+
+def load_runners(package: Path, config: ArtifactConfig, task) -> dict[str, Callable]:
     """name -> ``run(weights: dict[str, Tensor], *args) -> tuple`` for every graph of the artifact (the weights in
     the graph's input order: ``layer_weights`` / ``head_weights``)."""
     runners = {}
-    if config["compiler"] == "aoti":
-        for name, model_name in config["graphs"].items():
+    if config.compiler == "aoti":
+        for name, model_name in config.graphs.items():
             # The C++ loader directly: torch._inductor's Python wrapper would import dynamo and probe the
             # compiler's vector ISA (seconds), and re-read every model of the package for each graph.
             loader = aoti_package_loader(str(package), model_name)
@@ -33,7 +37,7 @@ def load_runners(package: Path, config: dict, task) -> dict[str, Callable]:
             task.advance()
         return runners
     programs = load_exported_programs(str(package))
-    for name, model_name in config["graphs"].items():
+    for name, model_name in config.graphs.items():
         runners[name] = exported(programs[model_name])
         task.advance()
     return runners
