@@ -79,6 +79,10 @@ class ArtifactTokenizer:
         text = self._tok.decode(list(ids), skip_special_tokens=True)
         return _clean_up_tokenization(text) if self.clean_up_spaces else text
 
+    def to_json_str(self) -> str:
+        """The tokenizer as tokenizer.json text (what the grammar library builds its token trie from)."""
+        return self._tok.to_str()
+
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens included (how logprobs name tokens, like vLLM).
 
