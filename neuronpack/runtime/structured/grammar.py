@@ -120,13 +120,13 @@ class GrammarCompiler:
 
         try:
             text = _grammar_text(spec)
-        except ValueError as exc:
+        except Exception as exc:  # the GBNF converter raises a bare Exception, the schema reader ValueError
             raise InvalidRequestError(f"{spec.param}: {_first_line(str(exc))}", param=spec.param) from None
         matcher = llguidance.LLMatcher(self.tokenizer(), text, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(f"{spec.param}: the {_what(spec.kind)} does not compile: "
                                       f"{_first_line(matcher.get_error())}", param=spec.param,
-                                      fix="fix the field (docs/serve.md lists what is supported)")
+                                      fix="Fix the field (docs/serve.md, Structured outputs, says what is supported)")
         return matcher
 
     def tokenizer(self) -> llguidance.LLTokenizer:
