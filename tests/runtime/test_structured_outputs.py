@@ -194,7 +194,7 @@ def test_tool_results_in_the_history_go_through_the_template(server):
 
 
 def test_langchain_with_structured_output(server):
-    langchain_openai = pytest.importorskip("langchain_openai")
+    import langchain_openai
     llm = langchain_openai.ChatOpenAI(model=NAME, base_url=f"{server.url}/v1", api_key="none", temperature=0,
                                       max_tokens=100, max_retries=0)
     city = llm.with_structured_output(City, method="json_schema").invoke("A city?")
