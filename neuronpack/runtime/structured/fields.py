@@ -70,17 +70,17 @@ class StructuredFields(BaseModel):
         return specs[0][1] if specs else None
 
     def _specs(self) -> list[tuple[str, GrammarSpec | None]]:
-        out: list[tuple[str, GrammarSpec | None]] = [("response_format", _response_format(self.response_format))]
+        out = [("response_format", _response_format(self.response_format)),
+               *_kind_specs("guided_", self.guided_json, self.guided_regex, self.guided_choice, self.guided_grammar)]
         if (so := self.structured_outputs) is not None:
-            out += _structured_outputs(so)
-        if self.guided_json is not None:
-            out.append(("guided_json", GrammarSpec.json_schema(self.guided_json, param="guided_json")))
-        if self.guided_regex is not None:
-            out.append(("guided_regex", GrammarSpec("regex", self.guided_regex, "guided_regex")))
-        if self.guided_choice is not None:
-            out.append(("guided_choice", GrammarSpec.choice(self.guided_choice, param="guided_choice")))
-        if self.guided_grammar is not None:
-            out.append(("guided_grammar", GrammarSpec("grammar", self.guided_grammar, "guided_grammar")))
+            if so.structural_tag is not None:
+                raise InvalidRequestError("structured_outputs.structural_tag is not supported by this runtime",
+                                          param="structured_outputs.structural_tag",
+                                          fix="use json, regex, choice or grammar")
+            out += _kind_specs("structured_outputs.", so.json_, so.regex, so.choice, so.grammar)
+            if so.json_object:
+                out.append(("structured_outputs.json_object",
+                            GrammarSpec.json_object(param="structured_outputs.json_object")))
         return out
 
 
@@ -95,20 +95,17 @@ def _response_format(rf: ResponseFormat | None) -> GrammarSpec | None:
     return GrammarSpec.json_schema(rf.json_schema.json_schema, param="response_format.json_schema.schema")
 
 
-def _structured_outputs(so: StructuredOutputs) -> list[tuple[str, GrammarSpec | None]]:
-    if so.structural_tag is not None:
-        raise InvalidRequestError("structured_outputs.structural_tag is not supported by this runtime",
-                                  param="structured_outputs.structural_tag",
-                                  fix="use json, regex, choice or grammar")
+def _kind_specs(prefix: str, schema: Any, regex: str | None, choice: list[str] | None, grammar: str | None
+                ) -> list[tuple[str, GrammarSpec | None]]:
+    """The specs of vLLM's four kinds, named ``prefix`` + json / regex / choice / grammar (its legacy ``guided_*``
+    fields and its ``structured_outputs`` keys)."""
     out: list[tuple[str, GrammarSpec | None]] = []
-    if so.json_ is not None:
-        out.append(("structured_outputs.json", GrammarSpec.json_schema(so.json_, param="structured_outputs.json")))
-    if so.regex is not None:
-        out.append(("structured_outputs.regex", GrammarSpec("regex", so.regex, "structured_outputs.regex")))
-    if so.choice is not None:
-        out.append(("structured_outputs.choice", GrammarSpec.choice(so.choice, param="structured_outputs.choice")))
-    if so.grammar is not None:
-        out.append(("structured_outputs.grammar", GrammarSpec("grammar", so.grammar, "structured_outputs.grammar")))
-    if so.json_object:
-        out.append(("structured_outputs.json_object", GrammarSpec.json_object(param="structured_outputs.json_object")))
+    if schema is not None:
+        out.append((f"{prefix}json", GrammarSpec.json_schema(schema, param=f"{prefix}json")))
+    if regex is not None:
+        out.append((f"{prefix}regex", GrammarSpec("regex", regex, f"{prefix}regex")))
+    if choice is not None:
+        out.append((f"{prefix}choice", GrammarSpec.choice(choice, param=f"{prefix}choice")))
+    if grammar is not None:
+        out.append((f"{prefix}grammar", GrammarSpec("grammar", grammar, f"{prefix}grammar")))
     return out

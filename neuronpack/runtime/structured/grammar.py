@@ -127,6 +127,7 @@ class GrammarCompiler:
             raise InvalidRequestError(f"{spec.param}: the {_what(spec.kind)} does not compile: "
                                       f"{_first_line(matcher.get_error())}", param=spec.param,
                                       fix="Fix the field (docs/serve.md, Structured outputs, says what is supported)")
+        matcher.compute_bitmask()  # builds the start state's lexer here, not on the engine loop at the first step
         return matcher
 
     def tokenizer(self) -> llguidance.LLTokenizer:
