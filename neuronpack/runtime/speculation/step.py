@@ -31,7 +31,7 @@ from neuronpack.runtime.sampling import RowSampler
 from neuronpack.runtime.speculation.acceptance import Accepted, accept
 from neuronpack.runtime.speculation.proposer import Draft, DraftRequest, Proposer
 from neuronpack.runtime.speculation.stats import SpecStats
-from neuronpack.runtime.structured.matcher import Constraint
+from neuronpack.runtime.structured.matcher import Constraint, copy, refuse
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -108,12 +108,11 @@ def _masked(logits: Tensor, rows: Sequence[SpecRow], drafts: Sequence[Draft]) ->
     """logits [n, T, vocab] with each constrained row's positions 0..len(draft) masked to its grammar."""
     if all(r.constraint is None or r.constraint.dead for r in rows):
         return logits
-    logits = logits.clone()
+    logits = copy(logits)
     for i, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
         if row.constraint is not None and not row.constraint.dead:
             allowed = row.constraint.masks_along(draft.token_ids)  # [m + 1, vocab]
-            m = allowed.shape[0]
-            logits[i, :m] = logits[i, :m].masked_fill(~allowed, float("-inf"))
+            refuse(logits[i, : allowed.shape[0]], allowed)
     return logits
 
 
