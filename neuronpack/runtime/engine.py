@@ -62,7 +62,7 @@ from neuronpack.runtime.speculation.acceptance import Accepted
 from neuronpack.runtime.speculation.config import SpeculationConfig
 from neuronpack.runtime.speculation.step import SpecRow, SpeculativeStep
 from neuronpack.runtime.stopping import FinishReason
-from neuronpack.runtime.structured import GrammarCompiler, mask_logits
+from neuronpack.runtime.structured import GrammarCompiler, Masks, mask_logits
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -329,9 +329,9 @@ class Engine:
 
         slots, tokens, positions = self.scheduler.decode_inputs()
         # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
+        masks = Masks.start([s.constraint for s in running])  # grammar masks computed while the model runs
         logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots, **self._adapter_kw(running))
-        logits = mask_logits(logits, [s.constraint for s in running])
-        next_tokens, entries = sample(logits, [s.sampler for s in running])
+        next_tokens, entries = sample(masks.apply(logits), [s.sampler for s in running])
         return [Accepted([token], 0, 0, None if entry is None else [entry])
                 for token, entry in zip(next_tokens.tolist(), entries, strict=True)]
 

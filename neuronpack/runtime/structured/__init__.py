@@ -3,6 +3,6 @@
 ``tool_stream``)."""
 
 from neuronpack.runtime.structured.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
-from neuronpack.runtime.structured.matcher import Constraint, mask_logits
+from neuronpack.runtime.structured.matcher import Constraint, Masks, mask_logits
 
-__all__ = ["CompiledGrammar", "Constraint", "GrammarCompiler", "GrammarSpec", "mask_logits"]
+__all__ = ["CompiledGrammar", "Constraint", "GrammarCompiler", "GrammarSpec", "Masks", "mask_logits"]

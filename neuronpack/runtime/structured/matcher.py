@@ -2,20 +2,24 @@
 
 ``Constraint`` wraps a request's llguidance matcher: ``consume`` follows each emitted token, ``masks_along`` gives the
 allowed tokens at each position of a speculative draft (consuming the draft, then rolling back), ``trim`` cuts a
-draft at its first token the grammar refuses. ``mask_logits`` sets every refused token's logit to -inf for the
-constrained rows of a batch, so greedy, top-k / top-p, temperature, seeds and logprobs all act on the masked
-distribution.
+draft at its first token the grammar refuses. ``Masks`` (computed on a worker thread while the model runs) and
+``mask_logits`` set every refused token's logit to -inf for the constrained rows of a batch, so greedy, top-k /
+top-p, temperature, seeds and logprobs all act on the masked distribution.
 
 Example::
 
     constraint = Constraint(grammar.new_matcher(), vocab_size)
     logits = mask_logits(logits, [constraint, None])     # row 0 constrained, row 1 free
-    finished = constraint.consume(token)                 # True once the grammar is complete
+    masks = Masks.start([constraint, None])              # before the model call ...
+    logits = masks.apply(model_logits)                   # ... applied after it
+    ok = constraint.consume(token)                       # False: the grammar refuses it
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -67,23 +71,47 @@ class Constraint:
         return _unpack(words, self.vocab_size)
 
 
-def mask_logits(logits: Tensor, constraints: Sequence[Constraint | None]) -> Tensor:
-    """``logits`` [n, vocab] with each constrained row's refused tokens at -inf (a copy when any row is constrained;
-    the input itself otherwise). A row whose grammar allows nothing is left as it is: its request ends "length"."""
-    rows = [i for i, c in enumerate(constraints) if c is not None and not c.dead]
-    if not rows:
-        return logits
-    import torch
+class Masks:
+    """The allowed tokens of a batch's constrained rows, computed on a worker thread from ``start`` on, so they are
+    ready when the model's logits are (llguidance and the model call both run without the GIL): the engine starts
+    them before a decode call and ``apply``s them after it."""
 
-    vocab = logits.shape[-1]
-    words = torch.empty(len(rows), _words(vocab), dtype=torch.int32)
-    for k, i in enumerate(rows):  # microseconds each (llguidance drops the GIL); a thread pool costs more here
-        _fill(constraints[i].matcher, words, k)
-    allowed = _unpack(words, vocab)  # [k, vocab]
-    out = copy(logits)
-    for k, i in enumerate(rows):
-        refuse(out[i], allowed[k])
-    return out
+    def __init__(self, constraints: Sequence[Constraint | None]) -> None:
+        self.rows = [i for i, c in enumerate(constraints) if c is not None and not c.dead]
+        self._matchers = [constraints[i].matcher for i in self.rows]
+        self._vocab = constraints[self.rows[0]].vocab_size if self.rows else 0
+        self._future: Future[np.ndarray] | None = None
+
+    @classmethod
+    def start(cls, constraints: Sequence[Constraint | None]) -> Masks:
+        masks = cls(constraints)
+        if masks.rows:
+            masks._future = _worker().submit(masks._compute)
+        return masks
+
+    def apply(self, logits: Tensor) -> Tensor:
+        """``logits`` [n, vocab] with each constrained row's refused tokens at -inf (a copy when any row is
+        constrained; the input itself otherwise). A row whose grammar allows nothing is left as it is."""
+        if not self.rows:
+            return logits
+        allowed = self._future.result() if self._future is not None else self._compute()  # [k, vocab]
+        out = copy(logits)
+        for k, i in enumerate(self.rows):
+            refuse(out[i], allowed[k])
+        return out
+
+    def _compute(self) -> np.ndarray:
+        import torch
+
+        words = torch.empty(len(self.rows), _words(self._vocab), dtype=torch.int32)
+        for k, matcher in enumerate(self._matchers):  # microseconds each
+            _fill(matcher, words, k)
+        return _unpack(words, self._vocab)
+
+
+def mask_logits(logits: Tensor, constraints: Sequence[Constraint | None]) -> Tensor:
+    """``Masks(constraints).apply(logits)`` computed here and now (prefill, tests)."""
+    return Masks(constraints).apply(logits)
 
 
 def copy(logits: Tensor) -> Tensor:
@@ -120,3 +148,15 @@ def _unpack(words: Tensor, vocab: int) -> np.ndarray:
 
     bits = np.unpackbits(words.numpy().view(np.uint8), axis=-1, bitorder="little")  # [k, 32 * words]
     return bits[:, :vocab].astype(bool)
+
+
+_WORKER: ThreadPoolExecutor | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def _worker() -> ThreadPoolExecutor:
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is None:
+            _WORKER = ThreadPoolExecutor(1, thread_name_prefix="neuronpack-masks")
+        return _WORKER
