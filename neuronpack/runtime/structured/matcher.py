@@ -74,7 +74,9 @@ class Constraint:
 class Masks:
     """The allowed tokens of a batch's constrained rows, computed on a worker thread from ``start`` on, so they are
     ready when the model's logits are (llguidance and the model call both run without the GIL): the engine starts
-    them before a decode call and ``apply``s them after it."""
+    them before a decode call and ``apply``s them after it. Only with a core to spare beyond the model's threads: on a
+    machine without one, a third busy thread stalls the model's OpenMP workers for longer than the mask takes
+    (~1 ms for 8 rows of a 49k vocabulary), so the mask is computed in ``apply`` instead."""
 
     def __init__(self, constraints: Sequence[Constraint | None]) -> None:
         self.rows = [i for i, c in enumerate(constraints) if c is not None and not c.dead]
@@ -85,7 +87,7 @@ class Masks:
     @classmethod
     def start(cls, constraints: Sequence[Constraint | None]) -> Masks:
         masks = cls(constraints)
-        if masks.rows:
+        if masks.rows and _spare_core():
             masks._future = _worker().submit(masks._compute)
         return masks
 
@@ -152,6 +154,14 @@ def _unpack(words: Tensor, vocab: int) -> np.ndarray:
 
 _WORKER: ThreadPoolExecutor | None = None
 _WORKER_LOCK = threading.Lock()
+
+
+def _spare_core() -> bool:
+    import os
+
+    import torch
+
+    return (os.cpu_count() or 1) > torch.get_num_threads()
 
 
 def _worker() -> ThreadPoolExecutor:
