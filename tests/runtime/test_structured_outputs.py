@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
-from neuronpack.runtime.engine import Engine
+from neuronpack.runtime.engine import Engine, GenerationRequest
+from neuronpack.runtime.sampling import SamplingParams
 from neuronpack.runtime.speculation.config import SpeculationConfig
+from neuronpack.runtime.structured import GrammarSpec
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 from tests.runtime.serving import engine_server, metric_value
 
@@ -144,6 +146,17 @@ def test_speculation_drafted_for_constrained_requests(spec_client):
                                     temperature=0, extra_body={"guided_json": schema})
     assert json.loads(out.choices[0].text) == {"a": "xyz xyz", "b": "xyz xyz"}
     assert metric_value(httpx.get(f"{live.url}/metrics").text, "neuronpack_spec_decode_num_accepted_tokens_total") > 0
+    # Greedy: the same tokens as plain constrained decoding, for a schema the model does not fill by itself.
+    free = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 6}, "b": {"type": "integer"}},
+            "required": ["a", "b"], "additionalProperties": False}
+    plain = Engine(live.engine.model, live.engine.tokenizer)
+    prompt = '{"a":"xyz","b":12} {"a":"xyz","b":12} {"a":"'
+    spec = client.completions.create(model=NAME, prompt=prompt, max_tokens=30, temperature=0,
+                                     extra_body={"guided_json": free}).choices[0].text
+    grammar = plain.grammars.compile(GrammarSpec.json_schema(free, param="guided_json"))
+    request = GenerationRequest(prompt_ids=tuple(plain.tokenizer.encode(prompt)), max_tokens=30, grammar=grammar,
+                                sampling=SamplingParams(temperature=0))
+    assert plain.generate(request).text == spec
 
 
 def test_tool_calls_required_named_and_auto_streamed_and_not(client):
