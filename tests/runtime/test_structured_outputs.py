@@ -22,6 +22,7 @@ from neuronpack.runtime.speculation.config import SpeculationConfig
 from neuronpack.runtime.structured import GrammarSpec
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 from tests.runtime.serving import engine_server, metric_value
+from tests.runtime.test_eagle_engine import eagle, random_draft  # noqa: F401 (a module fixture: a random EAGLE draft)
 
 NAME = "tiny"
 # The tiny template plus a mention of ``tools``: a template that renders tools itself gets no injected instructions
@@ -245,3 +246,19 @@ def test_compiled_grammars_are_cached_by_schema(client, server):
     for _ in range(3):
         client.completions.create(model=NAME, prompt="Hi", max_tokens=20, extra_body={"guided_json": schema})
     assert grammars.misses == before + 1
+
+
+def test_eagle_speculation_keeps_constrained_greedy_tokens(spec_lm, spec_tokenizer, request):
+    draft = request.getfixturevalue("random_draft")[1]
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}, "b": {"type": "boolean"}},
+              "required": ["a", "b"], "additionalProperties": False}
+    spec = Engine(spec_lm, spec_tokenizer, speculation=eagle(draft))
+    plain = Engine(spec_lm, spec_tokenizer)
+    grammar = plain.grammars.compile(GrammarSpec.json_schema(schema, param="guided_json"))
+    for text in ("abc abc abc", '{"a":"x","b":true} {"a":"x",'):
+        job = GenerationRequest(prompt_ids=tuple(spec_tokenizer.encode(text)), max_tokens=40, grammar=grammar,
+                                sampling=SamplingParams(temperature=0))
+        ours, theirs = spec.generate(job), plain.generate(job)
+        assert ours.token_ids == theirs.token_ids and ours.finish_reason == "stop"
+        jsonschema.validate(json.loads(ours.text), schema)
+        assert ours.speculation["num_draft_tokens"] > 0
