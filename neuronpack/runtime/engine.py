@@ -7,20 +7,19 @@ running sequences, so one request alone costs a batch-1 step) and sample one tok
 decoding, at most ``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt never
 stalls them for more than one prefill.
 
-Limits are checked when a request is submitted (``requests.check_request``, HTTP 400 before anything streams): the
-prompt must fit the largest context bucket and leave room for one token below ``max_model_len``; ``max_tokens`` is
-clamped to what fits (``max_model_len - prompt``), like vLLM does when max_tokens is omitted, and the sequence ends
-with "length" there.
-``max_tokens`` 0 scores the prompt only (prompt logprobs, nothing generated).
-
+Limits are checked when a request is submitted (``requests.check_request``: HTTP 400 before anything streams;
+``max_tokens`` is clamped to what fits, like vLLM). ``max_tokens`` 0 scores the prompt only (prompt logprobs).
 Parallel sampling: ``submit_forks`` queues several requests for one prompt (n > 1); the prompt is prefilled once and
 its KV copied into the other members' slots (``CompiledModel.copy_slot``), then each samples with its own generator.
-Prompt logprobs (echo) need logits at every prompt position: ``CompiledModel.prompt_logits`` prefills the prompt
-and returns them in one context pass.
-``EngineLimits`` bounds the load: at most ``batch_size + max_waiting`` requests are in the engine at once (the next
-one gets ServerBusyError, HTTP 503), and a request older than ``request_timeout`` ends with finish_reason "timeout",
-its slot freed before the next model call. ``drain()`` refuses new requests and ``abort_all()`` ends every one in
-flight (graceful shutdown).
+Prompt logprobs (echo): ``CompiledModel.prompt_logits`` prefills the prompt and returns logits at every position.
+``EngineLimits`` bounds the load (``admission.py``: at most ``batch_size + max_waiting`` in flight, else HTTP 503);
+a request older than ``request_timeout`` ends with finish_reason "timeout", its slot freed before the next model
+call. ``drain()`` refuses new requests and ``abort_all()`` ends every one in flight (graceful shutdown).
+
+Constrained decoding (a request's ``grammar`` from ``engine.grammars.compile(spec)``): a row's logits are masked to
+the tokens its grammar allows before sampling (prefill, decode and each verified position of a speculative draft,
+first cut at its first refused token); it ends "stop" once its grammar is complete, "length" at max_tokens or if the
+grammar reaches a dead end.
 
 Speculative decoding (an artifact compiled with ``[speculation]``): the decode step becomes a draft-then-verify step
 (``runtime/speculation/step.py``) that may emit several tokens per sequence; they go through the stop rules one by
@@ -42,7 +41,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.errors import InvalidRequestError, ServerBusyError
+from neuronpack.errors import InvalidRequestError
+from neuronpack.runtime.admission import Admission
 from neuronpack.runtime.logprobs import TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.metrics import EngineMetrics
 from neuronpack.runtime.requests import (
@@ -53,15 +53,16 @@ from neuronpack.runtime.requests import (
     RequestState,
     StepOutput,
     check_request,
-    generation_result,
+    new_request_state,
+    run_to_completion,
 )
-from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, RowSampler, sample
+from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, sample
 from neuronpack.runtime.scheduler import SlotScheduler
 from neuronpack.runtime.speculation.acceptance import Accepted
 from neuronpack.runtime.speculation.config import SpeculationConfig
-from neuronpack.runtime.speculation.stats import SpecStats
 from neuronpack.runtime.speculation.step import SpecRow, SpeculativeStep
-from neuronpack.runtime.stopping import FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
+from neuronpack.runtime.stopping import FinishReason
+from neuronpack.runtime.structured import GrammarCompiler, Masks, mask_logits
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -96,10 +97,7 @@ class Engine:
         # Speculating, a sequence must leave room for a whole verify call: it ends "length + lookahead" early.
         self.lookahead = max(lookahead, speculation.length if speculation else 0)
         self.max_prefills_per_step = max(1, max_prefills_per_step)
-        eos = set(model.eos_token_ids)
-        if tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
+        self.eos_token_ids = frozenset({*model.eos_token_ids, tokenizer.eos_token_id} - {None})
         self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
         self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size)
@@ -108,9 +106,9 @@ class Engine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.limits = limits or EngineLimits()
-        self._admission = threading.Lock()
-        self._in_flight = 0  # submitted and not finished yet (waiting, in the inbox or holding a slot)
-        self._draining = False
+        self.admission = Admission(model.batch_size, self.limits.max_waiting, self.metrics)
+        self.grammars = GrammarCompiler(tokenizer.to_json_str, vocab_size=model.vocab_size,
+                                        eos_token_ids=sorted(self.eos_token_ids))
 
     # ---- requests (any thread) -------------------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> int:
@@ -137,29 +135,16 @@ class Engine:
             raise ValueError("forked requests must share their prompt, prompt_logprobs and adapter")
         seqs = [self._sequence(r, sink) for r, sink in zip(requests, sinks, strict=True)]
         seqs[0].forks = seqs[1:]
-        self._admit(len(seqs))
+        self.admission.admit(len(seqs))
         self._inbox.put(("add", seqs[0]))
         self._wake.set()
         return [r.request_id for r in requests]
 
     def _sequence(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> RequestState:
-        max_tokens = self.check(request)
-        rules = StopRules(
-            eos_token_ids=self.eos_token_ids,
-            max_tokens=max_tokens,
-            max_model_len=self.max_model_len,
-            stop=tuple(s for s in request.stop if s),
-            stop_token_ids=frozenset(request.stop_token_ids),
-            ignore_eos=request.ignore_eos,
-            include_stop_str_in_output=request.include_stop_str_in_output,
-            lookahead=self.lookahead,
-        )
-        prompt = list(request.prompt_ids)
-        output = SequenceOutput(rules, prompt, IncrementalDetokenizer(self.tokenizer, prompt))
-        sampler = RowSampler(request.sampling.resolve(self.global_topk))
-        spec = SpecStats.new(self.speculation.length) if self.speculation else None
-        return RequestState(request.request_id, prompt, sampler, output, sink,
-                            prompt_logprobs=request.prompt_logprobs, spec=spec, adapter=request.adapter)
+        return new_request_state(request, sink, self.check(request), eos_token_ids=self.eos_token_ids,
+                                 max_model_len=self.max_model_len, lookahead=self.lookahead, tokenizer=self.tokenizer,
+                                 global_topk=self.global_topk, vocab_size=self.model.vocab_size,
+                                 spec_length=self.speculation.length if self.speculation else None)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its slot is freed before the next model call."""
@@ -168,8 +153,7 @@ class Engine:
 
     def drain(self) -> None:
         """Refuse new requests from now on (ServerBusyError); those in flight go on."""
-        with self._admission:
-            self._draining = True
+        self.admission.drain()
 
     def abort_all(self) -> None:
         """End every request in flight with "abort" (graceful shutdown once its grace period is over)."""
@@ -179,48 +163,11 @@ class Engine:
     @property
     def in_flight(self) -> int:
         """Requests submitted and not finished yet."""
-        return self._in_flight
-
-    def _admit(self, n: int) -> None:
-        with self._admission:
-            if self._draining:
-                self.metrics.rejected.labels(reason="shutting_down").inc()
-                raise ServerBusyError("the server is shutting down and takes no new requests",
-                                      fix="retry against another replica")
-            max_waiting = self.limits.max_waiting
-            if max_waiting is not None and self._in_flight + n > self.scheduler.batch_size + max_waiting:
-                self.metrics.rejected.labels(reason="queue_full").inc()
-                raise ServerBusyError(
-                    f"the server is at capacity ({self.scheduler.batch_size} running, {max_waiting} waiting)",
-                    fix="retry later",
-                )
-            self._in_flight += n
-
-    def _retire(self) -> None:
-        with self._admission:
-            self._in_flight -= 1
+        return self.admission.in_flight
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Run one request to completion (on this thread unless the background loop is running)."""
-        outputs: list[StepOutput] = []
-        done = threading.Event()
-
-        def sink(out: StepOutput) -> None:
-            outputs.append(out)
-            if len(outputs) == 1:
-                first_at.append(time.monotonic())
-            if out.finish_reason is not None:
-                done.set()
-
-        first_at: list[float] = []
-        started = time.monotonic()
-        self.submit(request, sink)
-        if self._thread is None:
-            while not done.is_set():
-                self.step()
-        else:
-            done.wait()
-        return generation_result(outputs, started, first_at[0] if first_at else started)
+        return run_to_completion(request, self.submit, None if self._thread is not None else self.step)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -264,8 +211,7 @@ class Engine:
             try:
                 busy = self.step()
             except Exception as exc:  # a bug or a model failure outside a request: fail everyone, keep serving
-                for seq in self.scheduler.all_sequences():
-                    self._finish_without_token(seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+                self._fail(self.scheduler.all_sequences(), "", exc)
                 busy = False
             if not busy:
                 self._wake.wait(timeout=0.5)
@@ -321,11 +267,10 @@ class Engine:
                 if not scoring_only:
                     for fork in members[1:]:
                         self.model.copy_slot(seq.slot, fork.slot, len(seq.prompt_ids))
-                    tokens, entries = sample(logits.expand(len(members), -1), [m.sampler for m in members])
+                    rows = mask_logits(logits.expand(len(members), -1), [m.constraint for m in members])
+                    tokens, entries = sample(rows, [m.sampler for m in members])
             except Exception as exc:
-                for member in members:
-                    self._finish_without_token(member, FinishReason.ERROR,
-                                               error=f"prefill failed: {type(exc).__name__}: {exc}")
+                self._fail(members, "prefill failed: ", exc)
                 continue
             self.metrics.prefill_seconds.observe(time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
@@ -356,9 +301,7 @@ class Engine:
         except Exception as exc:
             for seq in seqs:
                 members, seq.forks = [seq, *seq.forks], []
-                for member in members:
-                    self._finish_without_token(member, FinishReason.ERROR,
-                                               error=f"prefill failed: {type(exc).__name__}: {exc}")
+                self._fail(members, "prefill failed: ", exc)
             return {}
         return {id(seq): logits[i : i + 1] for i, seq in enumerate(seqs)}
 
@@ -374,8 +317,7 @@ class Engine:
         try:
             outcomes = self._speculate(running) if self.speculator is not None else self._decode_one(running)
         except Exception as exc:
-            for seq in running:
-                self._finish_without_token(seq, FinishReason.ERROR, error=f"decode failed: {type(exc).__name__}: {exc}")
+            self._fail(running, "decode failed: ", exc)
             return
         self.metrics.decode_seconds.observe(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
@@ -387,14 +329,15 @@ class Engine:
 
         slots, tokens, positions = self.scheduler.decode_inputs()
         # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
+        masks = Masks.start([s.constraint for s in running])  # grammar masks computed while the model runs
         logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots, **self._adapter_kw(running))
-        next_tokens, entries = sample(logits, [s.sampler for s in running])
+        next_tokens, entries = sample(masks.apply(logits), [s.sampler for s in running])
         return [Accepted([token], 0, 0, None if entry is None else [entry])
                 for token, entry in zip(next_tokens.tolist(), entries, strict=True)]
 
     def _speculate(self, running: list[RequestState]) -> list[Accepted]:
         rows = [SpecRow(s.request_id, s.slot, s.next_position, [*s.prompt_ids, *s.output.token_ids],
-                        self._room(s), s.sampler) for s in running]
+                        self._room(s), s.sampler, s.constraint) for s in running]
         outcomes, stats = self.speculator.run(rows)
         self.metrics.observe_speculation(stats)
         return outcomes
@@ -415,32 +358,30 @@ class Engine:
         else:
             self.metrics.itl.observe(now - (seq.last_token_at or now))
         seq.last_token_at = now
-        text, kept = [], 0
-        for token in tokens:
-            delta = seq.output.append(token)
-            text.append(delta.text)
-            kept += 1
-            if delta.finish_reason is not None:
-                break
+        text, kept, finish_reason = seq.take(tokens)
         self.metrics.generation_tokens.inc(kept)
         if drafted is not None and seq.spec is not None:
             seq.spec.observe(drafted.num_draft, drafted.num_accepted, kept)
-        finished = delta.finish_reason is not None
-        out = StepOutput(seq.request_id, tokens[:kept], "".join(text), delta.finish_reason, len(seq.prompt_ids),
+        finished = finish_reason is not None
+        out = StepOutput(seq.request_id, tokens[:kept], text, finish_reason, len(seq.prompt_ids),
                          len(seq.output.token_ids), logprobs=logprobs[:kept] if logprobs is not None else None,
                          prompt_logprobs=prompt_lp, stop_reason=seq.output.stop_reason,
                          speculation=seq.spec.to_dict() if finished and seq.spec is not None else None)
         if finished:
             self.scheduler.release(seq)
-            self.metrics.observe_finish(delta.finish_reason, now - seq.arrival)
-            self._retire()
+            self.metrics.observe_finish(finish_reason, now - seq.arrival)
+            self.admission.retire()
         self._deliver(seq, out)
+
+    def _fail(self, seqs: Sequence[RequestState], what: str, exc: Exception) -> None:
+        for seq in seqs:
+            self._finish_without_token(seq, FinishReason.ERROR, error=f"{what}{type(exc).__name__}: {exc}")
 
     def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
                               prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.scheduler.discard(seq)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
-        self._retire()
+        self.admission.retire()
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
                          prompt_logprobs=prompt_logprobs,
                          speculation=seq.spec.to_dict() if seq.spec is not None else None)
@@ -452,7 +393,7 @@ class Engine:
         except Exception:  # the consumer is gone (closed event loop): stop generating for it
             if out.finish_reason is None and self.scheduler.remove(seq.request_id) is not None:
                 self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival)
-                self._retire()
+                self.admission.retire()
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))

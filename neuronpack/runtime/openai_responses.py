@@ -92,10 +92,11 @@ def completion_chunk(request_id: str, model: str, choice: dict[str, Any], *, wit
     return chunk
 
 
-def chat_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None,
+def chat_choice(index: int, message: dict[str, Any], finish_reason: str | None, logprobs: dict | None,
                 stop_reason: str | int | None) -> dict[str, Any]:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-            "finish_reason": finish_reason, "stop_reason": stop_reason}
+    """A chat choice; ``message``: ``{"role": "assistant", "content", ["tool_calls"]}``."""
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
 
 
 def chat_response(request_id: str, model: str, choices: list[dict[str, Any]], usage_: dict[str, int]
@@ -104,7 +105,7 @@ def chat_response(request_id: str, model: str, choices: list[dict[str, Any]], us
             "choices": choices, "usage": usage_}
 
 
-def chat_chunk(request_id: str, model: str, index: int, delta: dict[str, str], finish_reason: str | None, *,
+def chat_chunk(request_id: str, model: str, index: int, delta: dict[str, Any], finish_reason: str | None, *,
                logprobs: dict | None = None, stop_reason: str | int | None = None, with_usage_field: bool
                ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

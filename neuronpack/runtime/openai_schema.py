@@ -1,9 +1,11 @@
 """OpenAI-compatible request models for /v1/completions and /v1/chat/completions, and the error / usage shapes.
 
 Requests accept OpenAI's fields plus vLLM's extensions (``top_k``, ``ignore_eos``, ``stop_token_ids``,
-``include_stop_str_in_output``). Known OpenAI / vLLM fields this runtime does not implement (``UNSUPPORTED_FIELDS``:
-penalties, ``logit_bias``, ``response_format``, tools, ``suffix``, guided decoding, ...) are refused with 400 naming
-the field unless they carry their neutral value; names nobody defines are ignored, as vLLM does.
+``include_stop_str_in_output``), structured outputs on both endpoints (``response_format``, ``structured_outputs``,
+``guided_*``: ``structured/fields.py``) and tools on chat (``structured/tools.py``). Known OpenAI / vLLM fields this
+runtime does not implement (``UNSUPPORTED_FIELDS``: penalties, ``logit_bias``, ``suffix``, the legacy ``functions``,
+...) are refused with 400 naming the field unless they carry their neutral value; names nobody defines are ignored,
+as vLLM does.
 
 Example::
 
@@ -22,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from neuronpack.errors import InvalidRequestError
 from neuronpack.runtime.logprobs import MAX_LOGPROBS
 from neuronpack.runtime.sampling import SamplingParams
+from neuronpack.runtime.structured.fields import StructuredFields
+from neuronpack.runtime.structured.tools import ToolFields
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for the legacy completions endpoint
 
@@ -48,14 +52,6 @@ UNSUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
     "suffix": _unset,
     "prompt_logprobs": lambda v: v is None,
     "prompt_embeds": lambda v: v is None,
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "structured_outputs": _unset,
-    "guided_json": _unset,
-    "guided_regex": _unset,
-    "guided_choice": _unset,
-    "guided_grammar": _unset,
-    "tools": _unset,
-    "tool_choice": lambda v: v in (None, "none"),
     "functions": _unset,
     "function_call": lambda v: v in (None, "none"),
     "bad_words": _unset,
@@ -85,7 +81,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
+class _SamplingFields(StructuredFields):
     # Extras are checked against UNSUPPORTED_FIELDS, others ignored; types are strict (no bool as a number).
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -194,7 +190,7 @@ class ChatMessage(BaseModel):
         return data
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)

@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -19,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from neuronpack.errors import InvalidRequestError, ServeError
 from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs
 from neuronpack.runtime.sampling import RowSampler, SamplingParams
-from neuronpack.runtime.stopping import FinishReason, SequenceOutput
+from neuronpack.runtime.speculation.stats import SpecStats
+from neuronpack.runtime.stopping import Decoder, FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
+from neuronpack.runtime.structured import CompiledGrammar, Constraint
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-    from neuronpack.runtime.speculation.stats import SpecStats
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
@@ -96,6 +97,7 @@ class GenerationRequest:
     prompt_logprobs: int | None = None
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex}")
     adapter: int = 0  # LoRA adapter: 0 the base model, k the artifact's k-th adapter (runtime/adapters.py: by name)
+    grammar: CompiledGrammar | None = None  # constrained decoding: the output must match it (Engine.grammars)
 
 
 @dataclass
@@ -146,6 +148,22 @@ class RequestState:
     forks: list[RequestState] = field(default_factory=list)  # n > 1: same prompt, prefilled once with this one
     adapter: int = 0  # LoRA adapter index (0: none)
     spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
+    constraint: Constraint | None = None  # the request's grammar state (constrained decoding only)
+
+    def take(self, tokens: Sequence[int]) -> tuple[str, int, FinishReason | None]:
+        """Append emitted ``tokens`` one by one through the grammar and the stop rules, up to the first that ends the
+        sequence (the rest are dropped). Returns (the streamable text, how many were kept, the finish reason)."""
+        text, kept, reason = [], 0, None
+        for token in tokens:
+            if self.constraint is not None and not self.constraint.consume(token):  # a dead end: nothing fits
+                delta = self.output.end(FinishReason.LENGTH)
+            else:
+                delta = self.output.append(token, complete=self.constraint is not None and self.constraint.done)
+                kept += 1
+            text.append(delta.text)
+            if (reason := delta.finish_reason) is not None:
+                break
+        return "".join(text), kept, reason
 
     @property
     def last_token(self) -> int:
@@ -161,8 +179,10 @@ def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_
                   adapters: int = 0) -> int:
     """Validate a request against an artifact's compiled limits; return its effective max_tokens.
 
-    Raises InvalidRequestError (HTTP 400) naming the limits. Example: with max_model_len 128 a 100-token prompt
-    asking for 50 tokens gets 28.
+    The prompt must fit the largest context bucket and leave room for one token below ``max_model_len``;
+    ``max_tokens`` is clamped to what fits (``max_model_len - prompt``), like vLLM does when it is omitted, and the
+    sequence ends with "length" there. Raises InvalidRequestError (HTTP 400) naming the limits.
+    Example: with max_model_len 128 a 100-token prompt asking for 50 tokens gets 28.
     """
     n = len(request.prompt_ids)
     if n == 0:
@@ -211,6 +231,28 @@ def _check_sampling(params: SamplingParams) -> None:
                                   param="seed")
 
 
+def run_to_completion(request: GenerationRequest, submit: Callable[[GenerationRequest, Callable], Any],
+                      step: Callable[[], Any] | None) -> GenerationResult:
+    """Submit ``request`` and wait for its result, stepping the engine with ``step`` (None: a loop runs it)."""
+    outputs: list[StepOutput] = []
+    first_at: list[float] = []
+    done = threading.Event()
+
+    def sink(out: StepOutput) -> None:
+        outputs.append(out)
+        if len(outputs) == 1:
+            first_at.append(time.monotonic())
+        if out.finish_reason is not None:
+            done.set()
+
+    started = time.monotonic()
+    submit(request, sink)
+    while step is not None and not done.is_set():
+        step()
+    done.wait()
+    return generation_result(outputs, started, first_at[0] if first_at else started)
+
+
 def generation_result(outputs: list[StepOutput], started: float, first_at: float) -> GenerationResult:
     """The GenerationResult of one finished request from its StepOutputs (ServeError when it failed)."""
     last = outputs[-1]
@@ -231,3 +273,25 @@ def generation_result(outputs: list[StepOutput], started: float, first_at: float
             "tokens_per_s": len(token_ids) / total if total > 0 else 0.0,
         },
     )
+
+
+def new_request_state(request: GenerationRequest, sink: Callable[[StepOutput], None], max_tokens: int, *,
+                      eos_token_ids: frozenset[int], max_model_len: int, lookahead: int, tokenizer: Decoder,
+                      global_topk: int, vocab_size: int, spec_length: int | None) -> RequestState:
+    """The engine's state for a checked request (``max_tokens`` from ``check_request``)."""
+    rules = StopRules(
+        eos_token_ids=eos_token_ids,
+        max_tokens=max_tokens,
+        max_model_len=max_model_len,
+        stop=tuple(s for s in request.stop if s),
+        stop_token_ids=frozenset(request.stop_token_ids),
+        ignore_eos=request.ignore_eos,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        lookahead=lookahead,
+    )
+    prompt = list(request.prompt_ids)
+    output = SequenceOutput(rules, prompt, IncrementalDetokenizer(tokenizer, prompt))
+    constraint = Constraint(request.grammar.new_matcher(), vocab_size) if request.grammar else None
+    return RequestState(request.request_id, prompt, RowSampler(request.sampling.resolve(global_topk)), output, sink,
+                        prompt_logprobs=request.prompt_logprobs, adapter=request.adapter, constraint=constraint,
+                        spec=SpecStats.new(spec_length) if spec_length else None)

@@ -111,8 +111,9 @@ class SequenceOutput:
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     _emitted: int = 0  # characters of ``text`` already handed out
 
-    def append(self, token_id: int) -> Delta:
+    def append(self, token_id: int, *, complete: bool = False) -> Delta:
         """Record one generated token; return the text that can be streamed now and the finish reason, if any.
+        ``complete``: the request's grammar is complete with this token, it ends "stop" unless something else does.
 
         Example: with ``stop=("!",)`` appending the tokens of "Hi! there" yields "Hi" and finish_reason "stop".
         """
@@ -129,12 +130,22 @@ class SequenceOutput:
             hit_stop_string = reason is not None
             if reason is None:
                 reason = self._check_length()
+            if reason is None and complete:
+                reason = FinishReason.STOP
         if reason is not None and not hit_stop_string:
             # Ending for another reason: complete the text held back for an unfinished character.
             self.text += self.detokenizer.flush()
             reason = self._check_stop_strings() or reason
         self.finish_reason = reason
         return Delta(self._take_streamable(), self.finish_reason)
+
+    def end(self, reason: FinishReason) -> Delta:
+        """End without another token (a grammar's dead end): the text held back is released."""
+        if self.finish_reason is not None:
+            raise RuntimeError("sequence already finished")
+        self.text += self.detokenizer.flush()
+        self.finish_reason = reason
+        return Delta(self._take_streamable(), reason)
 
     @property
     def total_len(self) -> int:

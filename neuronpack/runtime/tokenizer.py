@@ -79,6 +79,10 @@ class ArtifactTokenizer:
         text = self._tok.decode(list(ids), skip_special_tokens=True)
         return _clean_up_tokenization(text) if self.clean_up_spaces else text
 
+    def to_json_str(self) -> str:
+        """The tokenizer as tokenizer.json text (what the grammar library builds its token trie from)."""
+        return self._tok.to_str()
+
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens included (how logprobs name tokens, like vLLM).
 
@@ -89,7 +93,8 @@ class ArtifactTokenizer:
             text = self._token_texts[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
         return text
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text for a conversation. InvalidRequestError (HTTP 400) when the model has no template or the
         template rejects the messages (``raise_exception`` in the template, wrong types); TokenizerError (HTTP 500)
         when the template itself is broken (syntax error, a failure inside it).
@@ -110,6 +115,7 @@ class ArtifactTokenizer:
         try:
             rendered, _ = render_jinja_template(
                 conversations=[messages],
+                tools=tools,
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
@@ -125,9 +131,10 @@ class ArtifactTokenizer:
                                  fix="recompile from a checkpoint with a working chat template") from None
         return rendered[0]
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Prompt ids for a conversation: the template already holds the special tokens, so none are added."""
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+    def encode_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Prompt ids for a conversation (and the tools a template renders): the template already holds the special
+        tokens, so none are added."""
+        return self.encode(self.apply_chat_template(messages, tools=tools), add_special_tokens=False)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

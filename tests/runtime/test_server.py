@@ -122,10 +122,9 @@ def test_errors_use_openai_shapes(client, server):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=NAME, prompt="hi", max_tokens=2, temperature=-1)
     assert exc.value.body["param"] == "temperature"
-    with pytest.raises(openai.BadRequestError, match="response_format is not supported") as exc:
-        client.completions.create(model=NAME, prompt="hi", max_tokens=2,
-                                  extra_body={"response_format": {"type": "json_object"}})
-    assert exc.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError, match="presence_penalty is not supported") as exc:
+        client.completions.create(model=NAME, prompt="hi", max_tokens=2, presence_penalty=1.0)
+    assert exc.value.body["param"] == "presence_penalty"
     with pytest.raises(openai.BadRequestError, match="max_tokens 0 only makes sense with echo"):
         client.completions.create(model=NAME, prompt="hi", max_tokens=0)
     auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

@@ -6,7 +6,10 @@
    T = 1 + the longest draft (padding repeats the last token; its logits are ignored and its KV is overwritten
    later). When no sequence has a draft the step is a plain ``decode`` call, so speculation costs nothing when the
    proposer has no guess.
-3. ``acceptance.accept`` keeps drafts and adds the target's token; positions advance by kept + 1 (the engine's
+3. A sequence with a grammar (constrained decoding) has its draft cut at the first token the grammar refuses, and
+   its logits at every verified position masked to what the grammar allows after the drafts before it (the matcher
+   walks the draft and rolls back), so acceptance only ever keeps or emits tokens the grammar allows.
+4. ``acceptance.accept`` keeps drafts and adds the target's token; positions advance by kept + 1 (the engine's
    ``next_position`` follows from the emitted tokens).
 
 The engine keeps sequences below ``max_model_len - length`` (its stop rules' ``lookahead``), so ``starts + T`` never
@@ -28,6 +31,7 @@ from neuronpack.runtime.sampling import RowSampler
 from neuronpack.runtime.speculation.acceptance import Accepted, accept
 from neuronpack.runtime.speculation.proposer import Draft, DraftRequest, Proposer
 from neuronpack.runtime.speculation.stats import SpecStats
+from neuronpack.runtime.structured.matcher import Constraint, copy, refuse
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -56,6 +60,7 @@ class SpecRow:
     token_ids: Sequence[int]
     room: int
     sampler: RowSampler
+    constraint: Constraint | None = None
 
 
 class SpeculativeStep:
@@ -74,6 +79,8 @@ class SpeculativeStep:
         requests = [DraftRequest(r.request_id, r.token_ids, max(0, min(self.length, r.room - 1))) for r in rows]
         drafts = [Draft(d.token_ids[: q.max_tokens], d.probs) for d, q in
                   zip(self.proposer.propose(requests), requests, strict=True)]
+        drafts = [d if r.constraint is None else Draft(d.token_ids[: r.constraint.trim(d.token_ids)], d.probs)
+                  for r, d in zip(rows, drafts, strict=True)]
         width = 1 + max(len(d.token_ids) for d in drafts)
         slots = [r.slot for r in rows]
         hidden = None
@@ -88,12 +95,25 @@ class SpeculativeStep:
                                                    hidden_layers=self.proposer.hidden_layers)
             else:
                 logits = self.model.verify(slots, token_rows, starts)  # [n, width, V]
+        logits = _masked(logits, rows, drafts)
         outcomes = accept(logits, drafts, [r.sampler for r in rows])
         self.proposer.verified([r.request_id for r in rows], [o.num_accepted for o in outcomes], hidden)
         stats = SpecStats.new(self.length)
         for outcome in outcomes:
             stats.observe(outcome.num_draft, outcome.num_accepted)
         return outcomes, stats
+
+
+def _masked(logits: Tensor, rows: Sequence[SpecRow], drafts: Sequence[Draft]) -> Tensor:
+    """logits [n, T, vocab] with each constrained row's positions 0..len(draft) masked to its grammar."""
+    if all(r.constraint is None or r.constraint.dead for r in rows):
+        return logits
+    logits = copy(logits)
+    for i, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
+        if row.constraint is not None and not row.constraint.dead:
+            allowed = row.constraint.masks_along(draft.token_ids)  # [m + 1, vocab]
+            refuse(logits[i, : allowed.shape[0]], allowed)
+    return logits
 
 
 def _padded(tokens: list[int], width: int) -> list[int]:
