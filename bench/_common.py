@@ -107,24 +107,31 @@ def free_port() -> int:
 def start_serve_process(artifact: Path | None, port: int, args: list[str], *, env: dict | None = None,
                         code: Path | None = None) -> tuple:
     """``neuronpack serve [ARTIFACT] --port PORT ARGS`` on loopback (with the source tree ``code``, default this
-    checkout); returns (process, seconds until /health answers). Its stderr goes to a temporary file
+    checkout); returns (process, seconds until /health answers). Its output goes to a temporary file
     (``proc.log_path``), never to a pipe nobody reads (a full pipe would block the server). Raises when the process
     exits first."""
+    prefix, code_env = neuronpack_argv(code) if code else (NEURONPACK, {})
+    env = {**code_env, **(env or {})}
+    argv = [*prefix, "serve", *([str(artifact)] if artifact else []), "--port", str(port), *args]
+    return start_http_server(argv, port, env=env)
+
+
+def start_http_server(argv: list[str], port: int, *, env: dict | None = None) -> tuple:
+    """Start any server process that answers ``/health`` on ``port`` of loopback (``neuronpack serve``,
+    ``llama-server``); returns (process, seconds until it answers). Its output goes to a temporary file
+    (``proc.log_path``). Raises, with the log's end, when the process exits first."""
     import tempfile
 
     import httpx
 
-    prefix, code_env = neuronpack_argv(code) if code else (NEURONPACK, {})
-    env = {**code_env, **(env or {})}
-    argv = [*prefix, "serve", *([str(artifact)] if artifact else []), "--port", str(port), *args]
-    log = tempfile.NamedTemporaryFile("w+", prefix="neuronpack-serve-", suffix=".log", delete=False)  # noqa: SIM115
+    log = tempfile.NamedTemporaryFile("w+", prefix="bench-server-", suffix=".log", delete=False)  # noqa: SIM115
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, text=True)
     proc.log_path = Path(log.name)
     log.close()
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.log_path.read_text()}")
+            raise RuntimeError(f"{Path(argv[0]).name} exited: {proc.log_path.read_text()[-3000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc, time.perf_counter() - t0

@@ -26,11 +26,18 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import OUT_DIR, build_artifact, free_port, save_results, start_serve_process  # noqa: E402
+from _common import (  # noqa: E402
+    NEURONPACK,
+    OUT_DIR,
+    ROOT,
+    free_port,
+    save_results,
+    start_http_server,
+    start_serve_process,
+)
 from serve import load_round, stop_server  # noqa: E402
 
 PRECISIONS = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0"}  # neuronpack dtype -> GGUF of equal bytes
@@ -38,26 +45,25 @@ CONCURRENCY = (1, 4, 8)
 SLOTS, SEQ_LEN, MAX_CONTEXT = 8, 256, 64
 
 
+def compiled_artifact(model: Path, dtype: str, out_root: Path) -> Path:
+    """``neuronpack compile`` of the CPU recipe as a batch-8 artifact (one context bucket of MAX_CONTEXT, one
+    generation bucket of SEQ_LEN) of ``dtype`` ("int8": int8 weights per channel, float32 compute); a cache hit
+    when built before."""
+    sets = [f"target.batch_size={SLOTS}", f"target.seq_len={SEQ_LEN}", f"target.max_context_length={MAX_CONTEXT}",
+            f"buckets.context=[{MAX_CONTEXT}]", f"buckets.token_generation=[{SEQ_LEN}]",
+            f"model.dtype={'float32' if dtype == 'int8' else dtype}"]
+    if dtype == "int8":
+        sets.append("quantization.dtype=int8")
+    argv = [*NEURONPACK, "compile", str(model), "--recipe", str(ROOT / "recipes" / "smollm2-135m-cpu.toml"),
+            "--out-root", str(out_root), *[a for s in sets for a in ("--set", s)]]
+    return Path(subprocess.run(argv, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+
+
 def start_llama_server(binary: Path, gguf: Path, port: int, threads: int) -> tuple:
     """``llama-server`` with 8 slots of SEQ_LEN tokens each, continuous batching; (process, seconds to /health)."""
-    import httpx
-
-    log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
-    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(SLOTS),
-            "-c", str(SLOTS * SEQ_LEN), "--cont-batching", "-t", str(threads), "-tb", str(threads),
-            "--alias", "smollm2", "--no-webui"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
-    proc.log_path = Path(log.name)
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited: {proc.log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, time.perf_counter() - t0
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
+    return start_http_server([str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                              "-np", str(SLOTS), "-c", str(SLOTS * SEQ_LEN), "--cont-batching", "-t", str(threads),
+                              "-tb", str(threads), "--alias", "smollm2", "--no-webui"], port)
 
 
 def measure(start, max_tokens: int) -> list[dict]:
@@ -83,8 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for dtype in args.precisions.split(","):
         gguf = args.gguf_dir / f"SmolLM2-135M-Instruct-{PRECISIONS[dtype]}.gguf"
-        artifact = build_artifact(args.model, dtype, args.work / f"artifact-{dtype}-b{SLOTS}", batch=SLOTS,
-                                  seq_len=SEQ_LEN, max_context=MAX_CONTEXT)
+        artifact = compiled_artifact(args.model, dtype, args.work)
         print(f"{dtype}: neuronpack serve", file=sys.stderr)
         ours = measure(lambda port, a=artifact: start_serve_process(
             a, port, ["--threads", str(args.threads), "--served-model-name", "smollm2", "--quiet"]), args.max_tokens)
