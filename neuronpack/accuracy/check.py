@@ -182,14 +182,15 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
     seq_len = max(len(ids) for _, ids in encoded) + new_tokens + 1
     nxdi_cpu.init_cpu_process_group()
     dtype = str(recorded.get("torch_dtype", "float32"))
-    draft, model_class = (), {"model_class": subject.model_class} if subject.model_class else {}
+    draft = ()
     if recorded.get("enable_fused_speculation") and subject.draft_dir is not None:
         loaded = nxdi_cpu.load_fused_spec_on_cpu(str(subject.reference_dir), recorded, str(subject.draft_dir),
-                                                 dtype=dtype, seq_len=seq_len, **model_class)
+                                                 dtype=dtype, seq_len=seq_len, model_class=subject.model_class)
         draft = (f"NeuronFusedSpecModel loaded {loaded['draft_model']} draft_model.* and {loaded['target_model']} "
                  f"target_model.* weights with their shapes from {subject.draft_dir}; the speculation forward was "
                  "not run (upstream has none on the CPU): the target model is scored alone",)
-    app, _ = nxdi_cpu.load_on_cpu(str(subject.reference_dir), recorded, dtype=dtype, seq_len=seq_len, **model_class)
+    app, _ = nxdi_cpu.load_on_cpu(str(subject.reference_dir), recorded, dtype=dtype, seq_len=seq_len,
+                                  model_class=subject.model_class)
     reference = _load_reference(subject, app.config.vocab_size)
     quantized = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else None
     # in the dtype NxDI ran: what is left against it is kernel rounding, not quantization

@@ -1,4 +1,4 @@
-"""Run an nxd artifact's recorded NeuronConfig and checkpoint through NxD Inference's own Llama on the CPU (tp 1).
+"""Run an nxd artifact's recorded NeuronConfig and checkpoint through NxD Inference's own model code on the CPU (tp 1).
 
 Where ``neuronx_distributed_inference`` imports (a Neuron build box: no device needed), ``load_on_cpu`` follows
 upstream's ``to_cpu()`` step by step (NXD_CPU_MODE, a one-rank gloo group, model-parallel set-up without
@@ -8,7 +8,10 @@ quantization ``convert()`` makes quantized layers (``to_cpu()`` alone loads int8
 ``.scale`` with a warning). ``load_state_dict(strict=False)``'s missing weights are refused (``AccuracyError`` naming
 them); the KV cache (``kv_mgr.*``) is the model's own. ``prefix_logits`` scores tokens teacher-forced through context
 encoding, one pass per prefix (on CPU NxDI's token generation returns the updated KV cache functionally and nothing
-writes it back).
+writes it back). The model class is the artifact's (``compile_config.model_class``; NxDI's Llama by default).
+``load_fused_spec_on_cpu`` builds NxDI's fused-speculation model (target + EAGLE draft) the same way and checks
+that every weight loads with its shape; upstream has no CPU speculation forward, so nothing of it runs.
+``upstream_limit`` names what NxDI's CPU path cannot score (Mllama, LoRA), measured on NxDI 0.9.0.
 
 Every recorded option is kept except what a CPU run at tp 1 and batch 1 must change (``CPU_OVERRIDES``).
 """
@@ -94,15 +97,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len: int, model_class: str = LLAMA):
-    """NxDI's ``model_class`` (the artifact's; default ``NeuronLlamaForCausalLM``) for ``model_dir`` with the recorded
+def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len: int,
+                model_class: str | None = None):
+    """NxDI's ``model_class`` (the artifact's; None: ``NeuronLlamaForCausalLM``) for ``model_dir`` with the recorded
     NeuronConfig, its weights loaded on the CPU. Returns (app, module); AccuracyError when a weight NxDI expects is
     missing from the checkpoint."""
     from neuronx_distributed.trace.trace import get_sharded_checkpoint
     from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
-    cls = import_class(model_class)
+    cls = import_class(model_class or LLAMA)
 
     neuron_config = cls.get_neuron_config_cls()(**cpu_neuron_config(recorded, seq_len, dtype))
     config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(model_dir))
@@ -126,7 +130,7 @@ def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len
 
 
 def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: str, *, dtype: str,
-                           seq_len: int, model_class: str = LLAMA) -> dict[str, int]:
+                           seq_len: int, model_class: str | None = None) -> dict[str, int]:
     """NxDI's ``NeuronFusedSpecModel`` (target + EAGLE draft, the config neuronpack records, its own fused-speculation
     config and draft process group) built on the CPU and given the target's and the draft's checkpoints through
     NxDI's fused loader: every ``draft_model.*`` / ``target_model.*`` weight must load with the right shape
@@ -140,7 +144,7 @@ def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: 
 
     from neuronpack.backends.nxd import _inference_config
 
-    cls = import_class(model_class)
+    cls = import_class(model_class or LLAMA)
 
     kwargs = {k: v for k, v in recorded.items() if k not in DROPPED}
     kwargs.update(CPU_OVERRIDES, seq_len=seq_len, max_context_length=seq_len, torch_dtype=dtype)
