@@ -102,8 +102,10 @@ def _v0_from(installed: dict[str, str | None], why: str) -> TargetChoice:
 
 def vllm_command(artifact_dir: Path, manifest: Manifest | dict[str, Any], *, target: str = "vllm-v0",
                  host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                 python: str = sys.executable) -> VllmCommand:
+                 python: str = sys.executable, tool_call_parser: str | None = None) -> VllmCommand:
     """The launch of a compiled nxd or tnx artifact for one serving target (vllm_v0 / vllm_plugin build it).
+    ``tool_call_parser``: vLLM's ``--enable-auto-tool-choice --tool-call-parser NAME`` (what ``tool_choice: "auto"``
+    needs there; vLLM checks the name against its own parsers at start).
 
     Example::
 
@@ -120,9 +122,16 @@ def vllm_command(artifact_dir: Path, manifest: Manifest | dict[str, Any], *, tar
     else:
         raise ServeError(f"unknown vLLM target {target!r}", where="--vllm-target",
                          fix=f"use one of {', '.join(TARGETS)}")
+    argv, notes = cmd.argv, list(cmd.notes)
+    if tool_call_parser:
+        if cmd.launched_elsewhere:
+            raise ServeError("the multi-node launcher starts vllm.entrypoints.api_server, which has no tool calling",
+                             where="--tool-call-parser", fix="serve without --tool-call-parser")
+        argv = [*argv, "--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     problem = build_pairing_problem(spec, target)
-    return cmd if problem is None else VllmCommand(cmd.argv, cmd.env, cmd.cwd, [*cmd.notes, problem], cmd.target,
-                                                    cmd.launched_elsewhere)
+    if problem is not None:
+        notes.append(problem)
+    return VllmCommand(argv, cmd.env, cmd.cwd, notes, cmd.target, cmd.launched_elsewhere)
 
 
 def build_pairing_problem(spec: LaunchSpec, target: str) -> str | None:

@@ -59,6 +59,11 @@ def serve_command(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="torch CPU threads (default: every core available)")
     ] = None,
+    tool_call_parser: Annotated[
+        str | None, typer.Option("--tool-call-parser",
+                                 help="tool_choice auto: nxd/tnx artifacts pass vLLM --enable-auto-tool-choice "
+                                      "--tool-call-parser NAME; torch artifacts parse hermes (the only name they take)")
+    ] = None,
     root: RootOpt = None,
     endpoint_url: EndpointOpt = None,
     max_body_bytes: Annotated[
@@ -91,8 +96,11 @@ def serve_command(
         manifest = manifest.with_serve(served_model_name=served_model_name)
     if manifest.framework != "torch":
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
-                     output_format=output_format, requested_target=vllm_target)
+                     output_format=output_format, requested_target=vllm_target, tool_call_parser=tool_call_parser)
         return
+    if tool_call_parser not in (None, "hermes"):
+        raise ServeError(f"the built-in server parses hermes tool calls only, not {tool_call_parser!r}",
+                         where="--tool-call-parser", fix="drop the option or pass hermes")
     limits = _ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace)
     if print_command:
         argv = [sys.executable, "-m", "neuronpack", "serve", str(path), "--host", host, "--port", str(port),
@@ -220,14 +228,16 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
 
 
 def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
-                 print_only: bool, output_format: OutputFormat, requested_target: str) -> None:
+                 print_only: bool, output_format: OutputFormat, requested_target: str,
+                 tool_call_parser: str | None) -> None:
     from neuronpack.backends.support_matrix import installed_versions
     from neuronpack.backends.vllm_launch import format_command, launch_spec, run_vllm
     from neuronpack.backends.vllm_targets import check_serving_stack, choose_target, vllm_command
 
     installed = installed_versions()
     choice = choose_target(requested_target, manifest.framework, installed)
-    cmd = vllm_command(path, manifest, target=choice.name, host=host, port=port, api_key=api_key)
+    cmd = vllm_command(path, manifest, target=choice.name, host=host, port=port, api_key=api_key,
+                       tool_call_parser=tool_call_parser)
     notes = [f"target {choice.name}: {choice.reason}", *cmd.notes]
     if print_only:
         print_result(output_format, {"target": choice.name, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd,

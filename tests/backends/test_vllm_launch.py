@@ -207,3 +207,19 @@ def test_run_vllm_refuses_without_vllm_and_execs_otherwise(tmp_path):
               f"{{'NEURON_X': 'from-env'}}, cwd={str(tmp_path)!r}))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["from-env", str(tmp_path)]
+
+
+@pytest.mark.parametrize("target", ["vllm-v0", "vllm-v0-fork", "vllm-neuron"])
+def test_tool_call_parser_reaches_every_targets_openai_server(nxd_artifact, target):
+    """`serve --tool-call-parser hermes`: vLLM's auto tool choice on every single-node target (what
+    tool_choice "auto" needs there); the multi-node launcher, whose api_server has no tools, refuses it."""
+    path, manifest = nxd_artifact
+    args = _args(vllm_command(path, manifest, target=target, tool_call_parser="hermes"), target)
+    assert args.enable_auto_tool_choice and args.tool_call_parser == "hermes"
+    assert not _args(vllm_command(path, manifest, target=target), target).enable_auto_tool_choice
+
+
+def test_tool_call_parser_is_refused_by_the_multi_node_launcher(tmp_path):
+    with pytest.raises(ServeError, match="no tool calling"):
+        vllm_command(tmp_path, _manifest(nodes=2, tensor_parallel_size=64), target="vllm-v0-fork",
+                     tool_call_parser="hermes")

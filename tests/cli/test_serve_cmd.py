@@ -93,6 +93,9 @@ def test_serve_print_command_for_a_torch_artifact(artifact):
     assert "-m neuronpack serve" in result.stdout and "--port 9123" in result.stdout
     data = json.loads(runner.invoke(app, ["serve", str(artifact), "--print-command", "--format", "json"]).stdout)
     assert data["argv"][1:4] == ["-m", "neuronpack", "serve"]
+    result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--tool-call-parser", "mistral"])
+    assert result.exit_code == 1 and "parses hermes tool calls only" in result.stderr
+    assert "Traceback" not in result.output
 
 
 def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
@@ -110,6 +113,8 @@ def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
     assert data["target"] == "vllm-neuron" and data["cwd"] == str(path)
     argv = data["argv"]
     assert argv[argv.index("--served-model-name") + 1] == "mine"
+    result = runner.invoke(app, ["serve", str(path), "--print-command", "--tool-call-parser", "hermes"])
+    assert result.exit_code == 0 and "--enable-auto-tool-choice --tool-call-parser hermes" in result.stdout
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--vllm-target", "vllm-v3"])
     assert result.exit_code == 1 and "unknown vLLM target" in result.stderr
     result = runner.invoke(app, ["serve", str(path)])  # no vLLM in this environment: a clear error, no exec

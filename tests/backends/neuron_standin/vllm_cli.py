@@ -48,4 +48,11 @@ def parse(target: str, argv: list[str]) -> argparse.Namespace:
         p.add_argument("--num-speculative-tokens", type=int)
     else:
         p.add_argument("--speculative-config", type=json.loads)
-    return p.parse_args(argv)
+    # tool calling (every target's OpenAI server, vLLM >= 0.6): the parser name is checked against vLLM's registry
+    # at start; validate_parsed_serve_args refuses auto tool choice without a parser
+    p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--tool-call-parser")
+    args = p.parse_args(argv)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ParseError("--enable-auto-tool-choice requires --tool-call-parser")
+    return args
