@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from neuronpack.accuracy.check import FAILED, NOT_RUN, AccuracyReport, Subject, check_accuracy, nxd_cpu_refusal
+from neuronpack.accuracy.check import FAILED, NOT_RUN, PASSED, AccuracyReport, Subject, check_accuracy, nxd_cpu_refusal
 from neuronpack.accuracy.metrics import THRESHOLDS
 from neuronpack.errors import AccuracyError, NeuronpackError
 from neuronpack.progress import NullReporter, Reporter
@@ -49,6 +49,8 @@ def check_before_compile(subject: Subject, reporter: Reporter) -> dict[str, Any]
             "compile did not start", where=str(subject.reference_dir),
             fix="see `neuronpack eval` for the figures; fix the checkpoint or recipe, or compile without "
             "--check-accuracy")
+    if report["status"] == PASSED:
+        reporter.info(f"accuracy before the Neuron compile: passed (top-1 {report['summary']['top1_agreement']:.3f})")
     return report
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from neuronpack.backends.neuron_common import import_class
@@ -67,10 +68,14 @@ def upstream_limit(recorded: dict[str, Any], model_class: str | None) -> str | N
     return None
 
 
-def cpu_neuron_config(recorded: dict[str, Any], seq_len: int, dtype: str) -> dict[str, Any]:
-    """The recorded NeuronConfig kwargs as a tp-1, batch-1 CPU run of the target model needs them."""
-    kwargs = {k: v for k, v in recorded.items() if k not in DROPPED and k not in SPECULATION_KEYS}
+def cpu_neuron_config(recorded: dict[str, Any], seq_len: int, dtype: str, *, fused: bool = False) -> dict[str, Any]:
+    """The recorded NeuronConfig kwargs as a tp-1, batch-1 CPU run of the target model needs them; ``fused``: of the
+    fused-speculation model (the speculation keys stay, and the on-device sampling config, which the draft's sampler
+    is built from)."""
+    kwargs = {k: v for k, v in recorded.items() if k not in DROPPED and (fused or k not in SPECULATION_KEYS)}
     kwargs.update(CPU_OVERRIDES, seq_len=seq_len, max_context_length=seq_len, torch_dtype=dtype)
+    if fused:
+        kwargs["on_device_sampling_config"] = recorded.get("on_device_sampling_config")
     return kwargs
 
 
@@ -102,7 +107,6 @@ def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len
     """NxDI's ``model_class`` (the artifact's; None: ``NeuronLlamaForCausalLM``) for ``model_dir`` with the recorded
     NeuronConfig, its weights loaded on the CPU. Returns (app, module); AccuracyError when a weight NxDI expects is
     missing from the checkpoint."""
-    from neuronx_distributed.trace.trace import get_sharded_checkpoint
     from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
@@ -115,14 +119,7 @@ def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len
     instance.load_module()
     module = instance.module
     where = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else model_dir
-    try:
-        state = app.checkpoint_loader_fn()
-        get_sharded_checkpoint(state, module, 0, 1)
-        result = module.load_state_dict(state, strict=False)
-    except (RuntimeError, AssertionError, ValueError, KeyError) as exc:  # NxDI's own checks of the checkpoint
-        raise AccuracyError(f"NxD Inference refused the checkpoint: {exc}", where=str(where),
-                            fix=REBUILD) from exc
-    _refuse_missing(module, result.missing_keys, where)
+    _load_weights(app, module, "the checkpoint", str(where), REBUILD)
     for wrapper in app.models:
         wrapper.model = module
     app.eval()
@@ -136,22 +133,14 @@ def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: 
     NxDI's fused loader: every ``draft_model.*`` / ``target_model.*`` weight must load with the right shape
     (AccuracyError naming what is missing or mis-shaped). Upstream has no CPU speculation forward, so nothing runs.
     Returns ``{"draft_model": n, "target_model": m}``, the weights loaded."""
-    from types import SimpleNamespace
-
-    from neuronx_distributed.trace.trace import get_sharded_checkpoint
     from neuronx_distributed_inference.models.application_base import init_custom_process_group_fn
     from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
 
-    from neuronpack.backends.nxd import _inference_config
+    from neuronpack.backends.nxd import inference_config
 
     cls = import_class(model_class or LLAMA)
-
-    kwargs = {k: v for k, v in recorded.items() if k not in DROPPED}
-    kwargs.update(CPU_OVERRIDES, seq_len=seq_len, max_context_length=seq_len, torch_dtype=dtype)
-    # fused speculation samples on the device (the draft's sampler is built from it): the recorded config stays
-    kwargs["on_device_sampling_config"] = recorded.get("on_device_sampling_config")
-    config = _inference_config(cls, {"neuron_config": kwargs, "draft": {}},
-                               SimpleNamespace(model_dir=model_dir, draft_dir=draft_dir))
+    config = inference_config(cls, {"neuron_config": cpu_neuron_config(recorded, seq_len, dtype, fused=True),
+                                    "draft": {}}, Path(model_dir), Path(draft_dir))
     app = cls(model_dir, config)
     init_custom_process_group_fn(app.config)  # the draft's tensor-parallel group, as NxDI's model builder makes it
     wrapper = app.fused_spec_model
@@ -160,30 +149,33 @@ def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: 
     module = instance.module
     had_prefix = "_FUSED_PREFIX" in vars(cls)
     try:
-        state = app.checkpoint_loader_fn()
-        get_sharded_checkpoint(state, module, 0, 1)
-        result = module.load_state_dict(state, strict=False)
-    except (RuntimeError, AssertionError, ValueError, KeyError) as exc:
-        raise AccuracyError(f"NxD Inference refused the target + draft checkpoints: {exc}", where=draft_dir,
-                            fix=RECONVERT) from exc
+        loaded = _load_weights(app, module, "the target + draft checkpoints", draft_dir, RECONVERT,
+                               extra_buffers=("hidden_state_rolling_buffer",))
     finally:  # NxDI's fused loader sets the class's key prefix ("target_model") and leaves it: a later load breaks
         if not had_prefix and "_FUSED_PREFIX" in vars(cls):
             del cls._FUSED_PREFIX
-    _refuse_missing(module, result.missing_keys, draft_dir, fix=RECONVERT,
-                    extra_buffers=("hidden_state_rolling_buffer",))
-    loaded = set(state) - set(result.unexpected_keys)
     return {prefix: sum(k.startswith(prefix + ".") for k in loaded) for prefix in ("draft_model", "target_model")}
 
 
-def _refuse_missing(module, missing_keys: Sequence[str], where: str, *, fix: str = REBUILD,
-                    extra_buffers: Sequence[str] = ()) -> None:
-    """AccuracyError naming the weights ``load_state_dict(strict=False)`` found no value for (buffers aside)."""
+def _load_weights(app, module, what: str, where: str, fix: str, extra_buffers: Sequence[str] = ()) -> set[str]:
+    """``app``'s checkpoint through NxDI's own loader and NxD's ``get_sharded_checkpoint`` into ``module`` (tp 1);
+    the names loaded. AccuracyError when NxDI refuses a tensor, or when ``load_state_dict(strict=False)`` found no
+    value for a weight (buffers aside: the KV cache, ``extra_buffers``)."""
+    from neuronx_distributed.trace.trace import get_sharded_checkpoint
+
+    try:
+        state = app.checkpoint_loader_fn()
+        get_sharded_checkpoint(state, module, 0, 1)
+        result = module.load_state_dict(state, strict=False)
+    except (RuntimeError, AssertionError, ValueError, KeyError) as exc:  # NxDI's own checks of the checkpoint
+        raise AccuracyError(f"NxD Inference refused {what}: {exc}", where=where, fix=fix) from exc
     buffers = {name for name, _ in module.named_buffers()}
-    missing = [k for k in missing_keys if k not in buffers and "kv_mgr." not in k
+    missing = [k for k in result.missing_keys if k not in buffers and "kv_mgr." not in k
                and not any(b in k for b in extra_buffers)]
     if missing:
         raise AccuracyError(f"NxD Inference found no weight for {', '.join(missing[:5])}"
-                            f"{' ...' if len(missing) > 5 else ''} in the checkpoint", where=str(where), fix=fix)
+                            f"{' ...' if len(missing) > 5 else ''} in the checkpoint", where=where, fix=fix)
+    return set(state) - set(result.unexpected_keys)
 
 
 def prefix_logits(app, tokens: Sequence[int], prompt_len: int):
@@ -204,7 +196,6 @@ def dequantized_reference(reference, quantized_dir: str):
     """A copy of the float32 transformers ``reference`` holding the quantized checkpoint's weights dequantized
     (stored int8 / fp8 values x their float32 scale): what a correct quantized load must reproduce exactly."""
     import copy
-    from pathlib import Path
 
     from safetensors import safe_open
 

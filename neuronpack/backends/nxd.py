@@ -121,7 +121,8 @@ class NxdBackend:
         # with the artifact as working directory (serve starts vLLM there too)
         with request.reporter.task(f"NxDI compile ({config['architecture']}, tp {request.recipe.target.tp_degree})"), \
                 working_directory(request.staging):
-            model = model_cls(str(request.model_dir), _inference_config(model_cls, config, request))
+            model = model_cls(str(request.model_dir),
+                              inference_config(model_cls, config, request.model_dir, request.draft_dir))
             model.compile(str(request.staging))
         check_compiled(request.staging, config["neuron_config"])
         _copy_model_files(request)
@@ -180,27 +181,27 @@ def check_compiled(artifact_dir: Path, neuron_config: dict) -> None:
                                     fix="rebuild it with `neuronpack compile --force`")
 
 
-# --- private ---------------------------------------------------------------------------------------------------------
-def _inference_config(model_cls, config: dict, request: BuildRequest):
-    """NeuronConfig + InferenceConfig (and the FusedSpecNeuronConfig for speculation), as vLLM 0.9 builds them."""
+def inference_config(model_cls, config: dict, model_dir: Path, draft_dir: Path | None):
+    """NeuronConfig + InferenceConfig (and the FusedSpecNeuronConfig for speculation), as vLLM 0.9 builds them, from
+    a compile config (``compile_config`` / the CPU check's kwargs); the build and accuracy/nxdi_cpu.py both use it."""
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
     neuron_config = model_cls.get_neuron_config_cls()(**config["neuron_config"])
-    inference_config = model_cls.get_config_cls()(
-        neuron_config, load_config=load_pretrained_config(str(request.model_dir)))
+    inference = model_cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(model_dir)))
     if "draft" in config:
         from neuronx_distributed_inference.models.config import FusedSpecNeuronConfig
 
-        if request.draft_dir is None:
+        if draft_dir is None:
             raise BuildError("the recipe speculates but no draft was resolved", where="speculation.draft",
                              fix="set [speculation] draft to a local directory or cached hub id")
         draft_config = model_cls.get_config_cls()(
-            _draft_config_object(neuron_config), load_config=load_pretrained_config(str(request.draft_dir)))
-        inference_config.fused_spec_config = FusedSpecNeuronConfig(
-            model_cls._model_cls, draft_config=draft_config, draft_model_path=str(request.draft_dir))
-    return inference_config
+            _draft_config_object(neuron_config), load_config=load_pretrained_config(str(draft_dir)))
+        inference.fused_spec_config = FusedSpecNeuronConfig(
+            model_cls._model_cls, draft_config=draft_config, draft_model_path=str(draft_dir))
+    return inference
 
 
+# --- private ---------------------------------------------------------------------------------------------------------
 def _draft_config_object(target):
     """The draft NeuronConfig as upstream builds it: deep copy of the target's object, then attributes set (see
     draft_neuron_config; NeuronConfig(**dict) would flip enable_fused_speculation back on for EAGLE)."""

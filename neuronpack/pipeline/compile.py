@@ -187,10 +187,7 @@ def _accuracy_before_compile(plan: BuildPlan, config: dict[str, Any], staging: P
     subject = subject_of(staging, inputs.framework, config, inputs.recipe, plan.model_info().config,
                          Path(inputs.model_dir), inputs.backend.target(inputs.recipe).get("instance"),
                          neuron_config=config["neuron_config"])
-    report = check_before_compile(subject, reporter)
-    if report["status"] == "passed":
-        reporter.info(f"accuracy before the Neuron compile: passed (top-1 {report['summary']['top1_agreement']:.3f})")
-    return report
+    return check_before_compile(subject, reporter)
 
 
 def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool,
