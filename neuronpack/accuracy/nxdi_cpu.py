@@ -194,9 +194,11 @@ def prefix_logits(app, tokens: Sequence[int], prompt_len: int):
 
 def dequantized_reference(reference, quantized_dir: str):
     """A copy of the float32 transformers ``reference`` holding the quantized checkpoint's weights dequantized
-    (stored int8 / fp8 values x their float32 scale): what a correct quantized load must reproduce exactly."""
+    (stored int8 / fp8 values x their float32 scale): what a correct quantized load must reproduce exactly. A head
+    the quantizer untied (``--include-lm-head`` on a tied model) is untied in the copy too."""
     import copy
 
+    import torch
     from safetensors import safe_open
 
     model = copy.deepcopy(reference)
@@ -204,6 +206,10 @@ def dequantized_reference(reference, quantized_dir: str):
     for shard in sorted(Path(quantized_dir).glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
             weights.update({name: f.get_tensor(name) for name in f.keys()})
+    head = model.get_output_embeddings()
+    if "lm_head.weight" in weights and head.weight is model.get_input_embeddings().weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        model.config.tie_word_embeddings = False
     state = {name: (value.float() * weights[name[: -len("weight")] + "scale"]
                     if name.endswith(".weight") and name[: -len("weight")] + "scale" in weights else value.float())
              for name, value in weights.items() if not name.endswith(".scale")}

@@ -40,7 +40,7 @@ def quantize_command(
         typer.Option("--skip", help="glob over module names to leave unquantized, e.g. 'layers.0.*' (repeatable)"),
     ] = None,
     include_lm_head: Annotated[
-        bool, typer.Option("--include-lm-head", help="quantize lm_head too (untied models only)")
+        bool, typer.Option("--include-lm-head", help="quantize lm_head too (a tied head is untied into its own)")
     ] = False,
     output_format: FormatOpt = OutputFormat.text,
     progress: ProgressOpt = ProgressMode.auto,

@@ -5,6 +5,10 @@ never loads a weight.
 
 Rules: every 2-D ``*.weight`` under ``model.layers.`` is a Linear weight and is quantized (q/k/v/o_proj,
 gate/up/down_proj); ``lm_head.weight`` only with ``include_lm_head``; embeddings and norms always keep their dtype.
+A tied lm_head (no ``lm_head.weight``: the head is ``model.embed_tokens.weight``) with ``include_lm_head`` is untied:
+the output gains a quantized ``lm_head.weight`` made from the embedding matrix (``untie_from``), the embedding stays
+float for the token lookup, and config.json says ``tie_word_embeddings: false`` (NxDI then loads the head as its
+own quantized layer; a decode step reads the head's int8 bytes instead of the float embedding).
 A ``--skip`` glob is matched against a Linear's module prefix and every ancestor of it, with and without the
 leading ``model.`` (so ``layers.0.self_attn``, ``model.layers.0.*`` and ``*.mlp.down_proj`` all work).
 
@@ -26,6 +30,7 @@ from neuronpack.errors import QuantizationError
 
 LAYERS_PREFIX = "model.layers."
 LM_HEAD = "lm_head.weight"
+EMBED = "model.embed_tokens.weight"
 FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
 QUANTIZED_DTYPES = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2"}
 # Names quantized checkpoints of common toolchains carry next to their weights.
@@ -46,7 +51,8 @@ class QuantPlan:
     kept_linear: tuple[str, ...]  # module prefixes of Linear weights left unquantized (skipped, lm_head)
     modules_to_not_convert: tuple[str, ...]  # NxDI-style partial module names, e.g. ("lm_head", "layers.0.mlp")
     unmatched_skips: tuple[str, ...]  # --skip globs that matched no Linear (the caller warns)
-    lm_head_tied: bool  # lm_head is the embedding matrix (tie_word_embeddings): it cannot be quantized separately
+    lm_head_tied: bool  # lm_head is the embedding matrix (tie_word_embeddings)
+    untie_from: str | None = None  # a tied head to quantize: the embedding it is made from (written as lm_head.weight)
 
 
 def module_prefix(weight_name: str) -> str:
@@ -137,15 +143,19 @@ def plan_quantization(
                 where=where, fix="drop --include-lm-head, or fix the checkpoint's lm_head.weight",
             )
         candidates.append(LM_HEAD)
+    untie = include_lm_head and lm_head_tied and _float_matrix(infos.get(EMBED))
+    if untie:
+        candidates.append(LM_HEAD)  # made from EMBED (it is not in infos)
     skipped = {name for name in candidates if any(skip_matches(glob, module_prefix(name)) for glob in skip)}
     unmatched = tuple(g for g in skip if not any(skip_matches(g, module_prefix(n)) for n in candidates))
     quantize = tuple(name for name in infos if name in set(candidates) - skipped)
-    if not quantize:
+    untie_from = EMBED if untie and LM_HEAD not in skipped else None
+    if not quantize and untie_from is None:
         raise QuantizationError(
             "every Linear weight is excluded by --skip: nothing left to quantize", where=where,
             fix="narrow the --skip globs",
         )
-    lm_head_kept = not include_lm_head or lm_head_tied or LM_HEAD in skipped
+    lm_head_kept = not include_lm_head or (lm_head_tied and untie_from is None) or LM_HEAD in skipped
     kept = [module_prefix(n) for n in linear if n in skipped]
     if lm_head_kept:
         kept.append("lm_head")
@@ -155,7 +165,12 @@ def plan_quantization(
         modules_to_not_convert=tuple(modules_to_not_convert(kept, [module_prefix(n) for n in linear])),
         unmatched_skips=unmatched,
         lm_head_tied=lm_head_tied,
+        untie_from=untie_from,
     )
+
+
+def _float_matrix(info: _Info | None) -> bool:
+    return info is not None and len(info.shape) == 2 and 0 not in info.shape and info.dtype in FLOAT_DTYPES
 
 
 def modules_to_not_convert(kept: Iterable[str], all_linear: Iterable[str]) -> list[str]:

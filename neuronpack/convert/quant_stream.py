@@ -2,7 +2,8 @@
 quantize and write each matrix in row chunks, so peak memory is a few chunks whatever the model size.
 
 Output order follows the input's storage order; each quantized ``<prefix>.weight`` is followed by its
-``<prefix>.scale``. Unquantized tensors keep their dtype and are copied (large ones in row chunks too).
+``<prefix>.scale``. Unquantized tensors keep their dtype and are copied (large ones in row chunks too). A tied head
+being untied (``plan.untie_from``) comes last: ``lm_head.weight`` quantized from the embedding's rows, and its scale.
 
 Example::
 
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.checkpoint import Checkpoint, copy_aux_files
 from neuronpack.convert.quant_options import QuantizeOptions
-from neuronpack.convert.quant_plan import QuantPlan, module_prefix
+from neuronpack.convert.quant_plan import LM_HEAD, QuantPlan, module_prefix
 from neuronpack.convert.quant_report import build_report, tensor_entry, write_report
 from neuronpack.errors import QuantizationError
 from neuronpack.progress import Reporter
@@ -44,15 +45,17 @@ def write_quantized(
 
     for glob in plan.unmatched_skips:
         reporter.warn(f"--skip {glob!r} matches no Linear module; nothing was skipped for it")
-    if options.include_lm_head and plan.lm_head_tied:
-        reporter.warn("lm_head is tied to the input embeddings; it stays unquantized")
+    if options.include_lm_head and plan.lm_head_tied and plan.untie_from is None:
+        reporter.warn("lm_head is tied to the input embeddings and none was found to untie it from; it stays "
+                      "unquantized")
     rows: list[dict[str, Any]] = []
     model_stats = ErrorAccumulator()
     names = ckpt.names()
     with reporter.task(f"quantize {options.dtype} {options.granularity}", total=len(names)) as task:
-        chunks = _chunks(ckpt, names, set(plan.quantize), options, rows, model_stats, task)
+        chunks = _chunks(ckpt, names, set(plan.quantize), options, rows, model_stats, task, plan.untie_from)
         metadata = {"quantization": f"{METHOD} {options.dtype} {options.granularity}"}
-        shards = write_safetensors_sharded(staging, _specs(ckpt, names, set(plan.quantize), options), chunks,
+        specs = _specs(ckpt, names, set(plan.quantize), options, plan.untie_from)
+        shards = write_safetensors_sharded(staging, specs, chunks,
                                            max_shard_bytes=max_shard_bytes, metadata=metadata)
     _write_config(ckpt, plan, options, staging)
     copy_aux_files(ckpt.root, staging)
@@ -78,15 +81,15 @@ def _write_config(ckpt: Checkpoint, plan: QuantPlan, options: QuantizeOptions, s
         "scale_dtype": "float32",
         "qmax": 127 if options.dtype == "int8" else 240,
     }
+    if plan.untie_from is not None:
+        config["tie_word_embeddings"] = False  # the checkpoint now has its own (quantized) lm_head
     (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _specs(ckpt: Checkpoint, names: Sequence[str], quantize: set[str], options: QuantizeOptions) -> list:
-    """Output layout in input storage order; each quantized weight is followed by its scale."""
-    import torch
-
+def _specs(ckpt: Checkpoint, names: Sequence[str], quantize: set[str], options: QuantizeOptions,
+           untie_from: str | None) -> list:
+    """Output layout in input storage order; each quantized weight is followed by its scale; an untied head last."""
     from neuronpack.checkpoint import TensorSpec
-    from neuronpack.convert.quant_math import TORCH_DTYPE
 
     specs = []
     for name in names:
@@ -94,42 +97,61 @@ def _specs(ckpt: Checkpoint, names: Sequence[str], quantize: set[str], options: 
         if name not in quantize:
             specs.append(TensorSpec(name, _torch_dtype(info.dtype), info.shape))
             continue
-        specs.append(TensorSpec(name, TORCH_DTYPE[options.dtype], info.shape))
-        scale_shape = (info.shape[0], 1) if options.granularity == "per-channel" else (1,)
-        specs.append(TensorSpec(module_prefix(name) + ".scale", torch.float32, scale_shape))
+        specs += _quantized_specs(name, info.shape, options)
+    if untie_from is not None:
+        specs += _quantized_specs(LM_HEAD, ckpt.info(untie_from).shape, options)
     return specs
 
 
-def _chunks(ckpt, names, quantize, options, rows, model_stats, task) -> Iterator[tuple[str, torch.Tensor]]:
+def _quantized_specs(name: str, shape: tuple[int, ...], options: QuantizeOptions) -> list:
+    import torch
+
+    from neuronpack.checkpoint import TensorSpec
+    from neuronpack.convert.quant_math import TORCH_DTYPE
+
+    scale_shape = (shape[0], 1) if options.granularity == "per-channel" else (1,)
+    return [TensorSpec(name, TORCH_DTYPE[options.dtype], shape),
+            TensorSpec(module_prefix(name) + ".scale", torch.float32, scale_shape)]
+
+
+def _chunks(ckpt, names, quantize, options, rows, model_stats, task,
+            untie_from: str | None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, row chunk) in spec order; fills ``rows`` and ``model_stats`` as a side effect."""
     for name in names:
         if name in quantize:
-            stats = yield from _quantized_chunks(ckpt, name, options)
-            info = ckpt.info(name)
-            rows.append(tensor_entry(name, info.shape, info.dtype, stats))
-            model_stats.merge(stats)
+            yield from _quantized_entry(ckpt, name, name, options, rows, model_stats)
         else:
             yield from _passthrough_chunks(ckpt, name)
         task.advance()
+    if untie_from is not None:
+        yield from _quantized_entry(ckpt, untie_from, LM_HEAD, options, rows, model_stats)
 
 
-def _quantized_chunks(ckpt: Checkpoint, name: str, options: QuantizeOptions):
-    """Quantize one [out, in] matrix in row chunks: yield int8/fp8 rows, then the scale; return its error stats."""
+def _quantized_entry(ckpt, source, name, options, rows, model_stats) -> Iterator[tuple[str, torch.Tensor]]:
+    stats = yield from _quantized_chunks(ckpt, source, options, name)
+    info = ckpt.info(source)
+    rows.append(tensor_entry(name, info.shape, info.dtype, stats))
+    model_stats.merge(stats)
+
+
+def _quantized_chunks(ckpt: Checkpoint, source: str, options: QuantizeOptions, name: str):
+    """Quantize one [out, in] matrix ``source`` in row chunks: yield int8/fp8 rows as ``name``, then the scale;
+    return its error stats."""
     import torch
 
     from neuronpack.convert.quant_math import ErrorAccumulator, chunk_amax, quantize_rows, scale_from_amax
 
-    out_features, in_features = ckpt.info(name).shape
+    out_features, in_features = ckpt.info(source).shape
     step = max(1, CHUNK_ELEMENTS // max(1, in_features))
     spans = [(s, min(s + step, out_features)) for s in range(0, out_features, step)]
     tensor_scale = None
     if options.granularity == "per-tensor":
-        amax = max((chunk_amax(ckpt.get_rows(name, a, b)) for a, b in spans), default=0.0)
+        amax = max((chunk_amax(ckpt.get_rows(source, a, b)) for a, b in spans), default=0.0)
         tensor_scale = scale_from_amax(torch.tensor([amax]), options.dtype)  # [1]
     stats = ErrorAccumulator()
     row_scales = []  # per-channel: one [R, 1] per chunk
     for start, stop in spans:
-        w = ckpt.get_rows(name, start, stop)  # [R, in] in the checkpoint dtype
+        w = ckpt.get_rows(source, start, stop)  # [R, in] in the checkpoint dtype
         q, scale = quantize_rows(w, options.dtype, tensor_scale, stats=stats)
         row_scales.append(scale)
         yield name, q

@@ -117,6 +117,8 @@ def quantization_key(ckpt: Checkpoint, options: QuantizeOptions) -> tuple[str, d
     files = [*ckpt.files, ckpt.root / "config.json", *(ckpt.root / n for n in AUX_FILES)]
     digests = {p.name: file_sha256(p) for p in files if p.is_file()}
     key_options = {**options.as_dict(), "skip": sorted(options.skip)}
+    if options.include_lm_head:
+        key_options["tied_head"] = "untied"  # a tied head is now untied and quantized (it was kept float): new key
     inputs = {
         "schema": KEY_SCHEMA,
         "method": METHOD,

@@ -132,3 +132,31 @@ def test_int8_artifact_generates_like_eager_and_transformers(tiny_checkpoint, tm
     else:  # bfloat16 activations round: close, and the same top choice for the first token
         assert torch.nn.functional.cosine_similarity(logits, hf_logits, dim=0) > 0.999
         assert generated[0] == hf_tokens[0]
+
+
+def test_a_tied_head_quantized_with_include_lm_head_runs_as_an_int8_head(tmp_path_factory, tmp_path):
+    """``include_lm_head`` on a tied model (SmolLM2's layout): the artifact's head is an int8 linear of its own,
+    the embedding stays float, and greedy output equals eager and transformers on the dequantized weights (the head
+    dequantized too, untied from the float embedding)."""
+    from tests.tiny_models import make_tiny_checkpoint
+
+    tied = make_tiny_checkpoint(tmp_path_factory.mktemp("tied") / "llama", arch="llama", tie=True)
+    overrides = ['quantization.dtype="int8"', "quantization.include_lm_head=true", 'model.dtype="float32"',
+                 *SMALL_BUCKETS]
+    result = compile_model(str(tied), recipe=RECIPE, overrides=overrides, out_root=tmp_path)
+    quantized = Path(result.manifest.model.path)
+    model = load_model(result.path / "weights", torch.float32)
+    assert isinstance(model.lm_head, Int8Linear) and model.model.embed_tokens.weight.dtype == torch.float32
+
+    logits, generated = compiled_greedy(result.path)
+    assert generated == eager_greedy(quantized, torch.float32, result.compile_config["batch_size"])[0]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tied, attn_implementation="eager",
+                                                            tie_word_embeddings=False).eval()
+    ckpt = open_checkpoint(quantized)
+    with torch.no_grad():
+        ref.get_input_embeddings().weight.copy_(ckpt.get("model.embed_tokens.weight"))
+        for prefix in quantized_linears(ckpt):
+            ref.get_submodule(prefix).weight.copy_(ckpt.get(f"{prefix}.weight").float() * ckpt.get(f"{prefix}.scale"))
+    hf_logits, hf_tokens = hf_greedy(ref)
+    torch.testing.assert_close(logits, hf_logits, atol=2e-3, rtol=2e-3)
+    assert generated == hf_tokens

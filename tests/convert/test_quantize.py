@@ -133,10 +133,29 @@ def test_include_lm_head(make_checkpoint, tmp_path):
     assert got["lm_head.weight"].dtype == torch.int8
     assert got["lm_head.scale"].shape == (got["lm_head.weight"].shape[0], 1)
     assert got["model.embed_tokens.weight"].dtype == torch.float32
+
+
+
+def test_include_lm_head_unties_a_tied_head(make_checkpoint, tmp_path):
+    """A tied head is quantized from the embedding matrix into its own lm_head; the embedding stays float for the
+    token lookup, the config says untied, and NxDI's modules_to_not_convert no longer lists lm_head."""
     tied, reporter = make_checkpoint("smollm"), NullReporter()
-    quantize_checkpoint(tied, tmp_path / "t", QuantizeOptions("int8", include_lm_head=True), reporter=reporter)
-    assert "lm_head.scale" not in load_dir(tmp_path / "t")
-    assert any("tied" in w for w in reporter.warnings)
+    result = quantize_checkpoint(tied, tmp_path / "t", QuantizeOptions("int8", include_lm_head=True),
+                                 reporter=reporter)
+    got, source = load_dir(tmp_path / "t"), load_dir(tied)
+    assert "lm_head.weight" not in source and reporter.warnings == []
+    embed = source["model.embed_tokens.weight"]
+    assert torch.equal(got["model.embed_tokens.weight"], embed)
+    assert got["lm_head.weight"].dtype == torch.int8 and got["lm_head.weight"].shape == embed.shape
+    dequantized = got["lm_head.weight"].float() * got["lm_head.scale"]
+    assert (dequantized - embed.float()).abs().max() <= got["lm_head.scale"].max() / 2 + 1e-7
+    config = json.loads((tmp_path / "t" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    assert "lm_head" not in config["quantization"]["modules_to_not_convert"]
+    assert any(t["name"] == "lm_head.weight" for t in json.loads(
+        (tmp_path / "t" / "quantization_report.json").read_text())["tensors"])
+    plain = quantize_checkpoint(tied, tmp_path / "p", QuantizeOptions("int8"))
+    assert plain.key != result.key and "lm_head.weight" not in load_dir(tmp_path / "p")
 
 
 def test_same_inputs_are_a_cache_hit_and_different_ones_are_refused(bf16_llama, tmp_path):

@@ -45,12 +45,16 @@ def test_default_plan_quantizes_every_decoder_linear_only():
     assert plan.unmatched_skips == () and not plan.lm_head_tied
 
 
-def test_include_lm_head_quantizes_untied_head_but_not_a_tied_one():
+def test_include_lm_head_quantizes_an_untied_head_and_unties_a_tied_one():
     assert "lm_head.weight" in plan_quantization(llama_infos(), {}, include_lm_head=True).quantize
     assert plan_quantization(llama_infos(), {}, include_lm_head=True).modules_to_not_convert == ()
+    assert plan_quantization(llama_infos(), {}, include_lm_head=True).untie_from is None
     tied = plan_quantization(llama_infos(tied=True), {}, include_lm_head=True)
     assert tied.lm_head_tied and "lm_head.weight" not in tied.quantize
-    assert tied.modules_to_not_convert == ("lm_head",)
+    assert tied.untie_from == "model.embed_tokens.weight" and tied.modules_to_not_convert == ()
+    kept = plan_quantization(llama_infos(tied=True), {}, include_lm_head=True, skip=("lm_head",))
+    assert kept.untie_from is None and kept.modules_to_not_convert == ("lm_head",)
+    assert plan_quantization(llama_infos(tied=True), {}).untie_from is None
 
 
 @pytest.mark.parametrize(

@@ -159,6 +159,12 @@ def nxdi(tmp_path_factory):
                                      granularity)
         add(name, {**int8_recipe, "quantized_checkpoints_path": str(out), "quantization_type": qtype,
                    "quantization_dtype": qdtype}, "float32", reference=_reference_logits(llama, quantized=out))
+    from tiny_models import make_tiny_checkpoint
+
+    tied = make_tiny_checkpoint(work / "tied", tie=True)  # SmolLM2's layout: --include-lm-head unties the head
+    head = _quantize(tied, work / "int8-tied-head", "--dtype", "int8", "--include-lm-head")
+    add("int8 tied head untied", {**int8_recipe, "quantized_checkpoints_path": str(head), "modules_to_not_convert": []},
+        "float32", model=head, reference=_reference_logits(tied, quantized=head))
     bad = _plant_bad_scale(made["int8 per-channel"], work / "bad-scale")
     add("negative: scale [out]", {**int8_recipe, "quantized_checkpoints_path": str(bad)}, "float32")
     add("negative: float lm_head not skipped", {**int8_recipe, "modules_to_not_convert": [],
@@ -277,7 +283,7 @@ def test_bfloat16_greedy_equals_transformers(nxdi):
     assert result["logits"].argmax(-1).tolist() == reference.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("case", ["int8 per-channel", "int8 per-tensor", "fp8 per-channel"])
+@pytest.mark.parametrize("case", ["int8 per-channel", "int8 per-tensor", "fp8 per-channel", "int8 tied head untied"])
 def test_quantized_checkpoint_equals_dequantized_transformers(nxdi, case):
     result, reference = _ran(nxdi, case)
     # NxD's quantization convert() ran: quantized layers, not float ones loading int values as floats
