@@ -73,7 +73,8 @@ def check_tool_call_parser(name: str, target: str, *, vllm_version: str | None =
         raise ServeError(f"vLLM {' / '.join(versions)} ({target}) registers no tool call parser {name!r}",
                          where="--tool-call-parser", fix=f"use one of: {', '.join(choices)}")
     if len(known) < len(versions):
-        return f"tool call parser {name!r} is registered by vLLM {' / '.join(known)} only, not by the others of {target}"
+        return (f"tool call parser {name!r} is registered by vLLM {' / '.join(known)} only, not by the others of "
+                f"{target}")
     return None
 
 
