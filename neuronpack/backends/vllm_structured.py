@@ -85,16 +85,16 @@ def structured_plan(spec: LaunchSpec, target: str, *, requested: bool) -> Struct
     if spec.framework == "tnx":  # vLLM compiles TNx itself: host sampling is the variable's choice, not the artifact's
         if requested or not spec.on_device_sampling:
             return StructuredPlan({HOST_SAMPLING_ENV: "1"})
-        return StructuredPlan(notes=(f"{NOT_ENFORCED}: vLLM compiles transformers-neuronx with on-device generation; "
-                                     "serve with --structured-outputs to have it sample on the host",))
+        return StructuredPlan(notes=(f"{NOT_ENFORCED} because vLLM compiles transformers-neuronx with on-device "
+                                     "generation; serve with --structured-outputs to have it sample on the host",))
     if spec.on_device_sampling:
-        why = ("the artifact samples on device (neuron_config.on_device_sampling_config): "
-               + ("vLLM V0's Neuron runner runs guided-decoding logits processors only on host-sampled logits" if v0
+        why = ("the artifact samples on device (neuron_config.on_device_sampling_config) and "
+               + ("vLLM V0's Neuron runner runs guided-decoding logits processors only on host logits" if v0
                   else "vllm-neuron's runner then ignores the grammar bitmask (it logs a warning)"))
         if requested:
             raise ServeError(f"{why}, so --structured-outputs cannot be honoured", where=str(spec.artifact_dir),
                              fix=REBUILD_FIX)
-        return StructuredPlan(notes=(f"{NOT_ENFORCED}: {why}",))
+        return StructuredPlan(notes=(f"{NOT_ENFORCED} because {why}",))
     # host sampling compiled in: V0 needs the variable to compute logits (and apply the processors) on the host
     return StructuredPlan({HOST_SAMPLING_ENV: "1"} if v0 else {})
 
