@@ -13,6 +13,10 @@ upstream source from DIR with device-only imports stubbed (tools/upstream_stubs.
   DIR/upstreaming-to-vllm (tag 2.24.0)
 - vLLM 0.13.0 / 0.16.0's parser + EngineArgs, then vllm-neuron 0.4.1 / 0.5.0's override validation and the runner's
   max_prompt_length check: DIR/vllm-0.13.0 + DIR/vllm-neuron-0.4.1, DIR/vllm-0.16.0 + DIR/vllm-neuron-0.5.0
+- on every vLLM column, ``serve --tool-call-parser`` against that vLLM's own ToolParserManager registry (what
+  validate_api_server_args checks at start), and ``serve --structured-outputs`` on a host-sampling artifact: the
+  real NeuronConfig keeps on_device_sampling_config None (the runners' host-logits path) and V0 gets
+  NEURON_ON_DEVICE_SAMPLING_DISABLED=1
 
 - "nxdi-0.9 CPU run": ``neuronpack eval`` of each nxd artifact in .venv-nxdi, where NxD Inference's own modeling code
   runs it on this CPU at tp 1 (closed packages: the strict shim of tests/upstream) against transformers: ok (top-1),
@@ -120,10 +124,14 @@ def _make_cases(work: Path, src: Path) -> list[dict]:
     cases.append(_case(work, "llama-3.2-1b-inf2 + lora", lora, llama, []))
     cases.append(_case(work, "llama-3.2-1b-inf2 x 2 nodes", base, llama,
                        ["--set", "target.nodes=2", "--set", "target.tp_degree=4"]))
+    # structured outputs need host sampling (vllm_structured.py); tool calling: the parser name vLLM must register
+    cases.append(_case(work, "llama-3.2-1b-inf2 host sampling + tools", base, llama,
+                       ["--set", "sampling.on_device=false"],
+                       serve_args=["--structured-outputs", "--tool-call-parser", "hermes"]))
     return cases
 
 
-def _case(work: Path, name: str, recipe: Path, model: Path, sets: list[str]) -> dict:
+def _case(work: Path, name: str, recipe: Path, model: Path, sets: list[str], serve_args: list[str] = ()) -> dict:
     root = work / "root" / name.replace(" ", "_")
     dry = json.loads(_np(["compile", str(model), "--recipe", str(recipe), "--dry-run", "--format", "json",
                           "--out-root", str(root), *sets]))
@@ -135,7 +143,8 @@ def _case(work: Path, name: str, recipe: Path, model: Path, sets: list[str]) -> 
     for target in TARGETS:
         try:
             serve[target] = json.loads(_np(["serve", built, "--print-command", "--format", "json",
-                                            "--vllm-target", target], pythonpath=[STANDIN / sdk, STANDIN / "compiler"]))
+                                            "--vllm-target", target, *serve_args],
+                                           pythonpath=[STANDIN / sdk, STANDIN / "compiler"]))
         except subprocess.CalledProcessError as exc:
             serve[target] = {"refused": (exc.stderr or "").strip().splitlines()[-1][:200]}
     return {"name": name, "framework": framework, "dry": dry, "artifact": built, "serve": serve, "model": str(model)}
@@ -161,7 +170,8 @@ def _np(args: list[str], pythonpath: list[Path] = ()) -> str:
     env = {**os.environ, "NEURONPACK_CACHE_DIR": os.environ.get("NEURONPACK_CACHE_DIR", "")}
     env.pop("NEURONPACK_CACHE_DIR") if not env["NEURONPACK_CACHE_DIR"] else None
     if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
+        # this checkout's neuronpack after the stand-ins (not whichever one the environment has installed)
+        env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in pythonpath), str(ROOT)])
     out = subprocess.run([*NP, *args], capture_output=True, text=True, env=env, check=True)
     return out.stdout
 

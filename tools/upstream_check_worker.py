@@ -106,6 +106,10 @@ def check_vllm(case: dict) -> str:
         if block != case["max_model_len"]:
             raise ValueError(f"block size {block} != max_model_len {case['max_model_len']} (contiguous KV)")
         details.append("block_size=max_model_len")
+    if getattr(args, "enable_auto_tool_choice", False):
+        details.append(_check_tool_parser(args))
+    if case.get("model_class") and (neuron_config or {}).get("on_device_sampling_config", {}) is None:  # nxd
+        details.append(_check_host_sampling(case))
     if case["target"] == "vllm-neuron":
         details += _check_plugin(engine_args, case)
     elif neuron_config is not None and engine_args.override_neuron_config:
@@ -116,6 +120,34 @@ def check_vllm(case: dict) -> str:
         _real_neuron_config(case["model_class"], loaded)
         details.append("override on loaded config")
     return "ok" + (f" ({', '.join(details)})" if details else "")
+
+
+def _check_tool_parser(args) -> str:
+    """What validate_api_server_args (entrypoints/openai/api_server.py) checks when the server starts: the name is in
+    that vLLM's ToolParserManager registry (0.13+: vllm/tool_parsers; before: vllm/entrypoints/openai/tool_parsers)."""
+    try:
+        from vllm.tool_parsers import ToolParserManager
+    except ImportError:
+        from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+    names = (ToolParserManager.list_registered() if hasattr(ToolParserManager, "list_registered")
+             else list(ToolParserManager.tool_parsers))
+    if args.tool_call_parser not in names:
+        raise KeyError(f"invalid tool call parser: {args.tool_call_parser} (chose from {','.join(names)})")
+    return f"tool parser {args.tool_call_parser}"
+
+
+def _check_host_sampling(case: dict) -> str:
+    """Structured outputs need host logits: vllm-neuron's sample_tokens applies the grammar bitmask only when the
+    loaded NeuronConfig has no on_device_sampling_config; V0's runner computes logits (running the guided-decoding
+    processors) only with NEURON_ON_DEVICE_SAMPLING_DISABLED=1."""
+    from neuronx_distributed_inference.models.config import NeuronConfig
+
+    loaded = {k: v for k, v in case["neuron_config"].items() if k not in ("lora_config",)}
+    if NeuronConfig(**loaded).on_device_sampling_config is not None:
+        raise ValueError("NxDI's NeuronConfig turned on-device sampling back on: no host logits for grammars")
+    if case["target"] != "vllm-neuron" and case["env"].get("NEURON_ON_DEVICE_SAMPLING_DISABLED") != "1":
+        raise ValueError("V0 without NEURON_ON_DEVICE_SAMPLING_DISABLED=1: its runner never computes logits")
+    return "host sampling"
 
 
 def _check_plugin(engine_args, case: dict) -> list[str]:

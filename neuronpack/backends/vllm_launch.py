@@ -78,6 +78,7 @@ class LaunchSpec:
     nodes: int = 1
     env: dict[str, str] = field(default_factory=dict)  # framework-specific variables (TNx buckets)
     tnx_quantized: bool = False
+    on_device_sampling: bool = True  # the artifact samples on device (no host logits for grammars: vllm_structured)
     versions: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
@@ -120,7 +121,7 @@ def launch_spec(artifact_dir: Path, manifest: Manifest | dict[str, Any]) -> Laun
         override=neuron_override(neuron_config, speculation=bool(speculation)),
         speculation_length=speculation, draft=_draft(artifact_dir, serve) if speculation else None,
         eagle=bool(neuron_config.get("enable_eagle_speculation")), lora=_lora(artifact_dir, serve, manifest),
-        notes=notes)
+        on_device_sampling=neuron_config.get("on_device_sampling_config") is not None, notes=notes)
 
 
 def base_env(spec: LaunchSpec) -> dict[str, str]:
@@ -221,7 +222,8 @@ def _tnx_spec(manifest: dict, config: dict, common: dict) -> LaunchSpec:
     contexts = fp.get("context_length_estimate") or [common["max_model_len"]]
     return LaunchSpec(**common, model=str((manifest.get("model") or {}).get("path")),
                       max_context_length=int(max(contexts)), dtype=_AMP_TO_DTYPE.get(fp.get("amp"), "auto"),
-                      override=dict(recipe_overrides), env=env, tnx_quantized=bool(quant), notes=notes)
+                      override=dict(recipe_overrides), env=env, tnx_quantized=bool(quant),
+                      on_device_sampling="on_device_generation" in (config.get("neuron_config") or {}), notes=notes)
 
 
 def _draft(artifact_dir: Path, serve: dict) -> str:

@@ -27,6 +27,7 @@ from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends import support_matrix
 from neuronpack.backends.neuron_common import version_tuple
 from neuronpack.backends.vllm_launch import LaunchSpec, VllmCommand, launch_spec
+from neuronpack.backends.vllm_structured import check_tool_call_parser, structured_plan
 from neuronpack.errors import ServeError
 
 TARGETS = ("vllm-v0", "vllm-v0-fork", "vllm-neuron")
@@ -102,10 +103,13 @@ def _v0_from(installed: dict[str, str | None], why: str) -> TargetChoice:
 
 def vllm_command(artifact_dir: Path, manifest: Manifest | dict[str, Any], *, target: str = "vllm-v0",
                  host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                 python: str = sys.executable, tool_call_parser: str | None = None) -> VllmCommand:
+                 python: str = sys.executable, tool_call_parser: str | None = None,
+                 structured_outputs: bool = False, vllm_version: str | None = None) -> VllmCommand:
     """The launch of a compiled nxd or tnx artifact for one serving target (vllm_v0 / vllm_plugin build it).
     ``tool_call_parser``: vLLM's ``--enable-auto-tool-choice --tool-call-parser NAME`` (what ``tool_choice: "auto"``
-    needs there; vLLM checks the name against its own parsers at start).
+    needs there), checked against the names the target's vLLM registers (``vllm_version``: the installed one).
+    ``structured_outputs``: refuse (ServeError) where the target cannot enforce grammars on this artifact; without
+    it that is a note (vllm_structured.py says why).
 
     Example::
 
@@ -122,16 +126,23 @@ def vllm_command(artifact_dir: Path, manifest: Manifest | dict[str, Any], *, tar
     else:
         raise ServeError(f"unknown vLLM target {target!r}", where="--vllm-target",
                          fix=f"use one of {', '.join(TARGETS)}")
-    argv, notes = cmd.argv, list(cmd.notes)
+    argv, env, notes = cmd.argv, dict(cmd.env), list(cmd.notes)
+    if cmd.launched_elsewhere and (tool_call_parser or structured_outputs):
+        flag = "--tool-call-parser" if tool_call_parser else "--structured-outputs"
+        raise ServeError("the multi-node launcher starts vllm.entrypoints.api_server, which has no tool calling and "
+                         "no response_format", where=flag, fix=f"serve without {flag}")
     if tool_call_parser:
-        if cmd.launched_elsewhere:
-            raise ServeError("the multi-node launcher starts vllm.entrypoints.api_server, which has no tool calling",
-                             where="--tool-call-parser", fix="serve without --tool-call-parser")
+        note = check_tool_call_parser(tool_call_parser, target, vllm_version=vllm_version)
+        notes += [note] if note else []
         argv = [*argv, "--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    if not cmd.launched_elsewhere:
+        plan = structured_plan(spec, target, requested=structured_outputs)
+        env.update(plan.env)
+        notes += plan.notes
     problem = build_pairing_problem(spec, target)
     if problem is not None:
         notes.append(problem)
-    return VllmCommand(argv, cmd.env, cmd.cwd, notes, cmd.target, cmd.launched_elsewhere)
+    return VllmCommand(argv, env, cmd.cwd, notes, cmd.target, cmd.launched_elsewhere)
 
 
 def build_pairing_problem(spec: LaunchSpec, target: str) -> str | None:

@@ -62,8 +62,15 @@ def serve_command(
     tool_call_parser: Annotated[
         str | None, typer.Option("--tool-call-parser",
                                  help="tool_choice auto: nxd/tnx artifacts pass vLLM --enable-auto-tool-choice "
-                                      "--tool-call-parser NAME; torch artifacts parse hermes (the only name they take)")
+                                      "--tool-call-parser NAME (checked against that vLLM's parsers); torch "
+                                      "artifacts parse hermes (the only name they take)")
     ] = None,
+    structured_outputs: Annotated[
+        bool, typer.Option("--structured-outputs",
+                           help="nxd/tnx artifacts: refuse to start where vLLM's Neuron worker cannot enforce "
+                                "response_format / guided_* on this artifact (on-device sampling) instead of noting "
+                                "it; torch artifacts always enforce them")
+    ] = False,
     root: RootOpt = None,
     endpoint_url: EndpointOpt = None,
     max_body_bytes: Annotated[
@@ -96,7 +103,8 @@ def serve_command(
         manifest = manifest.with_serve(served_model_name=served_model_name)
     if manifest.framework != "torch":
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
-                     output_format=output_format, requested_target=vllm_target, tool_call_parser=tool_call_parser)
+                     output_format=output_format, requested_target=vllm_target, tool_call_parser=tool_call_parser,
+                     structured_outputs=structured_outputs)
         return
     if tool_call_parser not in (None, "hermes"):
         raise ServeError(f"the built-in server parses hermes tool calls only, not {tool_call_parser!r}",
@@ -229,7 +237,7 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
 
 def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  print_only: bool, output_format: OutputFormat, requested_target: str,
-                 tool_call_parser: str | None) -> None:
+                 tool_call_parser: str | None, structured_outputs: bool) -> None:
     from neuronpack.backends.support_matrix import installed_versions
     from neuronpack.backends.vllm_launch import format_command, launch_spec, run_vllm
     from neuronpack.backends.vllm_targets import check_serving_stack, choose_target, vllm_command
@@ -237,7 +245,8 @@ def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     installed = installed_versions()
     choice = choose_target(requested_target, manifest.framework, installed)
     cmd = vllm_command(path, manifest, target=choice.name, host=host, port=port, api_key=api_key,
-                       tool_call_parser=tool_call_parser)
+                       tool_call_parser=tool_call_parser, structured_outputs=structured_outputs,
+                       vllm_version=installed.get("vllm"))
     notes = [f"target {choice.name}: {choice.reason}", *cmd.notes]
     if print_only:
         print_result(output_format, {"target": choice.name, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd,

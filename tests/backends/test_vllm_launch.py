@@ -223,3 +223,73 @@ def test_tool_call_parser_is_refused_by_the_multi_node_launcher(tmp_path):
     with pytest.raises(ServeError, match="no tool calling"):
         vllm_command(tmp_path, _manifest(nodes=2, tensor_parallel_size=64), target="vllm-v0-fork",
                      tool_call_parser="hermes")
+
+
+@pytest.mark.parametrize(("target", "version", "name"), [("vllm-v0-fork", None, "pythonic"),
+                                                         ("vllm-v0", "0.9.2", "llama4_json"),
+                                                         ("vllm-neuron", "0.16.0", "qwen3_coder")])
+def test_tool_call_parser_names_are_the_targets_vllm_registry(tmp_path, target, version, name):
+    """A name the target's vLLM registers passes (and the stand-in, with upstream's registry written out apart,
+    accepts it); one it lacks is refused in one line naming the choices, before vLLM would KeyError at start."""
+    cmd = vllm_command(tmp_path, _manifest(), target=target, tool_call_parser=name, vllm_version=version)
+    assert _args(cmd, target).tool_call_parser == name
+    with pytest.raises(ServeError, match="registers no tool call parser 'hermes2'") as err:
+        vllm_command(tmp_path, _manifest(), target=target, tool_call_parser="hermes2", vllm_version=version)
+    assert "use one of: " in err.value.fix and "hermes" in err.value.fix and "\n" not in err.value.one_line()
+    with pytest.raises(ParseError, match="invalid tool call parser"):
+        parse(target, ["--model", "m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes2"])
+
+
+def test_tool_call_parser_of_a_newer_vllm_is_noted_or_refused_by_the_installed_one(tmp_path):
+    # qwen3_coder: vLLM 0.13 / 0.16 (vllm-neuron), not 0.9.2 or the fork's 0.7.2; step3p5: 0.16 only
+    with pytest.raises(ServeError, match=r"vLLM 0\.7\.2 \(vllm-v0-fork\)"):
+        vllm_command(tmp_path, _manifest(), target="vllm-v0-fork", tool_call_parser="qwen3_coder")
+    cmd = vllm_command(tmp_path, _manifest(), target="vllm-neuron", tool_call_parser="step3p5")  # printing: a note
+    assert any("registered by vLLM 0.16.0 only" in n for n in cmd.notes)
+    with pytest.raises(ServeError, match=r"vLLM 0\.13\.0 \(vllm-neuron\)"):
+        vllm_command(tmp_path, _manifest(), target="vllm-neuron", tool_call_parser="step3p5", vllm_version="0.13.0")
+
+
+def _sampling(on_device: bool):
+    manifest = _manifest()
+    if on_device:
+        manifest["compile_config"]["neuron_config"]["on_device_sampling_config"] = {"dynamic": True, "top_k": 1}
+    return manifest
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_structured_outputs_on_an_on_device_sampling_artifact_are_refused_or_noted(tmp_path, target):
+    """vllm-neuron ignores the grammar bitmask when the artifact samples on device; V0's Neuron runner runs the
+    guided-decoding logits processors only on host logits: --structured-outputs refuses, without it a note."""
+    with pytest.raises(ServeError, match="cannot be honoured") as err:
+        vllm_command(tmp_path, _sampling(True), target=target, structured_outputs=True)
+    assert "sampling.on_device=false" in err.value.fix
+    cmd = vllm_command(tmp_path, _sampling(True), target=target)
+    assert sum("NOT enforced" in n for n in cmd.notes) == 1
+    assert "NEURON_ON_DEVICE_SAMPLING_DISABLED" not in cmd.env
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_structured_outputs_on_a_host_sampling_artifact(tmp_path, target):
+    """Host sampling compiled in: the plugin's CPU sampling path applies the bitmask as it is; V0 needs
+    NEURON_ON_DEVICE_SAMPLING_DISABLED=1 to compute logits (and run the processors) on the host."""
+    cmd = vllm_command(tmp_path, _sampling(False), target=target, structured_outputs=True)
+    v0 = target != "vllm-neuron"
+    assert cmd.env.get("NEURON_ON_DEVICE_SAMPLING_DISABLED") == ("1" if v0 else None)
+    assert not any("NOT enforced" in n for n in cmd.notes)
+    assert vllm_command(tmp_path, _sampling(False), target=target).env == cmd.env  # the flag only refuses
+    _args(cmd, target)  # no backend flag: each vLLM's default structured-outputs backend
+
+
+def test_structured_outputs_on_tnx_ask_vllm_for_host_sampling(tmp_path):
+    manifest = _manifest("tnx")
+    manifest["compile_config"] = {"from_pretrained": {"amp": "bf16"}, "neuron_config": {"on_device_generation": {}}}
+    assert any("NOT enforced" in n for n in vllm_command(tmp_path, manifest, target="vllm-v0").notes)
+    cmd = vllm_command(tmp_path, manifest, target="vllm-v0", structured_outputs=True)
+    assert cmd.env["NEURON_ON_DEVICE_SAMPLING_DISABLED"] == "1"
+
+
+def test_structured_outputs_are_refused_by_the_multi_node_launcher(tmp_path):
+    with pytest.raises(ServeError, match="no response_format"):
+        vllm_command(tmp_path, _manifest(nodes=2, tensor_parallel_size=64), target="vllm-v0-fork",
+                     structured_outputs=True)

@@ -115,6 +115,20 @@ def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
     assert argv[argv.index("--served-model-name") + 1] == "mine"
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--tool-call-parser", "hermes"])
     assert result.exit_code == 0 and "--enable-auto-tool-choice --tool-call-parser hermes" in result.stdout
+    result = runner.invoke(app, ["serve", str(path), "--print-command", "--tool-call-parser", "hermes3"])
+    assert result.exit_code == 1 and "registers no tool call parser 'hermes3'" in result.stderr
+    assert "use one of: " in result.stderr and "Traceback" not in result.output
+    # the tiny artifact samples on device (the recipe default): vllm-neuron would ignore the grammar bitmask
+    result = runner.invoke(app, ["serve", str(path), "--print-command"])
+    assert result.stderr.count("structured outputs are NOT enforced") == 1
+    result = runner.invoke(app, ["serve", str(path), "--print-command", "--structured-outputs"])
+    assert result.exit_code == 1 and "cannot be honoured" in result.stderr and "Traceback" not in result.output
+    host = compile_model(str(tiny_llama), overrides=[*TINY_NXD, "sampling.on_device=false"],
+                         out_root=tmp_path / "root").path
+    result = runner.invoke(app, ["serve", str(host), "--print-command", "--structured-outputs", "--vllm-target",
+                                 "vllm-v0", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["env"]["NEURON_ON_DEVICE_SAMPLING_DISABLED"] == "1"
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--vllm-target", "vllm-v3"])
     assert result.exit_code == 1 and "unknown vLLM target" in result.stderr
     result = runner.invoke(app, ["serve", str(path)])  # no vLLM in this environment: a clear error, no exec

@@ -14,6 +14,19 @@ import json
 BLOCK_SIZES = {"vllm-v0": [1, 8, 16, 32, 64, 128], "vllm-v0-fork": [8, 16, 32, 64, 128],
                "vllm-neuron": [1, 8, 16, 32, 64, 128, 256]}
 LORA_RANKS = [8, 16, 32, 64, 128, 256, 320, 512]
+# ToolParserManager's registry of each target's vLLM (fork 2.24.0 = 0.7.2 base and 0.9.2: the register_module
+# decorators in vllm/entrypoints/openai/tool_parsers/*.py; vllm-neuron 0.5.0 = vLLM 0.16.0: _TOOL_PARSERS_TO_REGISTER
+# in vllm/tool_parsers/__init__.py). Written out here, not imported from neuronpack, so the two are checked apart.
+TOOL_PARSERS = {
+    "vllm-v0-fork": {"granite", "granite-20b-fc", "hermes", "internlm", "jamba", "llama3_json", "mistral", "pythonic"},
+    "vllm-v0": {"deepseek_v3", "granite", "granite-20b-fc", "hermes", "internlm", "jamba", "llama3_json",
+                "llama4_json", "llama4_pythonic", "minimax", "mistral", "phi4_mini_json", "pythonic", "xlam"},
+    "vllm-neuron": {"deepseek_v3", "deepseek_v31", "deepseek_v32", "ernie45", "functiongemma", "gigachat3", "glm45",
+                    "glm47", "granite", "granite-20b-fc", "hermes", "hunyuan_a13b", "internlm", "jamba", "kimi_k2",
+                    "llama3_json", "llama4_json", "llama4_pythonic", "longcat", "minimax", "minimax_m2", "mistral",
+                    "olmo3", "openai", "phi4_mini_json", "pythonic", "qwen3_coder", "qwen3_xml", "seed_oss", "step3",
+                    "step3p5", "xlam"},
+}
 
 
 class ParseError(ValueError):
@@ -48,11 +61,14 @@ def parse(target: str, argv: list[str]) -> argparse.Namespace:
         p.add_argument("--num-speculative-tokens", type=int)
     else:
         p.add_argument("--speculative-config", type=json.loads)
-    # tool calling (every target's OpenAI server, vLLM >= 0.6): the parser name is checked against vLLM's registry
-    # at start; validate_parsed_serve_args refuses auto tool choice without a parser
+    # tool calling (every target's OpenAI server, vLLM >= 0.6): --tool-call-parser takes any string (a metavar, no
+    # choices); validate_parsed_serve_args (entrypoints/openai/cli_args.py) refuses auto tool choice without a
+    # parser, and validate_api_server_args (entrypoints/openai/api_server.py) a name the registry lacks, at start
     p.add_argument("--enable-auto-tool-choice", action="store_true")
     p.add_argument("--tool-call-parser")
     args = p.parse_args(argv)
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ParseError("--enable-auto-tool-choice requires --tool-call-parser")
+    if args.enable_auto_tool_choice and args.tool_call_parser not in TOOL_PARSERS[target]:
+        raise ParseError(f"invalid tool call parser: {args.tool_call_parser}")
     return args
