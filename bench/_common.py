@@ -170,9 +170,11 @@ def save_bar_plot(name: str, labels: list[str], values: list[float], *, ylabel: 
     return path
 
 
-def build_artifact(model_dir: Path, dtype: str, out: Path, *, batch: int, seq_len: int, max_context: int) -> Path:
+def build_artifact(model_dir: Path, dtype: str, out: Path, *, batch: int, seq_len: int, max_context: int,
+                   include_lm_head: bool = False) -> Path:
     """Build (or reuse) a ``batch``-row artifact (one context bucket of ``max_context``, one generation bucket of
-    ``seq_len``) of ``dtype`` ("int8": int8 weights, float32 compute) in ``out``."""
+    ``seq_len``) of ``dtype`` ("int8": int8 weights, float32 compute; the head too with ``include_lm_head``, a tied
+    one untied) in ``out``."""
     from neuronpack.backends.base import BuildRequest
     from neuronpack.backends.torch_aot import TorchAotBackend
     from neuronpack.buckets import plan_buckets
@@ -184,10 +186,11 @@ def build_artifact(model_dir: Path, dtype: str, out: Path, *, batch: int, seq_le
     if dtype == "int8":
         from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
 
-        quantized = out.parent / "SmolLM2-135M-Instruct-int8"
+        quantized = out.parent / ("SmolLM2-135M-Instruct-int8" + ("-head" if include_lm_head else ""))
         if not (quantized / "config.json").is_file():
-            quantize_checkpoint(model_dir, quantized, QuantizeOptions("int8"))
-        model_dir, dtype, quantization = quantized, "float32", {"quantization": {"dtype": "int8"}}
+            quantize_checkpoint(model_dir, quantized, QuantizeOptions("int8", include_lm_head=include_lm_head))
+        model_dir, dtype = quantized, "float32"
+        quantization = {"quantization": {"dtype": "int8", "include_lm_head": include_lm_head}}
     recipe = Recipe.model_validate({"model": {"dtype": dtype}, "buckets": {"context": [max_context],
                                     "token_generation": [seq_len]},
                                     "target": {"batch_size": batch, "seq_len": seq_len,

@@ -120,10 +120,12 @@ def make_ggufs(model_dir: Path, llama_src: Path, python: str, out: Path) -> dict
 
 
 def build_batch1_artifact(model_dir: Path, dtype: str, out: Path) -> Path:
-    """Build (or reuse) a batch-1 artifact of ``dtype`` ("int8": int8 weights, float32 compute) in ``out``."""
+    """Build (or reuse) a batch-1 artifact of ``dtype`` in ``out`` ("int8": int8 weights, float32 compute, the
+    tied head quantized too, ``include_lm_head``: Q8_0 quantizes its output matrix as well, so bytes stay equal)."""
     from _common import build_artifact
 
-    return build_artifact(model_dir, dtype, out, batch=1, seq_len=SEQ_LEN, max_context=MAX_CONTEXT)
+    return build_artifact(model_dir, dtype, out, batch=1, seq_len=SEQ_LEN, max_context=MAX_CONTEXT,
+                          include_lm_head=dtype == "int8")
 
 
 # ---- torch sides ----
@@ -297,7 +299,8 @@ def main() -> None:
     else:
         sys.exit("give --gguf TYPE=FILE for each precision, or --llama-src DIR to convert the checkpoint")
     artifacts = dict(a.split("=", 1) for a in args.artifact) or {
-        p: build_batch1_artifact(model_dir, p, args.workdir / f"artifact-{p}-b1") for p in precisions}
+        p: build_batch1_artifact(model_dir, p, args.workdir / f"artifact-{p}{'-head' if p == 'int8' else ''}-b1")
+        for p in precisions}
     artifacts = {p: artifacts[p] for p in precisions}
     import transformers
 
