@@ -116,7 +116,7 @@ def one_step(proposer, state: dict, hidden_in: int, gen) -> tuple[float, float, 
     proposer.verified(ids, [KEPT - 1] * len(ids), hidden)
     for rid in ids:
         state[rid] += torch.randint(0, 1000, (KEPT,), generator=gen).tolist()
-    drafts = proposer.propose([DraftRequest(rid, state[rid], K) for rid in ids])
+    drafts = proposer.propose([DraftRequest(rid, state[rid], K, row) for row, rid in enumerate(ids)])
     return time.process_time() - c0, time.perf_counter() - w0, [d.token_ids for d in drafts]
 
 
@@ -127,14 +127,15 @@ def start(proposer, n: int, hidden_in: int, seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
     state = {f"r{i}": torch.randint(0, 1000, (PROMPT_LEN + 1,), generator=gen).tolist() for i in range(n)}
     proposer.prefilled(list(state), [torch.randn(PROMPT_LEN, hidden_in, generator=gen) for _ in state])
-    proposer.propose([DraftRequest(rid, ids, K) for rid, ids in state.items()])
+    proposer.propose([DraftRequest(rid, ids, K, row) for row, (rid, ids) in enumerate(state.items())])
     return state
 
 
 def measure(drafts: dict, graphs, batch: int, repeat: int, hidden_in: int) -> dict:
     from neuronpack.runtime.speculation.eagle import EagleProposer
 
-    sides = {"eager": EagleProposer(drafts["eager"]), "compiled": EagleProposer(drafts["compiled"], graphs)}
+    sides = {"eager": EagleProposer(drafts["eager"], rows=batch),
+             "compiled": EagleProposer(drafts["compiled"], graphs, rows=batch)}
     states = {name: start(p, batch, hidden_in, seed=1) for name, p in sides.items()}
     gens = {name: torch.Generator().manual_seed(2) for name in sides}
     times = {name: {"cpu": [], "wall": []} for name in sides}

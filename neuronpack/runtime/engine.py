@@ -1,19 +1,22 @@
-"""The engine: continuous batching over a compiled model's batch slots.
+"""The engine: continuous batching over a compiled model's KV rows.
 
-One loop (a background thread when serving, the caller's thread for ``generate``) repeats a step:
-take submitted / aborted requests from a thread-safe inbox, prefill waiting prompts into free slots (all of them in
-one model call), then run one decode step over the running sequences only (the compiled graph runs at the batch of
-running sequences, so one request alone costs a batch-1 step) and sample one token per sequence. While streams are
-decoding, at most ``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt never
-stalls them for more than one prefill.
+One loop (a background thread when serving, the caller's thread for ``generate``) repeats a step: take submitted /
+aborted requests from a thread-safe inbox, then twice schedule / execute / update (vLLM v1's split): the scheduler
+(scheduler.py) plans the prefills of waiting prompts into free rows (``StepPlan``, plan.py), the runner (runner.py)
+runs them on the model (all of them in one call), the engine samples their first tokens; then the scheduler plans
+one decode step over the running sequences only (the compiled graph runs at the batch of running sequences, so one
+request alone costs a batch-1 step), the runner runs it and the engine samples one token per sequence. While streams
+are decoding, at most ``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt
+never stalls them for more than one prefill. Which sequence holds which KV row is the scheduler's ``RowAllocator``
+(kv_rows.py) alone; the plans carry the row copies the model's cache (and an EAGLE draft's) apply.
 
 Limits are checked when a request is submitted (``requests.check_request``: HTTP 400 before anything streams;
 ``max_tokens`` is clamped to what fits, like vLLM). ``max_tokens`` 0 scores the prompt only (prompt logprobs).
 Parallel sampling: ``submit_forks`` queues several requests for one prompt (n > 1); the prompt is prefilled once and
-its KV copied into the other members' slots (``CompiledModel.copy_slot``), then each samples with its own generator.
+its KV copied into the other members' rows (the plan's ``fork_copies``), then each samples with its own generator.
 Prompt logprobs (echo): ``CompiledModel.prompt_logits`` prefills the prompt and returns logits at every position.
 ``EngineLimits`` bounds the load (``admission.py``: at most ``batch_size + max_waiting`` in flight, else HTTP 503);
-a request older than ``request_timeout`` ends with finish_reason "timeout", its slot freed before the next model
+a request older than ``request_timeout`` ends with finish_reason "timeout", its row freed before the next model
 call. ``drain()`` refuses new requests and ``abort_all()`` ends every one in flight (graceful shutdown).
 
 Constrained decoding (a request's ``grammar`` from ``engine.grammars.compile(spec)``): a row's logits are masked to
@@ -45,6 +48,7 @@ from neuronpack.errors import InvalidRequestError
 from neuronpack.runtime.admission import Admission
 from neuronpack.runtime.logprobs import TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.metrics import EngineMetrics
+from neuronpack.runtime.plan import StepPlan
 from neuronpack.runtime.requests import (
     CompiledModel,
     EngineLimits,
@@ -56,6 +60,7 @@ from neuronpack.runtime.requests import (
     new_request_state,
     run_to_completion,
 )
+from neuronpack.runtime.runner import ModelRunner
 from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, sample
 from neuronpack.runtime.scheduler import SlotScheduler
 from neuronpack.runtime.speculation.acceptance import Accepted
@@ -65,8 +70,6 @@ from neuronpack.runtime.stopping import FinishReason
 from neuronpack.runtime.structured import GrammarCompiler, Masks, mask_logits
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
 class Engine:
@@ -100,7 +103,9 @@ class Engine:
         self.eos_token_ids = frozenset({*model.eos_token_ids, tokenizer.eos_token_id} - {None})
         self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
         self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
-        self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size)
+        self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size,
+                                                                    speculation.length if speculation else 0)
+        self.runner = ModelRunner(model, self.speculator)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -189,20 +194,25 @@ class Engine:
             self._finish_without_token(seq, FinishReason.ABORT)
 
     def step(self) -> bool:
-        """One iteration: inbox, prefills, one decode step. Returns False when there was nothing to do."""
+        """One iteration: inbox, a prefill plan, a decode plan (each scheduled, run, applied). Returns False when
+        there was nothing to do."""
         self._drain_inbox()
         self._expire()
         sched = self.scheduler
         if sched.idle:
             self._update_load()
             return False
-        # No stream running: fill every free slot at once; otherwise interleave a bounded number of prefills.
-        limit = sched.free_slots if not sched.running else self.max_prefills_per_step
-        admitted = sched.admit(limit)
-        if admitted:
-            self._prefill(admitted)
-        if sched.running:
-            self._decode()
+        # No stream running: fill every free row at once; otherwise interleave a bounded number of prefills.
+        limit = sched.free_rows if not sched.running else self.max_prefills_per_step
+        plan = sched.schedule_prefills(limit)
+        self.runner.move_rows(plan.moves)
+        if plan.prefills:
+            self._prefill(plan)
+        # Planned after the prefills' first tokens: a sequence may end there and free its row.
+        plan = sched.schedule_decode()
+        self.runner.move_rows(plan.moves)
+        if plan.decodes:
+            self._decode(plan)
         self._update_load()
         return True
 
@@ -243,79 +253,42 @@ class Engine:
                 self._finish_without_token(seq, FinishReason.TIMEOUT,
                                            error=f"the request took longer than the server's {timeout:g} s limit")
 
-    def _prefill(self, seqs: list[RequestState]) -> None:
-        # Prompts that need no prompt logprobs go through one model call together (right padded to the longest: the
-        # weights are read once for all of them); a prompt asking for prompt logprobs takes its own call.
-        batched = self._prefill_together([s for s in seqs if s.prompt_logprobs is None])
-        for seq in seqs:
-            if seq.slot is None:  # failed in the shared call: already finished
-                continue
-            members = [seq, *seq.forks]
-            seq.forks = []  # admitted: from now on the members are independent sequences
+    # ---- applying a plan's outputs -----------------------------------------------------------------------------
+    def _prefill(self, plan: StepPlan) -> None:
+        """Run the plan's prefills, then sample each group's first token per member (or score its prompt)."""
+        members = {g.request_id: [self.scheduler.at(row) for row in g.rows] for g in plan.prefills}
+        outputs = self.runner.prefill(plan.prefills)
+        for group in plan.prefills:
+            seqs, out = members[group.request_id], outputs[group.request_id]
             started = time.monotonic()
             try:
-                prompt_lp = None
-                if seq.prompt_logprobs is not None:
-                    adapter = {"adapter": seq.adapter} if self.adapter_names else {}
-                    # [T, vocab], KV written
-                    all_logits = self.model.prompt_logits(seq.prompt_ids, seq.slot, **adapter)
-                    prompt_lp = prompt_logprobs(all_logits, seq.prompt_ids, seq.prompt_logprobs)
-                    logits = all_logits[-1:]
-                else:
-                    logits = batched[id(seq)]  # [1, vocab]
-                scoring_only = seq.output.rules.max_tokens == 0
-                if not scoring_only:
-                    for fork in members[1:]:
-                        self.model.copy_slot(seq.slot, fork.slot, len(seq.prompt_ids))
-                    rows = mask_logits(logits.expand(len(members), -1), [m.constraint for m in members])
-                    tokens, entries = sample(rows, [m.sampler for m in members])
+                if out.error is not None:
+                    raise out.error
+                leader = seqs[0]
+                prompt_lp = (prompt_logprobs(out.all_logits, leader.prompt_ids, leader.prompt_logprobs)
+                             if out.all_logits is not None else None)
+                if not group.scoring_only:
+                    rows = mask_logits(out.logits.expand(len(seqs), -1), [m.constraint for m in seqs])
+                    tokens, entries = sample(rows, [m.sampler for m in seqs])
             except Exception as exc:
-                self._fail(members, "prefill failed: ", exc)
+                self._fail(seqs, "prefill failed: ", exc)
                 continue
-            self.metrics.prefill_seconds.observe(time.monotonic() - started)
-            self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
-            for i, member in enumerate(members):
-                if scoring_only:
+            self.metrics.prefill_seconds.observe(out.seconds + time.monotonic() - started)
+            self.metrics.prompt_tokens.inc(len(group.prompt_ids))
+            for i, member in enumerate(seqs):
+                if group.scoring_only:
                     self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
                 else:
                     self._emit(member, [int(tokens[i])], None if entries[i] is None else [entries[i]], prompt_lp)
 
-    def _prefill_call(self, seqs: list[RequestState]) -> Tensor:
-        """The prefill call; a proposer that drafts from the target's hidden states (EAGLE) gets the prompts'."""
-        slots, prompts = [s.slot for s in seqs], [s.prompt_ids for s in seqs]
-        proposer = self.speculator.proposer if self.speculator is not None else None
-        if proposer is None or not proposer.needs_hidden_states:
-            return self.model.prefill(slots, prompts, **self._adapter_kw(seqs))
-        logits, hidden = self.model.prefill(slots, prompts, return_hidden=True,  # speculation excludes LoRA
-                                            hidden_layers=proposer.hidden_layers)
-        proposer.prefilled([s.request_id for s in seqs], [hidden[i, : len(p)] for i, p in enumerate(prompts)])
-        return logits
-
-    def _prefill_together(self, seqs: list[RequestState]) -> dict[int, Tensor]:
-        """One ``prefill`` call for ``seqs``; returns each one's [1, vocab] logits by id. On failure every one of
-        them (and its forks) finishes with an error and gets no entry."""
-        if not seqs:
-            return {}
-        try:
-            logits = self._prefill_call(seqs)  # [n, vocab]
-        except Exception as exc:
-            for seq in seqs:
-                members, seq.forks = [seq, *seq.forks], []
-                self._fail(members, "prefill failed: ", exc)
-            return {}
-        return {id(seq): logits[i : i + 1] for i, seq in enumerate(seqs)}
-
-    def _adapter_kw(self, seqs: Sequence[RequestState]) -> dict[str, Any]:
-        """The LoRA argument of a model call: every row's adapter (nothing for models without adapters)."""
-        return {"adapters": [s.adapter for s in seqs]} if self.adapter_names else {}
-
-    def _decode(self) -> None:
+    def _decode(self, plan: StepPlan) -> None:
         """One decode step over the running sequences: one token each, or with speculation a draft-then-verify step
         that may emit several."""
-        running = self.scheduler.running
+        running = [self.scheduler.at(d.row) for d in plan.decodes]
         started = time.monotonic()
         try:
-            outcomes = self._speculate(running) if self.speculator is not None else self._decode_one(running)
+            outcomes = (self._speculate(plan, running) if self.speculator is not None
+                        else self._decode_one(plan, running))
         except Exception as exc:
             self._fail(running, "decode failed: ", exc)
             return
@@ -324,28 +297,19 @@ class Engine:
         for seq, outcome in zip(running, outcomes, strict=True):
             self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None)
 
-    def _decode_one(self, running: list[RequestState]) -> list[Accepted]:
-        import torch
-
-        slots, tokens, positions = self.scheduler.decode_inputs()
-        # [n_running, vocab]: the graph runs at the batch of running sequences, not the compiled batch
+    def _decode_one(self, plan: StepPlan, running: list[RequestState]) -> list[Accepted]:
         masks = Masks.start([s.constraint for s in running])  # grammar masks computed while the model runs
-        logits = self.model.decode(torch.tensor(tokens), torch.tensor(positions), slots, **self._adapter_kw(running))
+        logits = self.runner.decode(plan.decodes)  # [n_running, vocab]
         next_tokens, entries = sample(masks.apply(logits), [s.sampler for s in running])
         return [Accepted([token], 0, 0, None if entry is None else [entry])
                 for token, entry in zip(next_tokens.tolist(), entries, strict=True)]
 
-    def _speculate(self, running: list[RequestState]) -> list[Accepted]:
-        rows = [SpecRow(s.request_id, s.slot, s.next_position, [*s.prompt_ids, *s.output.token_ids],
-                        self._room(s), s.sampler, s.constraint) for s in running]
-        outcomes, stats = self.speculator.run(rows)
+    def _speculate(self, plan: StepPlan, running: list[RequestState]) -> list[Accepted]:
+        rows = [SpecRow(d.request_id, d.row, d.position, [*s.prompt_ids, *s.output.token_ids], d.num_draft,
+                        s.sampler, s.constraint) for d, s in zip(plan.decodes, running, strict=True)]
+        outcomes, stats = self.runner.speculate(rows)
         self.metrics.observe_speculation(stats)
         return outcomes
-
-    def _room(self, seq: RequestState) -> int:
-        """Tokens the sequence may still emit (max_tokens and the model length)."""
-        out = seq.output
-        return min(out.rules.max_tokens - len(out.token_ids), self.max_model_len - out.total_len)
 
     def _emit(self, seq: RequestState, tokens: list[int], logprobs: list[TokenLogprobs] | None = None,
               prompt_lp: list[TokenLogprobs | None] | None = None, drafted: Accepted | None = None) -> None:

@@ -40,7 +40,9 @@ class EngineLimits:
 
 
 class CompiledModel(Protocol):
-    """What the engine drives (``neuronpack.backends.torch_aot.CompiledLM``)."""
+    """What the runner drives (``neuronpack.backends.torch_aot.CompiledLM``). A slot is a KV-cache row: which
+    sequence holds which is the engine's ``RowAllocator`` (kv_rows.py); a decode or verify step runs on rows
+    0..n-1 (any order), which the allocator keeps packed with the copies it hands to ``copy_rows``."""
 
     batch_size: int
     context_buckets: tuple[int, ...]
@@ -55,30 +57,30 @@ class CompiledModel(Protocol):
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
                 adapters: Sequence[int] | None = None, return_hidden: bool = False,
                 hidden_layers: Sequence[int] | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        """Write each prompt's KV into its slot. Returns float32 logits [len(slots), vocab] of each prompt's last
+        """Write each prompt's KV into its row. Returns float32 logits [len(slots), vocab] of each prompt's last
         token; with ``return_hidden`` the tuple (logits, hidden): hidden [len(slots), longest prompt, hidden size]
         (the final-normed states, or with ``hidden_layers`` the inputs of those layers concatenated)."""
         ...
 
     def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None,
                adapters: Sequence[int] | None = None) -> Tensor:
-        """One step per slot; returns float32 logits [len(slots), vocab] in slot order."""
+        """One step per row; returns float32 logits [len(slots), vocab] in the order of ``slots``."""
         ...
 
     def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
                return_hidden: bool = False, adapters: Sequence[int] | None = None,
                hidden_layers: Sequence[int] | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        """T tokens per slot in one step (speculative verification), row i at positions ``starts[i]..+T-1``.
+        """T tokens per row in one step (speculative verification), row i at positions ``starts[i]..+T-1``.
         Returns float32 logits [n, T, vocab]; with ``return_hidden`` the tuple (logits, hidden): hidden [n, T, hidden
         size] (or ``hidden_layers``' inputs concatenated, as ``prefill``)."""
         ...
 
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst``."""
+    def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """Apply ``(src, dst, length)`` copies in order: cache positions 0..length-1 of row src into row dst."""
         ...
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> Tensor:
-        """Like ``prefill`` of one prompt into ``slot``, but float32 logits [len, vocab] of every position."""
+        """Like ``prefill`` of one prompt into row ``slot``, but float32 logits [len, vocab] of every position."""
         ...
 
 
@@ -132,8 +134,8 @@ class StepOutput:
 
 @dataclass(eq=False)
 class RequestState:
-    """One request inside the engine (what the scheduler queues and seats). ``sink`` receives every StepOutput
-    (called on the engine thread)."""
+    """One request inside the engine (what the scheduler queues and gives a KV row: the scheduler's
+    ``RowAllocator`` knows which). ``sink`` receives every StepOutput (called on the engine thread)."""
 
     request_id: str
     prompt_ids: list[int]
@@ -141,7 +143,6 @@ class RequestState:
     output: SequenceOutput
     sink: Callable[[StepOutput], None]
     arrival: float = field(default_factory=time.monotonic)
-    slot: int | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
     prompt_logprobs: int | None = None  # top-N for prompt logprobs (echo), None when not asked for
@@ -173,6 +174,17 @@ class RequestState:
     def next_position(self) -> int:
         # The last sampled token is not in the cache yet: it goes at position total_len - 1.
         return self.output.total_len - 1
+
+    @property
+    def room(self) -> int:
+        """Tokens the sequence may still emit (max_tokens and the model length)."""
+        out = self.output
+        return min(out.rules.max_tokens - len(out.token_ids), out.rules.max_model_len - out.total_len)
+
+    @property
+    def scoring_only(self) -> bool:
+        """max_tokens 0: the prompt is scored (prompt logprobs), nothing is generated."""
+        return self.output.rules.max_tokens == 0
 
 
 def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_len: int, vocab_size: int,

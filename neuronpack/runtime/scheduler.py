@@ -1,33 +1,41 @@
-"""Continuous-batching state: a FIFO of waiting sequences and the artifact's fixed batch slots.
+"""Continuous-batching scheduling: a FIFO of waiting sequences, the compiled batch's KV rows (``RowAllocator``,
+kv_rows.py) and the plans of each step (``StepPlan``, plan.py), torch-free and without a model, so the policy is
+testable on its own.
 
-Pure bookkeeping (no model calls, no threads), so the policy is testable on its own: a sequence takes a free slot
-(the lowest one) when it is prefilled, keeps it while it decodes, and gives it back the moment it finishes or is
-aborted. Decode runs the running sequences only (the model packs their slots into the first cache rows).
+A sequence takes the lowest free row when it is admitted (to be prefilled), keeps it while it decodes, and gives it
+back the moment it finishes or is aborted; before each phase the allocator packs the running rows into rows
+0..n-1 (a decode step runs at the batch of running sequences) and the plan carries the copies that does.
 
 Parallel sampling (``n`` > 1) shares one prefill: the first sequence of a fork group waits in the queue carrying the
-others (``forks``), and the group is admitted only when every member gets a slot at once, so the prompt's KV can be
-copied from the leader's slot into the others' right after the leader is prefilled.
+others (``forks``), and the group is admitted only when every member gets a row at once, so the prompt's KV can be
+copied from the leader's row into the others' right after the leader is prefilled (the plan's ``fork_copies``).
 
 Example::
 
     sched = SlotScheduler(batch_size=4)
     sched.add(seq)
-    for seq in sched.admit(limit=1):     # takes a slot
-        ...                              # prefill seq.prompt_ids into seq.slot
-    slots, tokens, positions = sched.decode_inputs()
+    plan = sched.schedule_prefills(limit=1)   # seq takes row 0: plan.prefills[0].row == 0
+    ...                                      # the runner prefills it, the engine samples its first token
+    plan = sched.schedule_decode()           # plan.decodes: one DecodeRow per running sequence, rows 0..n-1
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
+
+from neuronpack.runtime.kv_rows import RowAllocator, RowCopy
+from neuronpack.runtime.plan import DecodeRow, PrefillGroup, StepPlan
 
 
 class Schedulable(Protocol):
     """What the scheduler needs of a sequence (the engine's ``RequestState``)."""
 
     request_id: str
-    slot: int | None
+    prompt_ids: Sequence[int]
+    adapter: int
+    prompt_logprobs: int | None
     forks: list  # same-prompt sequences admitted (and prefilled) together with this one; empty once admitted
 
     @property
@@ -36,60 +44,87 @@ class Schedulable(Protocol):
     @property
     def next_position(self) -> int: ...
 
+    @property
+    def room(self) -> int: ...  # tokens it may still emit (max_tokens and the model length)
+
+    @property
+    def scoring_only(self) -> bool: ...  # max_tokens 0: the prompt is scored, nothing generated
+
 
 S = TypeVar("S", bound=Schedulable)
 
 
 class SlotScheduler(Generic[S]):
-    """Waiting queue + slot table for one compiled batch."""
+    """Waiting queue + the rows of one compiled batch. ``spec_length``: speculation's draft length (0: none), the
+    cap of each decode row's ``num_draft``."""
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, spec_length: int = 0) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
+        self.spec_length = spec_length
         self.waiting: deque[S] = deque()
-        self.slots: list[S | None] = [None] * batch_size
+        self.rows: RowAllocator[S] = RowAllocator(batch_size)
 
     @property
     def running(self) -> list[S]:
-        """Sequences holding a slot, in slot order."""
-        return [s for s in self.slots if s is not None]
+        """Sequences holding a row, in row order."""
+        return self.rows.owners()
 
     @property
-    def free_slots(self) -> int:
-        return self.slots.count(None)
+    def free_rows(self) -> int:
+        return self.rows.free
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and self.free_slots == self.batch_size
+        return not self.waiting and self.rows.free == self.batch_size
 
     def add(self, seq: S) -> None:
         self.waiting.append(seq)
+
+    def at(self, row: int) -> S:
+        """The sequence holding ``row``."""
+        return self.rows.at(row)
 
     def all_sequences(self) -> list[S]:
         """Every unfinished sequence: waiting ones (fork group members included), then running ones."""
         return [m for seq in self.waiting for m in (seq, *seq.forks)] + self.running
 
-    def admit(self, limit: int) -> list[S]:
-        """Move up to ``limit`` waiting sequences (FIFO) into free slots and return them (to be prefilled).
-        A fork group counts as one and takes all its slots at once (it waits until that many are free)."""
-        admitted: list[S] = []
-        while self.waiting and len(admitted) < limit and self.free_slots >= 1 + len(self.waiting[0].forks):
+    # ---- plans ---------------------------------------------------------------------------------------------------
+    def schedule_prefills(self, limit: int) -> StepPlan:
+        """Pack the running rows, then admit up to ``limit`` waiting prompts (FIFO; a fork group counts as one and
+        takes all its rows at once, waiting until that many are free) into the lowest free rows."""
+        moves = self._compact()
+        groups = []
+        while self.waiting and len(groups) < limit and self.rows.free >= 1 + len(self.waiting[0].forks):
             seq = self.waiting.popleft()
-            for member in (seq, *seq.forks):
-                member.slot = self.slots.index(None)
-                self.slots[member.slot] = member
-            admitted.append(seq)
-        return admitted
+            row = self.rows.allocate(seq)
+            forks, seq.forks = seq.forks, []  # admitted: from now on the members are independent sequences
+            copies = tuple(RowCopy(row, self.rows.allocate(f), len(seq.prompt_ids)) for f in forks)
+            groups.append(PrefillGroup(seq.request_id, row, seq.prompt_ids, seq.adapter,
+                                       own_call=seq.prompt_logprobs is not None, scoring_only=seq.scoring_only,
+                                       fork_copies=() if seq.scoring_only else copies))
+        return StepPlan(moves=moves, prefills=tuple(groups))
 
+    def schedule_decode(self) -> StepPlan:
+        """Pack the running rows; one decode row per running sequence, in row order (rows 0..n-1)."""
+        moves = self._compact()
+        decodes = tuple(DecodeRow(s.request_id, row, s.last_token, s.next_position, s.adapter,
+                                  max(0, min(self.spec_length, s.room - 1)) if self.spec_length else 0)
+                        for row, s in enumerate(self.rows.owners()))
+        return StepPlan(moves=moves, decodes=decodes)
+
+    def _compact(self) -> tuple[RowCopy, ...]:
+        # A running sequence's row holds positions 0..next_position-1 (its last token is not cached yet).
+        return tuple(self.rows.compact(lambda s: s.next_position))
+
+    # ---- ending sequences ----------------------------------------------------------------------------------------
     def release(self, seq: S) -> None:
-        """Give a finished sequence's slot back."""
-        if seq.slot is not None and self.slots[seq.slot] is seq:
-            self.slots[seq.slot] = None
-        seq.slot = None
+        """Give a finished sequence's row back."""
+        self.rows.release(seq)
 
     def discard(self, seq: S) -> None:
-        """Drop a sequence wherever it is (waiting or holding a slot); nothing happens when it is in neither."""
+        """Drop a sequence wherever it is (waiting or holding a row); nothing happens when it is in neither."""
         self._unqueue(lambda s: s is seq)
         self.release(seq)
 
@@ -117,8 +152,3 @@ class SlotScheduler(Generic[S]):
                     seq.forks.remove(fork)
                     return fork
         return None
-
-    def decode_inputs(self) -> tuple[list[int], list[int], list[int]]:
-        """(slots, tokens, positions) of the running sequences, in slot order: one decode step's inputs."""
-        running = self.running
-        return [s.slot for s in running], [s.last_token for s in running], [s.next_position for s in running]

@@ -1,73 +1,163 @@
-"""Slot bookkeeping of continuous batching (no model involved: the policy on its own)."""
+"""Scheduling without a model and without torch: the plans ``SlotScheduler`` emits (admission, fork groups,
+max_prefills_per_step, aborts / timeouts freeing rows, the speculation lookahead) and the ``RowAllocator`` they
+come from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import pytest
 
-from neuronpack.runtime.requests import RequestState
-from neuronpack.runtime.sampling import RowSampler, SamplingParams
+from neuronpack.runtime.kv_rows import RowAllocator, RowCopy
+from neuronpack.runtime.plan import DecodeRow, PrefillGroup, StepPlan
 from neuronpack.runtime.scheduler import SlotScheduler
-from neuronpack.runtime.stopping import IncrementalDetokenizer, SequenceOutput, StopRules
-from neuronpack.runtime.tokenizer import ArtifactTokenizer
+from tests.fresh_interpreter import run_fresh
 
 
-@pytest.fixture(scope="module")
-def make_seq(tokenizer_dir):
-    tok = ArtifactTokenizer.from_dir(tokenizer_dir)
+@dataclass(eq=False)
+class Seq:
+    """A sequence as the scheduler sees it (what the engine's RequestState answers)."""
 
-    def make(name: str, prompt=(5, 6, 7)) -> RequestState:
-        rules = StopRules(eos_token_ids=frozenset({2}), max_tokens=8, max_model_len=128)
-        output = SequenceOutput(rules, list(prompt), IncrementalDetokenizer(tok, list(prompt)))
-        return RequestState(name, list(prompt), RowSampler(SamplingParams().resolve()), output, sink=lambda out: None)
+    request_id: str
+    prompt_ids: list[int] = field(default_factory=lambda: [5, 6, 7])
+    output: list[int] = field(default_factory=list)
+    max_tokens: int = 8
+    max_model_len: int = 128
+    adapter: int = 0
+    prompt_logprobs: int | None = None
+    forks: list = field(default_factory=list)
 
-    return make
+    @property
+    def last_token(self) -> int:
+        return self.output[-1]
+
+    @property
+    def next_position(self) -> int:
+        return len(self.prompt_ids) + len(self.output) - 1
+
+    @property
+    def room(self) -> int:
+        return min(self.max_tokens - len(self.output), self.max_model_len - len(self.prompt_ids) - len(self.output))
+
+    @property
+    def scoring_only(self) -> bool:
+        return self.max_tokens == 0
 
 
-def test_admit_is_fifo_into_the_lowest_free_slots(make_seq):
+def prefilled(plan: StepPlan, sched: SlotScheduler, token: int = 40) -> None:
+    """What the engine does with a prefill plan's outputs: every member samples its first token."""
+    for group in plan.prefills:
+        for row in group.rows:
+            sched.at(row).output.append(token)
+
+
+def test_the_scheduler_and_its_plans_import_no_torch():
+    _, torch_imported = run_fresh("import neuronpack.runtime.scheduler, neuronpack.runtime.runner")
+    assert not torch_imported
+
+
+def test_admission_is_fifo_into_the_lowest_free_rows():
     sched = SlotScheduler(batch_size=3)
-    seqs = [make_seq(f"r{i}") for i in range(5)]
+    seqs = [Seq(f"r{i}") for i in range(5)]
     for seq in seqs:
         sched.add(seq)
-    assert sched.admit(limit=2) == seqs[:2]
-    assert [s.slot for s in seqs[:2]] == [0, 1]
-    assert sched.admit(limit=5) == [seqs[2]]  # only one slot left
-    assert sched.free_slots == 0 and list(sched.waiting) == seqs[3:]
-    sched.release(seqs[1])
-    assert seqs[1].slot is None and sched.free_slots == 1
-    assert sched.admit(limit=5) == [seqs[3]] and seqs[3].slot == 1  # the freed slot is reused
+    plan = sched.schedule_prefills(limit=2)
+    assert plan == StepPlan(prefills=(PrefillGroup("r0", 0, seqs[0].prompt_ids), PrefillGroup("r1", 1,
+                                                                                                 seqs[1].prompt_ids)))
+    prefilled(plan, sched)
+    assert [g.request_id for g in sched.schedule_prefills(limit=5).prefills] == ["r2"]  # only one row left
+    assert sched.free_rows == 0 and list(sched.waiting) == seqs[3:]
 
 
-def test_remove_waiting_or_running(make_seq):
-    sched = SlotScheduler(batch_size=1)
-    a, b = make_seq("a"), make_seq("b")
-    sched.add(a)
-    sched.add(b)
-    sched.admit(limit=1)
-    assert sched.remove("b") is b and not sched.waiting
-    assert sched.remove("a") is a and sched.free_slots == 1 and sched.idle
-    assert sched.remove("a") is None
-
-
-def test_decode_inputs_list_the_running_sequences_with_their_slots(make_seq):
+def test_a_freed_row_is_packed_before_the_next_phase():
     sched = SlotScheduler(batch_size=4)
-    a, b = make_seq("a", prompt=(1, 2, 3)), make_seq("b", prompt=(4, 5))
-    for seq in (a, b):
+    a, b, c = Seq("a"), Seq("b", prompt_ids=[1, 2]), Seq("c", prompt_ids=[1, 2, 3, 4])
+    for seq in (a, b, c):
         sched.add(seq)
-    sched.admit(limit=2)
-    a.output.append(40)  # a: 3 prompt tokens + 1 sampled -> its last token goes to position 3
-    b.output.append(50)
-    b.output.append(51)  # b: 2 + 2 -> position 3
-    sched.release(a)
-    assert sched.decode_inputs() == ([1], [51], [3])  # running sequences only: b in slot 1
+    prefilled(sched.schedule_prefills(limit=3), sched)
+    c.output.append(41)  # c: 4 prompt + 2 sampled -> positions 0..4 cached
+    sched.release(a)  # a finished: row 0 is a hole below b and c
+    plan = sched.schedule_decode()
+    assert plan.moves == (RowCopy(src=2, dst=0, length=5),)  # c moves down; b stays in row 1
+    assert plan.decodes == (DecodeRow("c", 0, 41, 5), DecodeRow("b", 1, 40, 2))
+    assert sched.running == [c, b] and sched.schedule_decode().moves == ()
 
 
-def test_discard_drops_a_sequence_wherever_it_is(make_seq):
-    sched = SlotScheduler(batch_size=1)
-    running, waiting, done = make_seq("run"), make_seq("wait"), make_seq("done")
+def test_max_prefills_per_step_is_the_engine_limit_on_admission():
+    sched = SlotScheduler(batch_size=4)
+    for i in range(4):
+        sched.add(Seq(f"r{i}"))
+    assert len(sched.schedule_prefills(limit=1).prefills) == 1
+    assert len(sched.schedule_prefills(limit=1).prefills) == 1
+    assert len(sched.waiting) == 2
+
+
+def test_a_fork_group_takes_its_rows_at_once_and_keeps_fifo():
+    sched = SlotScheduler(batch_size=3)
+    first, leader, fork, later, busy = (Seq(n) for n in ("first", "leader", "fork", "later", "busy"))
+    leader.forks = [fork]
+    for seq in (first, busy, leader, later):
+        sched.add(seq)
+    prefilled(sched.schedule_prefills(limit=2), sched)  # first and busy: one row left
+    plan = sched.schedule_prefills(limit=5)  # the group of two must wait, and so does what follows it
+    assert plan.prefills == () and list(sched.waiting) == [leader, later]
+    sched.release(busy)
+    plan = sched.schedule_prefills(limit=1)
+    (group,) = plan.prefills
+    assert (group.request_id, group.rows) == ("leader", (1, 2))
+    assert group.fork_copies == (RowCopy(src=1, dst=2, length=3),)  # the prompt's KV, after the leader's prefill
+    assert leader.forks == [] and sched.all_sequences() == [later, first, leader, fork]
+
+
+def test_a_scoring_only_group_copies_nothing_and_prompt_logprobs_take_their_own_call():
+    sched = SlotScheduler(batch_size=4)
+    leader, fork = Seq("leader", max_tokens=0, prompt_logprobs=2), Seq("fork", max_tokens=0, prompt_logprobs=2)
+    leader.forks = [fork]
+    sched.add(leader)
+    (group,) = sched.schedule_prefills(limit=1).prefills
+    assert group.own_call and group.scoring_only and group.fork_copies == ()
+
+
+def test_aborts_and_timeouts_free_rows_wherever_the_sequence_is():
+    sched = SlotScheduler(batch_size=2)
+    running, waiting, done = Seq("run"), Seq("wait"), Seq("done")
     sched.add(running)
-    sched.admit(limit=1)
+    prefilled(sched.schedule_prefills(limit=1), sched)
     sched.add(waiting)
-    for seq in (running, waiting, done):  # seated, queued, and neither: all fine
+    assert sched.remove("run") is running and sched.free_rows == 2  # abort: the row is free at once
+    for seq in (waiting, done):  # a timeout discards: queued, and neither queued nor seated, both fine
         sched.discard(seq)
-    assert sched.idle and running.slot is None
+    assert sched.idle and sched.remove("run") is None
+    assert sched.schedule_decode() == StepPlan()
+
+
+def test_removing_a_waiting_leader_promotes_its_fork():
+    sched = SlotScheduler(batch_size=4)
+    leader, a, b = Seq("leader"), Seq("a"), Seq("b")
+    leader.forks = [a, b]
+    sched.add(leader)
+    assert sched.remove("a") is a and leader.forks == [b]
+    assert sched.remove("leader") is leader and list(sched.waiting) == [b] and b.forks == []
+
+
+def test_speculation_lookahead_is_capped_by_each_rows_room():
+    sched = SlotScheduler(batch_size=3, spec_length=4)
+    roomy, short, last = Seq("roomy", max_tokens=20), Seq("short", max_tokens=3), Seq("last", max_tokens=1)
+    for seq in (roomy, short, last):
+        sched.add(seq)
+    prefilled(sched.schedule_prefills(limit=3), sched)
+    # room after the first token: 19, 2 and 0 tokens; the target adds one of its own to the drafts it verifies
+    assert [d.num_draft for d in sched.schedule_decode().decodes] == [4, 1, 0]
+    assert [d.num_draft for d in SlotScheduler(1).schedule_decode().decodes] == []
+
+
+def test_decode_rows_follow_the_model_length():
+    sched = SlotScheduler(batch_size=1, spec_length=4)
+    seq = Seq("near-the-end", prompt_ids=list(range(10)), max_tokens=100, max_model_len=13)
+    sched.add(seq)
+    prefilled(sched.schedule_prefills(limit=1), sched)
+    (row,) = sched.schedule_decode().decodes
+    assert (row.position, row.num_draft) == (10, 1)  # 11 of 13 positions used: room for 2 tokens
 
 
 def test_batch_size_must_be_positive():
@@ -75,24 +165,15 @@ def test_batch_size_must_be_positive():
         SlotScheduler(0)
 
 
-def test_a_fork_group_takes_its_slots_at_once_and_keeps_fifo(make_seq):
-    sched = SlotScheduler(batch_size=3)
-    first, leader, fork, later = (make_seq(n) for n in ("first", "leader", "fork", "later"))
-    leader.forks = [fork]
-    for seq in (first, leader, later):
-        sched.add(seq)
-    sched.admit(limit=1)
-    sched.slots[2] = make_seq("busy")  # one slot left: the group of two must wait, and so does what follows it
-    assert sched.admit(limit=5) == [] and list(sched.waiting) == [leader, later]
-    sched.slots[2] = None
-    assert sched.admit(limit=1) == [leader] and (leader.slot, fork.slot) == (1, 2)
-    assert sched.all_sequences() == [later, first, leader, fork]
-
-
-def test_removing_a_waiting_leader_promotes_its_fork(make_seq):
-    sched = SlotScheduler(batch_size=4)
-    leader, a, b = make_seq("leader"), make_seq("a"), make_seq("b")
-    leader.forks = [a, b]
-    sched.add(leader)
-    assert sched.remove("a") is a and leader.forks == [b]
-    assert sched.remove("leader") is leader and list(sched.waiting) == [b] and b.forks == []
+def test_row_allocator_hands_out_lowest_rows_and_packs_them():
+    rows: RowAllocator[str] = RowAllocator(4)
+    assert [rows.allocate(o) for o in "abcd"] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="every one of the 4"):
+        rows.allocate("e")
+    rows.release("a")
+    rows.release("c")
+    assert rows.free == 2 and rows.compact({"b": 3, "d": 0}.__getitem__) == []  # d has nothing cached yet
+    assert rows.owners() == ["d", "b"] and rows.row("d") == 0 and rows.at(1) == "b"
+    assert rows.allocate("e") == 2 and rows.release("zz") is None
+    with pytest.raises(KeyError):
+        rows.at(3)

@@ -1,14 +1,16 @@
-"""The KV cache of a loaded portable artifact and the packing of its rows: one K and one V tensor
-``[layers, batch_size, kv_heads, seq_len + 1, head_dim]``, read by the layer graphs through per-layer views of the
-first n rows and written here with the K/V the graphs return (``store``).
+"""The KV cache of a loaded portable artifact: one K and one V tensor ``[layers, batch_size, kv_heads, seq_len + 1,
+head_dim]``, read by the layer graphs through per-layer views of the first n rows and written here with the K/V the
+graphs return (``store``).
 
-Slots ``0..batch_size-1`` are logical: ``RowMap`` (rows.py) keeps the active ones packed into the first cache rows,
-so a step over n slots runs at batch n (``pack`` swaps the written prefixes of the rows it moves).
+It is addressed by row and keeps no bookkeeping of its own: which sequence holds which row is the runtime's
+``RowAllocator`` (runtime/kv_rows.py), which keeps a step's rows packed into rows 0..n-1 and hands the copies that
+does (compaction, parallel sampling's shared prompt) to ``copy_rows``. A caller that runs rows that are not packed
+(the backend's own tests, a bench) gets ``gathered`` copies of them instead of views: correct, only slower.
 
 Example::
 
     cache = KvCache.for_config(config)                 # zeros, resident only where written
-    cache.pack([3])                                     # [0]: slot 3 now in row 0
+    cache.copy_rows([(3, 0, 12)])                       # row 3's first 12 positions into row 0
     k_rows, v_rows = cache.views(1)                     # per-layer views cache[l, :1]
     cache.store(torch.arange(1), starts, new_k, new_v)  # the step's K/V at their positions
 """
@@ -18,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from neuronpack.backends.torch_aot.rows import RowMap
-
 if TYPE_CHECKING:
     import torch
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class KvCache:
-    """The cache tensors, their row views, and which row holds which slot."""
+    """The cache tensors and their row views."""
 
     def __init__(self, shape: tuple[int, int, int, int, int], dtype) -> None:
         layers, batch = shape[0], shape[1]
@@ -36,7 +36,6 @@ class KvCache:
         # Per-layer views of the first n rows for every n (contiguous), built once.
         self._views = [([self.k[i, :n] for i in range(layers)], [self.v[i, :n] for i in range(layers)])
                        for n in range(batch + 1)]
-        self.rows = RowMap(batch)
 
     @classmethod
     def for_config(cls, config: ArtifactConfig) -> KvCache:
@@ -50,6 +49,11 @@ class KvCache:
         """Per-layer K and V views of rows 0..n_rows-1 (what a step over n rows reads)."""
         return self._views[n_rows]
 
+    def gathered(self, rows: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K and V copies of ``rows``, in that order (a step over rows that are not packed)."""
+        index = list(rows)
+        return [k[index] for k in self.k], [v[index] for v in self.v]
+
     def store(self, rows, starts, new_k, new_v) -> None:
         """Write a step's K/V ([layers, n, kv, T, hd]) into ``rows`` at positions ``starts[i]..``."""
         from neuronpack.models.llama import store_kv
@@ -57,28 +61,14 @@ class KvCache:
         store_kv(self.k, rows, starts, new_k)
         store_kv(self.v, rows, starts, new_v)
 
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` positions of slot ``src``'s row into slot ``dst``'s."""
+    def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """Apply ``(src, dst, length)`` copies in order: positions 0..length-1 of row src into row dst."""
         import torch
 
-        a, b = self.rows.row(src), self.rows.row(dst)
         with torch.inference_mode():
-            for cache in (self.k, self.v):
-                cache[:, b, :, :length] = cache[:, a, :, :length]
-        self.rows.wrote(b, length)
-
-    def pack(self, slots: Sequence[int]) -> list[int]:
-        """Move ``slots`` into rows 0..len(slots)-1 (in some order), swapping the written prefixes; return each
-        slot's row."""
-        import torch
-
-        for a, b, length in self.rows.pack(slots):
-            with torch.inference_mode():
+            for src, dst, length in copies:
                 for cache in (self.k, self.v):
-                    rows = cache[:, [a, b], :, :length]  # a copy of both rows' prefixes
-                    cache[:, a, :, :length] = rows[:, 1]
-                    cache[:, b, :, :length] = rows[:, 0]
-        return self.rows.rows(slots)
+                    cache[:, dst, :, :length] = cache[:, src, :, :length]
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype):

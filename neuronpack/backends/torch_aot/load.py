@@ -71,8 +71,8 @@ def load_artifact(artifact_dir: Path, *, device: str | None = None, reporter: Re
 
 
 class CompiledLM:
-    """The loaded model, its compiled graphs and the KV cache they share (kv_cache.py: slots are logical, the active
-    ones packed into the first cache rows, so a step over n slots runs at batch n).
+    """The loaded model, its compiled graphs and the KV cache they share (kv_cache.py). A slot is a cache row: the
+    runtime's RowAllocator keeps a step's rows packed into rows 0..n-1, so a step over n rows runs at batch n.
 
     A step is ``LlamaForCausalLM.forward_step`` of the loaded model (its embedding, rotary tables and masks run
     eagerly: a few small ops) with the compiled layer and head graphs in place of its modules."""
@@ -179,12 +179,12 @@ class CompiledLM:
                                         self._check.hidden_layers(hidden_layers))
         return (logits, hidden) if return_hidden else logits
 
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` cache positions of slot ``src`` into slot ``dst`` (parallel sampling shares
-        one prefilled prompt)."""
-        self._cache.copy_slot(src, dst, length)
+    def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """Apply ``(src, dst, length)`` copies in order: cache positions 0..length-1 of row src into row dst (the
+        runtime's row moves and parallel sampling's shared prompt, runtime/kv_rows.py)."""
+        self._cache.copy_rows(copies)
 
-    # -- one step over packed rows ----------------------------------------------------------------------------
+    # -- one step over cache rows -------------------------------------------------------------------------------
     def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], adapters=None,
                      hidden_layers=None):
         """One step for every prompt, right padded to the longest (later steps mask the padding by
@@ -196,41 +196,37 @@ class CompiledLM:
         for i, prompt in enumerate(prompts):
             tokens[i, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
         last = torch.tensor([[len(p) - 1] for p in prompts])
-        rows = self._cache.rows.rows(slots)
         starts = torch.zeros(len(prompts), dtype=torch.long)
         # Rows 0..n-1 are read, all masked (nothing lies below position 0); the KV goes to the prompts' own rows.
         lora = self._adapter_input(adapters, len(prompts))
-        logits, hidden, new_k, new_v = self._step(tokens, starts, 1, last, len(prompts), *lora,
+        logits, hidden, new_k, new_v = self._step(tokens, starts, 1, last, self._cache.views(len(prompts)), *lora,
                                                   hidden_layers=hidden_layers)
-        self._cache.store(torch.tensor(rows), starts, new_k, new_v)
-        for row in rows:
-            self._cache.rows.wrote(row, width)
+        self._cache.store(torch.tensor(list(slots)), starts, new_k, new_v)
         return logits, hidden
 
     def _run_rows(self, slots: list[int], tokens, starts, logit_index, adapters=None, hidden_layers=None):
-        """Pack ``slots`` into rows 0..n-1, run one step over them, store the new KV; outputs in slot order."""
+        """One step over cache rows ``slots``, the new KV stored; outputs in the order of ``slots``. Rows 0..n-1
+        (the runtime's, packed by its RowAllocator) run on views of the cache, in any order; other rows on copies."""
         import torch
 
         n = len(slots)
         lora = self._adapter_input(adapters, n)
-        rows = self._cache.pack(slots)
-        permuted = rows != list(range(n))
+        packed = sorted(slots) == list(range(n))
+        permuted = packed and slots != list(range(n))
         if permuted:  # packed but permuted: feed the graph in row order
-            order = torch.tensor(rows)
+            order = torch.tensor(slots)
             tokens = torch.empty_like(tokens).index_copy_(0, order, tokens)
             starts = torch.empty_like(starts).index_copy_(0, order, starts)
             logit_index = torch.empty_like(logit_index).index_copy_(0, order, logit_index)
             lora = tuple(torch.empty_like(a).index_copy_(0, order, a) for a in lora)
         n_past = max(1, int(starts.max()))  # cached positions any row reads (at least 1: a dimension of 0 fails)
         with torch.inference_mode():
-            logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, n, *lora,
+            caches = self._cache.views(n) if packed else self._cache.gathered(slots)
+            logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, caches, *lora,
                                                       hidden_layers=hidden_layers)
-            self._cache.store(torch.arange(n), starts, new_k, new_v)
-        width = tokens.shape[1]
-        for row, start in zip(range(n), starts.tolist(), strict=True):
-            self._cache.rows.wrote(row, start + width)
+            self._cache.store(torch.arange(n) if packed else torch.tensor(slots), starts, new_k, new_v)
         if permuted:
-            return logits[rows], hidden[rows]
+            return logits[slots], hidden[slots]
         return logits, hidden
 
     def _adapter_input(self, adapters: Sequence[int] | None, n: int) -> tuple:
@@ -242,13 +238,13 @@ class CompiledLM:
             return ()
         return (torch.tensor(adapters if adapters is not None else [0] * n, dtype=torch.long),)
 
-    def _step(self, tokens, starts, n_past: int, logit_index, n_rows: int, adapters=None, hidden_layers=None):
-        """One ``forward_step`` over cache rows 0..n_rows-1 -> (logits, hidden, new K, new V); ``adapters``: the
-        rows' LoRA indices as a tensor (LoRA artifacts only). hidden: the final-normed states, or with
-        ``hidden_layers`` the inputs of those layers concatenated [n, T, len * hidden]."""
+    def _step(self, tokens, starts, n_past: int, logit_index, caches, adapters=None, hidden_layers=None):
+        """One ``forward_step`` over ``caches`` (per-layer K and V of the step's rows) -> (logits, hidden, new K,
+        new V); ``adapters``: the rows' LoRA indices as a tensor (LoRA artifacts only). hidden: the final-normed
+        states, or with ``hidden_layers`` the inputs of those layers concatenated [n, T, len * hidden]."""
         import torch
 
-        k, v = self._cache.views(n_rows)
+        k, v = caches
         inputs: dict[int, torch.Tensor] = {}  # with hidden_layers: layer -> the residual stream entering it
         run_layer = self._run_layer if not hidden_layers else self._capturing(inputs)
         logits, hidden, new_k, new_v = self._model.forward_step(

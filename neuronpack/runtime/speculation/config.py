@@ -52,5 +52,5 @@ class SpeculationConfig:
             draft = load_eagle_draft(self.draft_dir, getattr(torch, self.draft_dtype),
                                      target_layers=getattr(model, "num_layers", None))
             graphs = model.draft_graphs(draft) if hasattr(model, "draft_graphs") else None
-            return EagleProposer(draft, graphs)
+            return EagleProposer(draft, graphs, rows=getattr(model, "batch_size", 1))
         raise ValueError(f"speculation kind {self.kind!r} is not implemented by the portable runtime")

@@ -15,15 +15,17 @@ sequence x_0..x_{n-1} (x_{n-1} not yet in the target's cache), draft position j 
 
 A sequence whose prompt hidden states never came (prompt logprobs, forks of a parallel request) starts its draft
 context at its first verified position (RoPE is relative, so positions count from there). The running sequences
-draft together: one catch-up call over all of them (rows right padded), then one call per further draft token;
-each sequence owns one row of the proposer's draft KV cache. A call runs the draft's ``forward`` and ``logits``
+draft together: one catch-up call over all of them (rows right padded), then one call per further draft token.
+The draft's KV cache has the target's rows: each sequence drafts in the row the scheduler's ``RowAllocator`` gave it
+(``DraftRequest.row``), and the row moves of a step's plan are applied here too (``copy_rows``); the proposer keeps
+no row bookkeeping of its own. A call runs the draft's ``forward`` and ``logits``
 eagerly, or the artifact's compiled draft graphs (``DraftGraphs``: the same functions with the weights as inputs).
 
 Example::
 
-    proposer = EagleProposer(load_eagle_draft(Path("artifact/draft"), torch.float32, target_layers=30))
+    proposer = EagleProposer(load_eagle_draft(Path("artifact/draft"), torch.float32, target_layers=30), rows=4)
     proposer.prefilled(["r1"], [hidden_of_prompt])          # [p, H]
-    proposer.propose([DraftRequest("r1", ids, max_tokens=3)])[0].token_ids
+    proposer.propose([DraftRequest("r1", ids, max_tokens=3, row=0)])[0].token_ids
 """
 
 from __future__ import annotations
@@ -39,17 +41,16 @@ from neuronpack.models.eagle import EagleDraft
 from neuronpack.models.llama import store_kv
 from neuronpack.runtime.speculation.proposer import Draft, DraftRequest
 
-# Draft cache positions and rows allocated at first (both grow by doubling).
-INITIAL_CACHE, INITIAL_ROWS = 256, 4
+# Draft cache positions allocated at first (grown by doubling).
+INITIAL_CACHE = 256
 
 
 @dataclass
 class _Sequence:
-    """One sequence's draft state: its row of the draft cache; pairs ``base..filled-1`` are in it (at index
-    j - base); ``pending`` holds the target hidden states of positions ``filled..`` not fed yet; ``length`` its token
-    count at the last propose."""
+    """One sequence's draft state: pairs ``base..filled-1`` are in its row of the draft cache (at index j - base);
+    ``pending`` holds the target hidden states of positions ``filled..`` not fed yet; ``length`` its token count at
+    the last propose."""
 
-    row: int
     base: int
     filled: int
     length: int = 0
@@ -71,18 +72,19 @@ class DraftGraphs(Protocol):
 
 class EagleProposer:
     """The ``Proposer`` for ``[speculation] kind = "eagle"`` (greedy chain drafts, EAGLE-1/2 or EAGLE-3);
-    ``graphs``: the draft's compiled graphs (None: the draft runs eagerly)."""
+    ``graphs``: the draft's compiled graphs (None: the draft runs eagerly); ``rows``: the target's KV rows (its
+    compiled batch), the rows of the draft cache."""
 
     needs_hidden_states = True
 
-    def __init__(self, draft: EagleDraft, graphs: DraftGraphs | None = None) -> None:
+    def __init__(self, draft: EagleDraft, graphs: DraftGraphs | None = None, rows: int = 1) -> None:
         self.draft = draft
         self.hidden_layers = draft.target_layers  # what the target returns for it (None: final-normed states)
         self._core = graphs.core if graphs is not None else None
         self._logits = graphs.logits if graphs is not None else draft.logits
         self._seqs: dict[str, _Sequence] = {}
-        self._free: list[int] = []
-        self.k: Tensor | None = None  # [layers, rows, kv, positions, hd], one row per sequence
+        self._min_rows = rows
+        self.k: Tensor | None = None  # [layers, rows, kv, positions, hd]: the target's rows
         self.v: Tensor | None = None
 
     def prefilled(self, request_ids: Sequence[str], hidden: Sequence[Tensor]) -> None:
@@ -95,7 +97,7 @@ class EagleProposer:
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         live = {r.request_id for r in requests}
         for rid in [rid for rid in self._seqs if rid not in live]:  # finished sequences
-            self._free.append(self._seqs.pop(rid).row)
+            del self._seqs[rid]
         with torch.inference_mode():
             return self._propose(requests)
 
@@ -111,13 +113,21 @@ class EagleProposer:
                                    f"pending != verify start {seq.length - 1}")
             seq.pending.append(kept_hidden[i, : kept + 1])
 
+    def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """Apply the plan's row moves: ``(src, dst, length)`` copies the draft KV of row src into row dst (draft
+        indices trail target positions: j - base <= j, so ``length`` covers them)."""
+        if self.k is None:
+            return
+        self._grow(rows=1 + max(max(src, dst) for src, dst, _ in copies))
+        with torch.inference_mode():
+            for src, dst, length in copies:
+                n = min(length, self.k.shape[3])
+                for cache in (self.k, self.v):
+                    cache[:, dst, :, :n] = cache[:, src, :, :n]
+
     # -- drafting ----------------------------------------------------------------------------------------------
     def _new(self, rid: str, base: int) -> _Sequence:
-        if rid in self._seqs:
-            self._free.append(self._seqs[rid].row)
-        if not self._free:
-            self._grow(rows=max(INITIAL_ROWS, 2 * self._rows()))
-        seq = self._seqs[rid] = _Sequence(row=self._free.pop(), base=base, filled=base)
+        seq = self._seqs[rid] = _Sequence(base=base, filled=base)
         return seq
 
     def _propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
@@ -144,7 +154,7 @@ class EagleProposer:
         if not active:
             return [Draft([]) for _ in requests]
         seqs = [self._seqs[requests[i].request_id] for i in active]
-        rows = torch.tensor([s.row for s in seqs])
+        rows = torch.tensor([requests[i].row for i in active])
         lengths = torch.tensor([len(t) for t in token_rows])
         width = int(lengths.max())
         tokens = torch.tensor([t + [t[-1]] * (width - len(t)) for t in token_rows])  # padding: masked, overwritten
@@ -172,7 +182,7 @@ class EagleProposer:
         """Run pairs [A, T] in cache ``rows`` from index ``starts``; store their K/V; return the outputs [A, T, H]."""
         t = tokens.shape[1]
         n_past = max(1, int(starts.max()))  # at least one (masked) position: a dimension of 0 fails in a graph
-        self._grow(positions=n_past + t)
+        self._grow(rows=max(self._min_rows, 1 + int(rows.max())), positions=n_past + t)
         k = self.k[:, rows, :, :n_past]  # [layers, A, kv, n_past, hd] (a copy: rows are scattered)
         v = self.v[:, rows, :, :n_past]
         out, new_k, new_v = self.draft.forward_step(tokens, hidden, starts, k, v, n_past, run_core=self._core)
@@ -197,4 +207,3 @@ class EagleProposer:
         if self.k is not None:
             k[:, :old_rows, :, :old_positions], v[:, :old_rows, :, :old_positions] = self.k, self.v
         self.k, self.v = k, v
-        self._free.extend(range(old_rows, new_rows))

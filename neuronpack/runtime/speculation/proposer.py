@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DraftRequest:
-    """One running sequence asking for drafts: its ids so far and the most drafts it may take (room left)."""
+    """One running sequence asking for drafts: its ids so far, the most drafts it may take (room left) and its KV
+    row (the scheduler's ``RowAllocator``: a draft model keeps its own KV in the target's rows)."""
 
     request_id: str
     token_ids: Sequence[int]
     max_tokens: int
+    row: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class Proposer(Protocol):
         [n, T, hidden_size] when ``needs_hidden_states`` (else None)."""
         ...
 
+    def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
+        """The scheduler moved sequences between rows: ``(src, dst, length)`` copies of the target's cache
+        positions, to apply to a draft cache kept in the same rows (nothing to do without one)."""
+        ...
+
 
 class PromptLookupProposer:
     """N-gram lookup in the sequence's own tokens (vLLM's ``ngram`` speculative method); stateless."""
@@ -82,6 +89,9 @@ class PromptLookupProposer:
         return None
 
     def verified(self, request_ids: Sequence[str], accepted: Sequence[int], hidden: Tensor | None) -> None:
+        return None
+
+    def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
         return None
 
 

@@ -1,7 +1,8 @@
-"""One draft-then-verify step over the running sequences (continuous batching: whoever holds a slot takes part).
+"""One draft-then-verify step over the running sequences (continuous batching: every sequence in a KV row joins).
 
-1. Each sequence asks the proposer for up to ``length`` drafts, capped by its room: never a token past
-   ``max_model_len`` and never more than its max_tokens can still take (the target adds one token of its own).
+1. Each sequence asks the proposer for up to ``num_draft`` drafts (the scheduler's plan: ``length`` capped by its
+   room, never a token past ``max_model_len`` nor more than its max_tokens can still take, as the target adds one
+   token of its own), in its own KV row (the proposer drafts in the same rows as the target).
 2. One ``verify`` call scores every sequence's ``[last, *drafts]`` at its own cache position, rows right padded to
    T = 1 + the longest draft (padding repeats the last token; its logits are ignored and its KV is overwritten
    later). When no sequence has a draft the step is a plain ``decode`` call, so speculation costs nothing when the
@@ -51,14 +52,15 @@ class VerifyingModel(Protocol):
 
 @dataclass(frozen=True)
 class SpecRow:
-    """One running sequence: its slot, the cache position of its last token (not cached yet), its tokens so far
-    (prompt + output, the last one included), how many tokens it may still emit, and its sampler."""
+    """One running sequence: its KV row, the cache position of its last token (not cached yet), its tokens so far
+    (prompt + output, the last one included), the most drafts it may verify (``DecodeRow.num_draft``), and its
+    sampler."""
 
     request_id: str
-    slot: int
+    row: int
     start: int
     token_ids: Sequence[int]
-    room: int
+    num_draft: int
     sampler: RowSampler
     constraint: Constraint | None = None
 
@@ -76,13 +78,13 @@ class SpeculativeStep:
         """Draft, verify and accept for every row; returns each row's outcome and the step's counts."""
         import torch
 
-        requests = [DraftRequest(r.request_id, r.token_ids, max(0, min(self.length, r.room - 1))) for r in rows]
+        requests = [DraftRequest(r.request_id, r.token_ids, min(self.length, r.num_draft), r.row) for r in rows]
         drafts = [Draft(d.token_ids[: q.max_tokens], d.probs) for d, q in
                   zip(self.proposer.propose(requests), requests, strict=True)]
         drafts = [d if r.constraint is None else Draft(d.token_ids[: r.constraint.trim(d.token_ids)], d.probs)
                   for r, d in zip(rows, drafts, strict=True)]
         width = 1 + max(len(d.token_ids) for d in drafts)
-        slots = [r.slot for r in rows]
+        slots = [r.row for r in rows]
         hidden = None
         if width == 1 and not self.proposer.needs_hidden_states:
             tokens = torch.tensor([r.token_ids[-1] for r in rows])

@@ -1,0 +1,128 @@
+"""The model runner: executes a ``StepPlan`` (plan.py) against the compiled model and returns typed outputs, the
+"execute" of the engine's schedule / execute / update split. It owns no state of its own: rows come from the plan
+(the scheduler's ``RowAllocator``), sampling and stop rules stay in the engine, which applies what this returns.
+
+- ``move_rows``: the plan's row copies, applied to the target's KV cache and to the EAGLE draft's (same rows).
+- ``prefill``: every prompt that needs only its last logits in one call (right padded: the weights are read once for
+  all of them; an EAGLE proposer gets the prompts' hidden states), a prompt asking for prompt logprobs in its own
+  ``prompt_logits`` call, then each group's fork copies. One ``PrefillOutput`` per group, an error instead of logits
+  for a group whose call failed.
+- ``decode``: one step over the plan's decode rows -> logits [n, vocab] in row order.
+- ``speculate``: draft, verify and accept over the decode rows (speculation/step.py) -> the tokens each row keeps.
+
+Example::
+
+    runner = ModelRunner(model)
+    runner.move_rows(plan.moves)
+    outputs = runner.prefill(plan.prefills)          # {request_id: PrefillOutput}
+    logits = runner.decode(decode_plan.decodes)      # [n, vocab]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from neuronpack.runtime.plan import DecodeRow, PrefillGroup
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from neuronpack.runtime.kv_rows import RowCopy
+    from neuronpack.runtime.requests import CompiledModel
+    from neuronpack.runtime.speculation.acceptance import Accepted
+    from neuronpack.runtime.speculation.stats import SpecStats
+    from neuronpack.runtime.speculation.step import SpecRow, SpeculativeStep
+
+
+@dataclass(frozen=True)
+class PrefillOutput:
+    """What a prefill group gets: the last prompt token's logits [1, vocab], with prompt logprobs every position's
+    [len, vocab] too (``all_logits``), or the error that ended the group; ``seconds``: its own model time."""
+
+    logits: Tensor | None = None
+    all_logits: Tensor | None = None
+    error: Exception | None = None
+    seconds: float = 0.0
+
+
+class ModelRunner:
+    """Runs plans on ``model``; ``speculator``: the draft-then-verify step of a speculating engine (its proposer
+    drafts in the same rows)."""
+
+    def __init__(self, model: CompiledModel, speculator: SpeculativeStep | None = None) -> None:
+        self.model = model
+        self.speculator = speculator
+        self.proposer = speculator.proposer if speculator is not None else None
+        self._lora = bool(getattr(model, "adapter_names", ()))
+
+    def move_rows(self, moves: Sequence[RowCopy]) -> None:
+        """Apply the plan's row copies (compaction) to every cache that is addressed by row."""
+        if not moves:
+            return
+        self.model.copy_rows(moves)
+        if self.proposer is not None:
+            self.proposer.copy_rows(moves)
+
+    def prefill(self, groups: Sequence[PrefillGroup]) -> dict[str, PrefillOutput]:
+        """Run every group's prefill (see the module docstring); one output per group, by request id."""
+        shared = [g for g in groups if not g.own_call]
+        outputs = self._prefill_together(shared)
+        for group in groups:
+            if group.own_call:
+                outputs[group.request_id] = self._prompt_logits(group)
+            out = outputs[group.request_id]
+            if out.error is None and group.fork_copies:
+                try:
+                    self.model.copy_rows(group.fork_copies)
+                except Exception as exc:
+                    outputs[group.request_id] = PrefillOutput(error=exc)
+        return outputs
+
+    def decode(self, rows: Sequence[DecodeRow]) -> Tensor:
+        """One decode step over ``rows`` (rows 0..n-1: the graph runs at the batch of running sequences, not the
+        compiled batch) -> float32 logits [n, vocab] in the same order."""
+        import torch
+
+        tokens = torch.tensor([r.token for r in rows])
+        positions = torch.tensor([r.position for r in rows])
+        return self.model.decode(tokens, positions, [r.row for r in rows], **self._adapters(rows))
+
+    def speculate(self, rows: Sequence[SpecRow]) -> tuple[list[Accepted], SpecStats]:
+        """Draft, verify and accept for every row (a speculating runner only)."""
+        if self.speculator is None:
+            raise RuntimeError("this runner has no speculative step")
+        return self.speculator.run(rows)
+
+    def _prefill_together(self, groups: Sequence[PrefillGroup]) -> dict[str, PrefillOutput]:
+        if not groups:
+            return {}
+        started = time.monotonic()
+        rows, prompts = [g.row for g in groups], [g.prompt_ids for g in groups]
+        try:
+            if self.proposer is None or not self.proposer.needs_hidden_states:
+                logits = self.model.prefill(rows, prompts, **self._adapters(groups))  # [n, vocab]
+            else:  # speculation excludes LoRA
+                logits, hidden = self.model.prefill(rows, prompts, return_hidden=True,
+                                                    hidden_layers=self.proposer.hidden_layers)
+                self.proposer.prefilled([g.request_id for g in groups],
+                                        [hidden[i, : len(p)] for i, p in enumerate(prompts)])
+        except Exception as exc:
+            return {g.request_id: PrefillOutput(error=exc) for g in groups}
+        seconds = time.monotonic() - started
+        return {g.request_id: PrefillOutput(logits=logits[i : i + 1], seconds=seconds) for i, g in enumerate(groups)}
+
+    def _prompt_logits(self, group: PrefillGroup) -> PrefillOutput:
+        started = time.monotonic()
+        try:
+            adapter = {"adapter": group.adapter} if self._lora else {}
+            every = self.model.prompt_logits(group.prompt_ids, group.row, **adapter)  # [T, vocab], KV written
+        except Exception as exc:
+            return PrefillOutput(error=exc)
+        return PrefillOutput(logits=every[-1:], all_logits=every, seconds=time.monotonic() - started)
+
+    def _adapters(self, rows: Sequence[DecodeRow | PrefillGroup]) -> dict:
+        """The LoRA argument of a model call: every row's adapter (nothing for models without adapters)."""
+        return {"adapters": [r.adapter for r in rows]} if self._lora else {}

@@ -1,0 +1,91 @@
+"""The model runner on a recording stand-in model: a plan's row copies reach the target's cache and the draft's,
+prompts share one prefill call (prompt-logprob prompts take their own), fork copies follow their leader's prefill,
+and a failed call becomes that group's error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuronpack.runtime.kv_rows import RowCopy
+from neuronpack.runtime.plan import DecodeRow, PrefillGroup
+from neuronpack.runtime.runner import ModelRunner
+
+VOCAB = 11
+
+
+class RecordingModel:
+    """Logits that say which row ran: row r's last-position logits are r at every token."""
+
+    adapter_names = ()
+
+    def __init__(self, fail_prefill: bool = False) -> None:
+        self.calls: list[tuple] = []
+        self.fail_prefill = fail_prefill
+
+    def prefill(self, slots, prompts, **kwargs):
+        self.calls.append(("prefill", list(slots), [list(p) for p in prompts]))
+        if self.fail_prefill:
+            raise RuntimeError("out of memory")
+        return torch.tensor([[float(s)] * VOCAB for s in slots])
+
+    def prompt_logits(self, token_ids, slot=0, **kwargs):
+        self.calls.append(("prompt_logits", slot, list(token_ids)))
+        return torch.arange(len(token_ids), dtype=torch.float32)[:, None].expand(-1, VOCAB)
+
+    def decode(self, tokens, positions, slots=None, **kwargs):
+        self.calls.append(("decode", tokens.tolist(), positions.tolist(), list(slots)))
+        return torch.zeros(len(slots), VOCAB)
+
+    def copy_rows(self, copies):
+        self.calls.append(("copy_rows", list(copies)))
+
+
+class RecordingProposer:
+    needs_hidden_states = False
+    hidden_layers = None
+
+    def __init__(self) -> None:
+        self.copies: list = []
+
+    def copy_rows(self, copies):
+        self.copies.extend(copies)
+
+
+class Speculator:
+    def __init__(self) -> None:
+        self.proposer = RecordingProposer()
+
+
+def test_moves_reach_the_target_and_the_draft_cache():
+    model, spec = RecordingModel(), Speculator()
+    runner = ModelRunner(model, spec)
+    runner.move_rows(())
+    runner.move_rows((RowCopy(3, 1, 17),))
+    assert model.calls == [("copy_rows", [RowCopy(3, 1, 17)])] and spec.proposer.copies == [RowCopy(3, 1, 17)]
+
+
+def test_prefill_shares_one_call_and_copies_forks_after_it():
+    model = RecordingModel()
+    groups = (PrefillGroup("a", 2, [1, 2, 3], fork_copies=(RowCopy(2, 3, 3),)),
+              PrefillGroup("echo", 0, [4, 5], own_call=True), PrefillGroup("b", 1, [6]))
+    out = ModelRunner(model).prefill(groups)
+    assert model.calls == [("prefill", [2, 1], [[1, 2, 3], [6]]), ("copy_rows", [RowCopy(2, 3, 3)]),
+                           ("prompt_logits", 0, [4, 5])]
+    assert out["a"].logits.shape == (1, VOCAB) and float(out["a"].logits[0, 0]) == 2.0
+    assert out["echo"].all_logits.shape == (2, VOCAB) and float(out["echo"].logits[0, 0]) == 1.0
+    assert all(o.error is None for o in out.values())
+
+
+def test_a_failed_shared_prefill_is_every_sharing_groups_error():
+    out = ModelRunner(RecordingModel(fail_prefill=True)).prefill((PrefillGroup("a", 0, [1]),
+                                                                  PrefillGroup("b", 1, [2])))
+    assert [type(o.error) for o in out.values()] == [RuntimeError, RuntimeError] and out["a"].logits is None
+
+
+def test_decode_runs_the_plans_rows_in_order():
+    model = RecordingModel()
+    logits = ModelRunner(model).decode((DecodeRow("a", 0, 42, 7), DecodeRow("b", 1, 43, 3)))
+    assert logits.shape == (2, VOCAB) and model.calls == [("decode", [42, 43], [7, 3], [0, 1])]
+    with pytest.raises(RuntimeError, match="no speculative step"):
+        ModelRunner(model).speculate([])
