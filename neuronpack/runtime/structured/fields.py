@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from neuronpack.errors import InvalidRequestError
 from neuronpack.runtime.structured.grammar import GrammarSpec
@@ -30,7 +30,7 @@ class JsonSchemaFormat(BaseModel):
     name: str | None = None
     description: str | None = None
     json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
-    strict: bool | None = None
+    strict: StrictBool | None = None  # not lax: 0.0 is not a boolean (a schemathesis negative case)
 
 
 class ResponseFormat(BaseModel):
@@ -47,7 +47,7 @@ class StructuredOutputs(BaseModel):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
-    json_object: bool | None = None
+    json_object: StrictBool | None = None
     structural_tag: str | None = None
 
 
