@@ -69,3 +69,19 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def lora_live(lora_artifact):
+    """The LoRA artifact served on loopback (base model "tiny", each adapter under its own name)."""
+    from tests.runtime.serving import lora_server
+
+    with lora_server(lora_artifact[0], "tiny") as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def lora_client(lora_live):
+    import openai
+
+    return openai.OpenAI(base_url=f"{lora_live.url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -121,3 +121,15 @@ def engine_server(engine, **app_options) -> LiveServer:
     live = LiveServer(create_app(engine, **app_options))
     live.engine = engine
     return live
+
+
+def lora_server(artifact: Path, served_model_name: str) -> LiveServer:
+    """``engine_server`` of a LoRA artifact with every adapter it ships served under its own name (its ``lora/``
+    directories as the adapter roots)."""
+    from neuronpack.backends.torch_aot import load_artifact
+    from neuronpack.runtime.engine import Engine
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+    engine = Engine(load_artifact(artifact), ArtifactTokenizer.from_dir(artifact))
+    roots = {name: str(artifact / "lora" / name) for name in engine.adapter_names}
+    return engine_server(engine, served_model_name=served_model_name, adapter_roots=roots)

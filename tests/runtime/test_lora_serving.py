@@ -11,12 +11,9 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
-from neuronpack.backends.torch_aot import load_artifact
 from neuronpack.cli.app import app
-from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 from tests.lora_adapters import greedy_reference, merged_reference
-from tests.runtime.serving import engine_server
 
 pytestmark = pytest.mark.slow
 BASE = "tiny"
@@ -30,33 +27,19 @@ def references(lora_artifact, tiny_llama):
             "chat": merged_reference(tiny_llama, adapters["chat"])}
 
 
-@pytest.fixture(scope="module")
-def server(lora_artifact):
-    art = lora_artifact[0]
-    engine = Engine(load_artifact(art), ArtifactTokenizer.from_dir(art))
-    roots = {name: str(art / "lora" / name) for name in engine.adapter_names}
-    with engine_server(engine, served_model_name=BASE, adapter_roots=roots) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def test_models_lists_the_base_model_and_each_adapter_like_vllm(client, lora_artifact):
-    cards = {m.id: m for m in client.models.list().data}
+def test_models_lists_the_base_model_and_each_adapter_like_vllm(lora_client, lora_artifact):
+    cards = {m.id: m for m in lora_client.models.list().data}
     assert list(cards) == [BASE, "sql", "chat"]
     assert cards["sql"].parent == BASE and cards["sql"].root == str(lora_artifact[0] / "lora" / "sql")
     assert cards[BASE].parent is None and cards[BASE].max_model_len == 128
 
 
-def test_each_model_name_is_its_adapter_and_concurrent_requests_mix(client, server, references):
-    tok = server.engine.tokenizer
+def test_each_model_name_is_its_adapter_and_concurrent_requests_mix(lora_client, lora_live, references):
+    tok = lora_live.engine.tokenizer
     ids = tok.encode(PROMPT)
 
     def ask(model: str) -> tuple[str, str]:
-        out = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0)
+        out = lora_client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0)
         return model, out.choices[0].text
 
     with ThreadPoolExecutor(6) as pool:  # in flight together: one decode step serves several adapters
@@ -66,17 +49,17 @@ def test_each_model_name_is_its_adapter_and_concurrent_requests_mix(client, serv
     assert len({text for _model, text in answers}) == 3
 
 
-def test_chat_completion_with_an_adapter(client, server, references):
-    tok = server.engine.tokenizer
+def test_chat_completion_with_an_adapter(lora_client, lora_live, references):
+    tok = lora_live.engine.tokenizer
     messages = [{"role": "user", "content": "Hello world! How are you today?"}]
-    out = client.chat.completions.create(model="chat", messages=messages, max_tokens=10, temperature=0)
+    out = lora_client.chat.completions.create(model="chat", messages=messages, max_tokens=10, temperature=0)
     expected = greedy_reference(references["chat"], tok.encode_chat(messages), 10, tok.eos_token_id)
     assert out.choices[0].message.content == tok.decode(expected) and out.model == "chat"
 
 
-def test_an_unknown_model_is_a_404(client):
+def test_an_unknown_model_is_a_404(lora_client):
     with pytest.raises(openai.NotFoundError) as err:
-        client.completions.create(model="nope", prompt=PROMPT, max_tokens=2)
+        lora_client.completions.create(model="nope", prompt=PROMPT, max_tokens=2)
     assert "The model `nope` does not exist" in err.value.message and "sql" in err.value.message
 
 

@@ -9,15 +9,11 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
-import openai
 import pytest
 
-from neuronpack.backends.torch_aot import load_artifact
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.structured import Constraint, GrammarSpec, mask_logits
-from neuronpack.runtime.tokenizer import ArtifactTokenizer
 from tests.lora_adapters import merged_reference
-from tests.runtime.serving import engine_server
 
 pytestmark = pytest.mark.slow  # the shared LoRA artifact (tests/conftest.py) is an AOTInductor build
 BASE = "tiny"
@@ -26,20 +22,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "count"], "additionalProperties": False}
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
 MESSAGES = [{"role": "user", "content": "An item?"}]
-
-
-@pytest.fixture(scope="module")
-def server(lora_artifact):
-    art = lora_artifact[0]
-    engine = Engine(load_artifact(art), ArtifactTokenizer.from_dir(art))
-    roots = {name: str(art / "lora" / name) for name in engine.adapter_names}
-    with engine_server(engine, served_model_name=BASE, adapter_roots=roots) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def _constrained_greedy(model, engine: Engine, prompt: list[int], max_new: int) -> list[int]:
@@ -63,13 +45,14 @@ def _constrained_greedy(model, engine: Engine, prompt: list[int], max_new: int) 
     return ids[len(prompt):]
 
 
-def test_greedy_with_an_adapter_and_a_schema_equals_peft_merged_under_the_same_mask(client, server, lora_artifact,
+def test_greedy_with_an_adapter_and_a_schema_equals_peft_merged_under_the_same_mask(lora_client, lora_live,
+                                                                                    lora_artifact,
                                                                                     tiny_llama):
-    engine = server.engine
+    engine = lora_live.engine
     prompt = engine.tokenizer.encode_chat(MESSAGES)
     texts = {}
     for model, adapter in ((BASE, None), ("sql", lora_artifact[1]["sql"])):
-        out = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=40, temperature=0,
+        out = lora_client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=40, temperature=0,
                                              response_format=RESPONSE_FORMAT)
         choice = out.choices[0]
         assert choice.finish_reason == "stop" and out.model == model
@@ -80,9 +63,9 @@ def test_greedy_with_an_adapter_and_a_schema_equals_peft_merged_under_the_same_m
     assert texts[BASE] != texts["sql"]  # the adapter changed the constrained answer: it was applied
 
 
-def test_sampled_schema_requests_on_adapters_and_base_in_the_same_steps_all_validate(client):
+def test_sampled_schema_requests_on_adapters_and_base_in_the_same_steps_all_validate(lora_client):
     def ask(model: str, seed: int) -> list[tuple[str, str | None]]:
-        out = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=40, temperature=1.0,
+        out = lora_client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=40, temperature=1.0,
                                              seed=seed, n=2, response_format=RESPONSE_FORMAT)
         return [(c.message.content, c.finish_reason) for c in out.choices]
 
@@ -92,6 +75,6 @@ def test_sampled_schema_requests_on_adapters_and_base_in_the_same_steps_all_vali
         for content, finish in choices:
             assert finish == "stop", content
             jsonschema.validate(json.loads(content), SCHEMA)
-    streamed = client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=40, temperature=1.0,
+    streamed = lora_client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=40, temperature=1.0,
                                               seed=7, stream=True, response_format=RESPONSE_FORMAT)
     jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in streamed if c.choices)), SCHEMA)
