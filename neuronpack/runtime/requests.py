@@ -55,11 +55,15 @@ class CompiledModel(Protocol):
     adapter_names: tuple[str, ...]  # LoRA adapters (index k is adapter_names[k - 1]); models without: ()
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                adapters: Sequence[int] | None = None, return_hidden: bool = False,
-                hidden_layers: Sequence[int] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                adapters: Sequence[int] | None = None) -> Tensor:
         """Write each prompt's KV into its row. Returns float32 logits [len(slots), vocab] of each prompt's last
-        token; with ``return_hidden`` the tuple (logits, hidden): hidden [len(slots), longest prompt, hidden size]
-        (the final-normed states, or with ``hidden_layers`` the inputs of those layers concatenated)."""
+        token."""
+        ...
+
+    def prefill_hidden(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                       hidden_layers: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """``prefill`` that also returns (logits, hidden): hidden [len(slots), longest prompt, hidden size], the
+        final-normed states, or with ``hidden_layers`` the inputs of those layers concatenated (what EAGLE reads)."""
         ...
 
     def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None,
@@ -68,11 +72,15 @@ class CompiledModel(Protocol):
         ...
 
     def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
-               return_hidden: bool = False, adapters: Sequence[int] | None = None,
-               hidden_layers: Sequence[int] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+               adapters: Sequence[int] | None = None) -> Tensor:
         """T tokens per row in one step (speculative verification), row i at positions ``starts[i]..+T-1``.
-        Returns float32 logits [n, T, vocab]; with ``return_hidden`` the tuple (logits, hidden): hidden [n, T, hidden
-        size] (or ``hidden_layers``' inputs concatenated, as ``prefill``)."""
+        Returns float32 logits [n, T, vocab]."""
+        ...
+
+    def verify_hidden(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
+                      hidden_layers: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """``verify`` that also returns (logits, hidden): hidden [n, T, hidden size] (or ``hidden_layers``' inputs
+        concatenated, as ``prefill_hidden``)."""
         ...
 
     def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:

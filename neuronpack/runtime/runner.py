@@ -105,8 +105,7 @@ class ModelRunner:
             if self.proposer is None or not self.proposer.needs_hidden_states:
                 logits = self.model.prefill(rows, prompts, **self._adapters(groups))  # [n, vocab]
             else:  # speculation excludes LoRA
-                logits, hidden = self.model.prefill(rows, prompts, return_hidden=True,
-                                                    hidden_layers=self.proposer.hidden_layers)
+                logits, hidden = self.model.prefill_hidden(rows, prompts, self.proposer.hidden_layers)
                 self.proposer.prefilled([g.request_id for g in groups],
                                         [hidden[i, : len(p)] for i, p in enumerate(prompts)])
         except Exception as exc:

@@ -176,6 +176,25 @@ def test_verify_of_several_rows_matches_transformers(artifacts, arch):
     assert logits.argmax(-1).tolist() == [c[1:5] for c in continuations]
 
 
+
+def test_hidden_variants_return_the_same_logits_and_transformers_hidden_states(artifacts):
+    """``prefill_hidden`` / ``verify_hidden`` (what EAGLE reads) give the logits of ``prefill`` / ``verify`` and the
+    final-normed hidden states transformers computes; with ``hidden_layers``, those layers' inputs."""
+    model_dir, artifact = artifacts("llama")
+    lm = load_artifact(artifact)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompt = random_prompts([9], seed=11)[0]
+    tail = hf_greedy(reference, prompt, 3)
+    with torch.no_grad():
+        out = reference(torch.tensor([prompt + tail]), output_hidden_states=True)
+    logits, hidden = lm.prefill_hidden([1], [prompt])
+    torch.testing.assert_close(logits, lm.prefill([1], [prompt]))
+    torch.testing.assert_close(hidden[0], out.hidden_states[-1][0, : len(prompt)], atol=1e-3, rtol=1e-3)
+    verify_logits, verify_hidden = lm.verify_hidden([1], [tail], [len(prompt)], hidden_layers=[0, 1])
+    torch.testing.assert_close(verify_logits, lm.verify([1], [tail], [len(prompt)]))
+    layer_inputs = torch.cat([out.hidden_states[0], out.hidden_states[1]], dim=-1)[0, len(prompt):]
+    torch.testing.assert_close(verify_hidden[0], layer_inputs, atol=1e-3, rtol=1e-3)
+
 def _smollm2_checkpoint(tmp_path_factory) -> Path:
     from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
 

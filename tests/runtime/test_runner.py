@@ -29,6 +29,11 @@ class RecordingModel:
             raise RuntimeError("out of memory")
         return torch.tensor([[float(s)] * VOCAB for s in slots])
 
+    def prefill_hidden(self, slots, prompts, hidden_layers=None):
+        self.calls.append(("prefill_hidden", list(slots), hidden_layers))
+        width = max(len(p) for p in prompts)
+        return self.prefill(slots, prompts), torch.arange(float(len(slots) * width)).view(len(slots), width, 1)
+
     def prompt_logits(self, token_ids, slot=0, **kwargs):
         self.calls.append(("prompt_logits", slot, list(token_ids)))
         return torch.arange(len(token_ids), dtype=torch.float32)[:, None].expand(-1, VOCAB)
@@ -52,9 +57,21 @@ class RecordingProposer:
         self.copies.extend(copies)
 
 
-class Speculator:
+class HiddenProposer(RecordingProposer):
+    needs_hidden_states = True
+    hidden_layers = (0, 2)
+
     def __init__(self) -> None:
-        self.proposer = RecordingProposer()
+        super().__init__()
+        self.hidden: dict = {}
+
+    def prefilled(self, request_ids, hidden):
+        self.hidden.update(zip(request_ids, hidden, strict=True))
+
+
+class Speculator:
+    def __init__(self, proposer=None) -> None:
+        self.proposer = proposer or RecordingProposer()
 
 
 def test_moves_reach_the_target_and_the_draft_cache():
@@ -89,3 +106,12 @@ def test_decode_runs_the_plans_rows_in_order():
     assert logits.shape == (2, VOCAB) and model.calls == [("decode", [42, 43], [7, 3], [0, 1])]
     with pytest.raises(RuntimeError, match="no speculative step"):
         ModelRunner(model).speculate([])
+
+
+def test_a_proposer_that_reads_hidden_states_gets_each_prompts_own_rows():
+    model, spec = RecordingModel(), Speculator(HiddenProposer())
+    out = ModelRunner(model, spec).prefill((PrefillGroup("a", 0, [1, 2, 3]), PrefillGroup("b", 1, [4])))
+    assert model.calls[0] == ("prefill_hidden", [0, 1], (0, 2))
+    assert spec.proposer.hidden["a"].flatten().tolist() == [0.0, 1.0, 2.0]
+    assert spec.proposer.hidden["b"].flatten().tolist() == [3.0]
+    assert float(out["b"].logits[0, 0]) == 1.0

@@ -119,21 +119,26 @@ class CompiledLM:
         return CompiledDraft(self._draft_runners, draft, self.max_verify_tokens, kernels=self.config.kernels)
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                adapters: Sequence[int] | None = None, return_hidden: bool = False,
-                hidden_layers: Sequence[int] | None = None):
+                adapters: Sequence[int] | None = None) -> torch.Tensor:
         """Write each prompt's KV into its slot (positions 0..len-1) in one graph call; return float32 logits
-        [len(slots), vocab] of each prompt's last token, with ``return_hidden`` also the final-normed hidden states
-        [len(slots), longest prompt, hidden] (row i valid up to its prompt's length; what EAGLE drafts read), or with
-        ``hidden_layers`` the inputs of those layers concatenated (EAGLE-3's).
-        ``adapters``: each prompt's LoRA adapter index (0 or None: the base model). A prompt longer than the largest
-        context bucket -> BucketError."""
+        [len(slots), vocab] of each prompt's last token. ``adapters``: each prompt's LoRA adapter index (0 or None:
+        the base model). A prompt longer than the largest context bucket -> BucketError."""
+        return self._prefill(slots, prompts, adapters, None)[0]
+
+    def prefill_hidden(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                       hidden_layers: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``prefill`` that also returns hidden states: (logits [len(slots), vocab], hidden [len(slots), longest
+        prompt, hidden]), row i valid up to its prompt's length (what EAGLE drafts read): the final-normed states,
+        or with ``hidden_layers`` the inputs of those layers concatenated (EAGLE-3's)."""
+        return self._prefill(slots, prompts, None, self._check.hidden_layers(hidden_layers))
+
+    def _prefill(self, slots, prompts, adapters, hidden_layers) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         self._check.prefill(slots, prompts)
-        hidden_layers = self._check.hidden_layers(hidden_layers)
         with torch.inference_mode():
             logits, hidden = self._run_prefill(slots, prompts, adapters, hidden_layers)
-        return (logits[:, 0], hidden) if return_hidden else logits[:, 0]
+        return logits[:, 0], hidden
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> torch.Tensor:
         """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last
@@ -161,23 +166,27 @@ class CompiledLM:
         return logits[:, 0]
 
     def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
-               return_hidden: bool = False, adapters: Sequence[int] | None = None,
-               hidden_layers: Sequence[int] | None = None):
+               adapters: Sequence[int] | None = None) -> torch.Tensor:
         """Run T tokens per slot in one step (speculative verification): row i's tokens at positions
         ``starts[i]..starts[i]+T-1``; their KV is written. Returns float32 logits [n, T, vocab] (``[i, j]`` scores
-        the token after ``token_rows[i][j]``), with ``return_hidden`` also the final-normed hidden states
-        [n, T, hidden] (or, with ``hidden_layers``, those layers' inputs concatenated, as ``prefill``). Positions
-        past what the caller keeps are harmless: later steps overwrite them.
-        ``adapters``: each slot's LoRA adapter index (0 or None: the base model)."""
+        the token after ``token_rows[i][j]``). Positions past what the caller keeps are harmless: later steps
+        overwrite them. ``adapters``: each slot's LoRA adapter index (0 or None: the base model)."""
+        return self._verify(slots, token_rows, starts, adapters, None)[0]
+
+    def verify_hidden(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
+                      hidden_layers: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``verify`` that also returns hidden states: (logits [n, T, vocab], hidden [n, T, hidden]), the
+        final-normed states or, with ``hidden_layers``, those layers' inputs concatenated (as ``prefill_hidden``)."""
+        return self._verify(slots, token_rows, starts, None, self._check.hidden_layers(hidden_layers))
+
+    def _verify(self, slots, token_rows, starts, adapters, hidden_layers) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         slots = list(slots)
         tokens, positions = self._check.verify(slots, token_rows, starts)
         n, width = tokens.shape
         index = torch.arange(width).expand(n, width)  # a broadcast view: the runner makes it contiguous
-        logits, hidden = self._run_rows(slots, tokens, positions, index, adapters,
-                                        self._check.hidden_layers(hidden_layers))
-        return (logits, hidden) if return_hidden else logits
+        return self._run_rows(slots, tokens, positions, index, adapters, hidden_layers)
 
     def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
         """Apply ``(src, dst, length)`` copies in order: cache positions 0..length-1 of row src into row dst (the

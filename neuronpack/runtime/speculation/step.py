@@ -45,9 +45,10 @@ class VerifyingModel(Protocol):
 
     def decode(self, tokens: Tensor, positions: Tensor, slots: Sequence[int] | None = None) -> Tensor: ...
 
-    def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
-               return_hidden: bool = False, hidden_layers: Sequence[int] | None = None
-               ) -> Tensor | tuple[Tensor, Tensor]: ...
+    def verify(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int]) -> Tensor: ...
+
+    def verify_hidden(self, slots: Sequence[int], token_rows: Sequence[Sequence[int]], starts: Sequence[int],
+                      hidden_layers: Sequence[int] | None = None) -> tuple[Tensor, Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,7 @@ class SpeculativeStep:
             token_rows = [_padded([r.token_ids[-1], *d.token_ids], width) for r, d in zip(rows, drafts, strict=True)]
             starts = [r.start for r in rows]
             if self.proposer.needs_hidden_states:
-                logits, hidden = self.model.verify(slots, token_rows, starts, return_hidden=True,
-                                                   hidden_layers=self.proposer.hidden_layers)
+                logits, hidden = self.model.verify_hidden(slots, token_rows, starts, self.proposer.hidden_layers)
             else:
                 logits = self.model.verify(slots, token_rows, starts)  # [n, width, V]
         logits = _masked(logits, rows, drafts)
