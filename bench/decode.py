@@ -60,8 +60,20 @@ def _timed(fn) -> float:
 
 
 def weight_bytes(artifact: Path) -> int:
-    """Bytes a decode step reads: the artifact's weights (a tied embedding is stored, and read, once)."""
-    return sum(p.stat().st_size for p in (artifact / "weights").glob("*.safetensors"))
+    """Bytes a decode step reads: the artifact's weights (a tied embedding is stored, and read, once; an embedding
+    beside its own ``lm_head.weight``, e.g. an int8 head untied by ``quantize --include-lm-head``, is read one row per
+    token, so it is not counted)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in (artifact / "weights").glob("*.safetensors"):
+        total += path.stat().st_size
+        with safe_open(str(path), "pt") as f:
+            names = set(f.keys())
+            if "lm_head.weight" in names and "model.embed_tokens.weight" in names:
+                embed = f.get_tensor("model.embed_tokens.weight")
+                total -= embed.numel() * embed.element_size()
+    return total
 
 
 def np_step_ms(lm, prompt: list[int], active: int, tokens: int) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""neuronpack's own CPU kernels (linear.cpp: the decode linears; int8_row.cpp: int8 weights against a few rows;
+"""neuronpack's own CPU kernels (linear.cpp: the decode linears; int8_row.cpp: int8 weights against one row;
 attention.cpp: the decode attention; simd.h: what they share), compiled with the C++ compiler torch uses.
 
 ``load_kernels()`` registers ``torch.ops.neuronpack.linear(x, weight, bias=None)`` and

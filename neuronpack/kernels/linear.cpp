@@ -5,8 +5,8 @@
 // each plain [out, in] weight row once, front to back (one sequential stream, the pattern a plain sum reads at full
 // bandwidth), and dots it with every row of x while it is in the registers. float32, bfloat16 and int8 (NxD
 // Inference's weight-only format, per-channel float32 scale) weights; accumulation in float32. One row of x reads
-// two weight rows far apart at once (two streams; int8 weights against up to 4 rows go through the integer dot
-// products of int8_row.cpp where the CPU has them); 2+ rows prefetch into L2 ahead of the row being read, and rows of x too long to fit L1 together
+// two weight rows far apart at once (two streams; int8 goes through the integer dot products of int8_row.cpp where
+// the CPU has them); 2+ rows prefetch into L2 ahead of the row being read, and rows of x too long to fit L1 together
 // go a block of K at a time; 6+ rows take two weight rows per pass (each load of x feeds two FMAs, and with 8 rows
 // the 16 sums come out of one shuffle tree); bfloat16 uses vdpbf16ps where the CPU has it, two weight rows per pass
 // against 8 rows of x.
@@ -506,7 +506,7 @@ at::Tensor linear_int8(const at::Tensor& x_in, const at::Tensor& weight, const a
   acc_buffer.resize(M * N);
   const float* xf = float_rows(x, x_buffer);
   const int8_t* w = weight.data_ptr<int8_t>();
-  if (!(M <= kDigitMaxRows && cpu_has_int8_dot() && int8_rows_times_weight(xf, M, K, w, N, acc_buffer.data())))
+  if (!(M == 1 && cpu_has_int8_dot() && int8_row_times_weight(xf, K, w, N, acc_buffer.data())))
     rows_times_weight<I8>(xf, M, K, w, N, acc_buffer.data());
   finish(acc_buffer.data(), M, N, s.data_ptr<float>(), s.numel(), bias, y);
   return y;
@@ -526,9 +526,13 @@ TORCH_LIBRARY(neuronpack, m) {
   // returns the old setting
   m.def("set_dot_products(bool enabled) -> bool",
         [](bool enabled) { return dot_products_enabled.exchange(enabled); });
+  // how int8_row.cpp reads the weights: -1 by CPU, 1 one stream with a prefetch, 0 four streams; the old setting
+  m.def("set_int8_one_stream(int mode) -> int",
+        [](int64_t mode) { return int64_t{int8_one_stream(static_cast<int>(mode))}; });
 #else
   m.def("has_kernel() -> bool", []() { return false; });
   m.def("set_dot_products(bool enabled) -> bool", [](bool enabled) { return false; });
+  m.def("set_int8_one_stream(int mode) -> int", [](int64_t mode) { return int64_t{-1}; });
 #endif
 }
 
