@@ -9,7 +9,7 @@ completions through the same async openai client (bench/serve.py ``load_round``:
 each), the client on the same machine for both, at concurrency 1, 4 and 8, in ``--rounds`` paired rounds that
 alternate between them; figures: the median round's aggregate generated tokens/s and TTFT p50 per side, and the
 median per-pair ratio of neuronpack's aggregate to llama-server's, with its spread. Output: a table on stdout,
-docs/bench/peers-serve.json and .png.
+docs/bench/peers-serve.json and .png (``--out`` names them).
 
 llama-server is not on PyPI as a binary: build it from the llama.cpp tree the llama-cpp-python sdist vendors
 (the same llama.cpp as bench/peers.py's), e.g.
@@ -87,7 +87,7 @@ def measure_pair(start_ours, start_theirs, max_tokens: int, rounds: int) -> list
             for i in range(rounds):
                 order = [(0, ours), (1, theirs)] if i % 2 == 0 else [(1, theirs), (0, ours)]
                 for side, into in order:
-                    into.append(_round(servers[side][1], c, max_tokens))
+                    into.append(_round(servers[side][1], c, max_tokens, ("neuronpack", "llama-server")[side]))
             ratios = sorted(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(ours, theirs, strict=True))
             rows.append({"concurrency": c, "neuronpack": _median_round(ours), "llama_server": _median_round(theirs),
                          "ratio": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
@@ -98,16 +98,20 @@ def measure_pair(start_ours, start_theirs, max_tokens: int, rounds: int) -> list
             stop_server(proc)
 
 
-def _round(port: int, concurrency: int, max_tokens: int) -> dict:
-    """One load round; run again once if a connection dropped (seen once in ~100 rounds: "Server disconnected
-    without sending a response" on a kept-alive connection, neither server logging an error)."""
+def _round(port: int, concurrency: int, max_tokens: int, side: str, attempts: int = 3) -> dict:
+    """One load round, run again (up to ``attempts`` in all) when a connection dropped: llama-server sometimes closes
+    a kept-alive connection without a response ("Server disconnected without sending a response"; it logs no
+    error). Which side dropped goes to stderr."""
     import openai
 
-    try:
-        return asyncio.run(load_round(port, concurrency, 2 * concurrency, max_tokens))
-    except openai.APIConnectionError as exc:
-        print(f"round on port {port} dropped a connection ({exc}); running it again", file=sys.stderr)
-        return asyncio.run(load_round(port, concurrency, 2 * concurrency, max_tokens))
+    for attempt in range(1, attempts + 1):
+        try:
+            return asyncio.run(load_round(port, concurrency, 2 * concurrency, max_tokens))
+        except openai.APIConnectionError as exc:
+            if attempt == attempts:
+                raise
+            print(f"{side} (port {port}) dropped a connection ({exc}); running the round again", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 def _median_round(results: list[dict]) -> dict:
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds per concurrency (median reported)")
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-peers-serve")
+    parser.add_argument("--out", default="peers-serve", help="name of the JSON / PNG in docs/bench/")
     args = parser.parse_args(argv)
     rows = []
     threads_list = [int(t) for t in args.threads.split(",")]
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
               "slots": SLOTS, "load_avg_1min_at_end": os.getloadavg()[0], "rows": rows,
               "goal": "neuronpack >= 1.5x llama-server aggregate at 8 concurrent requests (issue 30)"}
     print_table(result)
-    print(f"saved {save_results('peers-serve', result)} and {plot(result)}")
+    print(f"saved {save_results(args.out, result)} and {plot(result, args.out)}")
 
 
 def print_table(r: dict) -> None:
@@ -160,7 +165,7 @@ def print_table(r: dict) -> None:
           f"load average at the end {r['load_avg_1min_at_end']:.1f} on {os.cpu_count()} cores")
 
 
-def plot(r: dict) -> Path:
+def plot(r: dict, name: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,7 +182,7 @@ def plot(r: dict) -> Path:
     ax.set_ylabel("neuronpack / llama-server aggregate tok/s")
     ax.set_title(f"serve vs llama-server, SmolLM2-135M, threads {r['threads']}")
     fig.tight_layout()
-    path = OUT_DIR / "peers-serve.png"
+    path = OUT_DIR / f"{name}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
