@@ -9,9 +9,9 @@
 //   four weight rows at a time. Where they are in memory is the CPU's (measured with bench/linears.py's layer set,
 //   one thread): on a Zen 5 (AMD family 26, round 9) rows one after another with a software prefetch kPrefetchBytes
 //   ahead, past the end of the matrix too (the loader lays the weights out in the order a step reads them,
-//   models/weight_arena.py), read at 70-88% of the bandwidth where four streams read at ~75%; on a Zen 4 (family
-//   25, this round) that pattern read SmolLM2's int8 layer linears and head at 12-15 GB/s, four weight rows far apart
-//   (four long streams, no software prefetch) at 20-23 GB/s. Other CPUs take the four streams.
+//   models/weight_arena.py): 42-47 GB/s against 35-36 for four streams (a C micro-benchmark of the layer sequence);
+//   on a Zen 4 (family 25, round 15) that pattern read SmolLM2's int8 layer linears and head at 12-15 GB/s, four
+//   weight rows far apart (four long streams, no software prefetch) at 20-23 GB/s. Other CPUs take the four streams.
 // - longer rows: q as two int16 rows (hi, lo) through vpdpwssd (32 pairs of int16 per instruction), four weight rows
 //   far apart at once sharing each load of x (four read streams): four digit rows no longer stay in L1 beside the
 //   streamed weights (see kDigitMaxK).
@@ -112,7 +112,7 @@ NEURONPACK_VNNI_TARGET inline __m512i tail_weights(const int8_t* w, int64_t left
   return _mm512_maskz_loadu_epi8(~0ULL >> (64 - left), w);
 }
 
-// ((A3 - 64 S) 2^8 + A2) 2^16 + A1 2^8 + A0 of one weight row, summed over the lanes.
+// (((A3 - 64 S) 2^8 + A2) 2^8 + A1) 2^8 + A0 per lane of one weight row (the caller sums the lanes).
 NEURONPACK_VNNI_TARGET inline __m512 combine(__m512i a0, __m512i a1, __m512i a2, __m512i a3, __m512i sum_w) {
   const __m512 f = _mm512_set1_ps(256.f);
   __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(a3, _mm512_slli_epi32(sum_w, 6)));
