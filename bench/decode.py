@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import os
 import platform
 import statistics
@@ -71,9 +72,12 @@ def weight_bytes(artifact: Path) -> int:
         with safe_open(str(path), "pt") as f:
             names = set(f.keys())
             if "lm_head.weight" in names and "model.embed_tokens.weight" in names:
-                embed = f.get_tensor("model.embed_tokens.weight")
-                total -= embed.numel() * embed.element_size()
+                embed = f.get_slice("model.embed_tokens.weight")  # shape and dtype from the header, no read
+                total -= math.prod(embed.get_shape()) * _DTYPE_BYTES[embed.get_dtype()]
     return total
+
+
+_DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def np_step_ms(lm, prompt: list[int], active: int, tokens: int) -> tuple[float, float]:
