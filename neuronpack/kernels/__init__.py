@@ -1,5 +1,6 @@
 """neuronpack's own CPU kernels (linear.cpp: the decode linears; int8_row.cpp: int8 weights against one row;
-attention.cpp: the decode attention; simd.h: what they share), compiled with the C++ compiler torch uses.
+int8_rows.cpp: int8 weights against 2-16 rows, x rounded to int16 per row; attention.cpp: the decode attention;
+simd.h: what they share), compiled with the C++ compiler torch uses.
 
 ``load_kernels()`` registers ``torch.ops.neuronpack.linear(x, weight, bias=None)`` and
 ``torch.ops.neuronpack.linear_int8(x, weight, scale, bias=None)``: ``x @ weight.T`` (+ bias) with the result in
@@ -37,7 +38,8 @@ from pathlib import Path
 
 from neuronpack.errors import ArtifactError, NeuronpackError
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.cpp", "int8_row.cpp", "attention.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("linear.cpp", "int8_row.cpp", "int8_rows.cpp", "attention.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("simd.h", "int8_row.h"))
 
 

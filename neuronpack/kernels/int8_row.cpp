@@ -47,19 +47,6 @@ constexpr int64_t kPrefetchBytes = 16384;
 // 255 * 128 per instruction, 2^31 after 2^20 columns).
 constexpr int64_t kIntBlock = 4096;
 
-// max|x| over x [K]; inf when x holds an inf, NaN when it holds a NaN (vmaxps alone would drop a NaN: it returns its
-// second operand when either is one).
-NEURONPACK_VNNI_TARGET float abs_max(const float* x, int64_t K) {
-  __m512 amax = _mm512_setzero_ps();
-  __mmask16 nan = 0;
-  for (int64_t k = 0; k < K; k += 16) {
-    const __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask16(K - k), x + k));
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    amax = _mm512_max_ps(amax, v);
-  }
-  return nan ? __builtin_nanf("") : _mm512_reduce_max_ps(amax);
-}
-
 // hi, lo of 16 values of x (see the top of this file); inv = 32767 / max|x|.
 NEURONPACK_VNNI_TARGET inline void split16(const float* x, __mmask16 mask, __m512 inv, __m512i& hi, __m512i& lo) {
   const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x), inv);

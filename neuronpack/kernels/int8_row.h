@@ -11,3 +11,8 @@ bool int8_row_times_weight(const float* x, int64_t K, const int8_t* w, int64_t N
 // How the digit kernel reads the weight rows: -1 by CPU (default), 1 one stream with a software prefetch, 0 four
 // streams far apart. Returns the old setting.
 int int8_one_stream(int mode);
+
+// out [M, N] float32 = x [M, K] float32 @ w [N, K] int8 .T for 2-16 rows, each row of x rounded to int16 with a
+// scale of its own (int8_rows.cpp: to within max|x[m]| * 2^-16 per element), through AVX512_VNNI's vpdpwssd (the
+// caller checked the CPU has it). False when x holds an inf or a NaN, as above.
+bool int8_rows_times_weight(const float* x, int64_t M, int64_t K, const int8_t* w, int64_t N, float* out);

@@ -506,8 +506,9 @@ at::Tensor linear_int8(const at::Tensor& x_in, const at::Tensor& weight, const a
   acc_buffer.resize(M * N);
   const float* xf = float_rows(x, x_buffer);
   const int8_t* w = weight.data_ptr<int8_t>();
-  if (!(M == 1 && cpu_has_int8_dot() && int8_row_times_weight(xf, K, w, N, acc_buffer.data())))
-    rows_times_weight<I8>(xf, M, K, w, N, acc_buffer.data());
+  const bool dot = cpu_has_int8_dot() && (M == 1 ? int8_row_times_weight(xf, K, w, N, acc_buffer.data())
+                                                 : int8_rows_times_weight(xf, M, K, w, N, acc_buffer.data()));
+  if (!dot) rows_times_weight<I8>(xf, M, K, w, N, acc_buffer.data());
   finish(acc_buffer.data(), M, N, s.data_ptr<float>(), s.numel(), bias, y);
   return y;
 #else

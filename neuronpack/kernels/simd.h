@@ -33,6 +33,19 @@ inline __mmask32 tail_mask32(int64_t left) {
   return left >= 32 ? static_cast<__mmask32>(0xFFFFFFFFu) : static_cast<__mmask32>((1u << left) - 1);
 }
 
+// max|x| over x [K]; inf when x holds an inf, NaN when it holds a NaN (vmaxps alone would drop a NaN: it returns its
+// second operand when either is one).
+inline float abs_max(const float* x, int64_t K) {
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  for (int64_t k = 0; k < K; k += 16) {
+    const __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask16(K - k), x + k));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    amax = _mm512_max_ps(amax, v);
+  }
+  return nan ? __builtin_nanf("") : _mm512_reduce_max_ps(amax);
+}
+
 // Lane i of the result = the sum of v[i]'s 16 lanes: a tree of 45 shuffles and adds where 16 separate reductions
 // take ~130 instructions (with 8 rows of x and two weight rows they cost ~15% of the FMAs of a 576-long row).
 inline __m512 sum16(const __m512 v[16]) {

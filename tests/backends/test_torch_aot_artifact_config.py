@@ -24,7 +24,7 @@ TARGET = {"compiler": "aoti", "cpu_capability": "AVX512", "device": "cpu", "mach
 # A tiny-test.toml AOTInductor build (neuronpack before ArtifactConfig).
 OLD_AOTI = {
     "batch_size": 2, "compiler": "aoti", "context_encoding_buckets": [16, 64], "ctx_batch_size": 1,
-    "enable_bucketing": True, "format": "neuronpack-torch", "format_version": 9,
+    "enable_bucketing": True, "format": "neuronpack-torch", "format_version": FORMAT_VERSION,
     "graphs": {"head": "head", "layer_decode": "layer_decode", "layer_step": "layer_step"}, "head_dim": 16,
     "is_continuous_batching": True, "kv_cache_dtype": "float32", "kv_cache_positions": 129, "layer_graphs": [0, 0],
     "linear_kernels": True, "lora": None, "max_context_length": 64, "max_length": 128, "max_step_tokens": 64,

@@ -22,8 +22,9 @@ FORMAT = "neuronpack-torch"
 # layer graph computes attention as fused loops (no bmm calls), and int8 one-row linears use vpdpwssd; 7: with
 # ``linear_kernels`` the decode layer graph calls torch.ops.neuronpack.decode_attention; 8: the shipped kernels' int8
 # one-row linears read rows in order through vpdpbusd (kernels/int8_row.cpp); 9: the shipped decode attention
-# prefetches the cache rows it reads (kernels/attention.cpp)
-FORMAT_VERSION = 9
+# prefetches the cache rows it reads (kernels/attention.cpp); 10: the shipped kernels' int8 linears over 2-16 rows
+# round each row of x to int16 and dot it through vpdpwssd (kernels/int8_rows.cpp)
+FORMAT_VERSION = 10
 GRAPHS_FILE = "graphs.pt2"
 WEIGHTS_DIR = "weights"
 DRAFT_DIR = "draft"  # the converted EAGLE draft ([speculation] kind = "eagle")
