@@ -6,8 +6,10 @@ aborted requests from a thread-safe inbox, then twice schedule / execute / updat
 runs them on the model (all of them in one call), the engine samples their first tokens; then the scheduler plans
 one decode step over the running sequences only (the compiled graph runs at the batch of running sequences, so one
 request alone costs a batch-1 step), the runner runs it and the engine samples one token per sequence. While streams
-are decoding, at most ``max_prefills_per_step`` prompts are prefilled between two decode steps, so a long prompt
-never stalls them for more than one prefill. Which sequence holds which KV row is the scheduler's ``RowAllocator``
+are decoding, the prompts prefilled between two decode steps share one call of at most ``max_prefill_tokens``
+token positions (prompts x the longest; default: the longest prompt the artifact takes), so they never stall the
+streams for longer than one longest prompt would, and prompts that arrive together (short ones, a burst of
+clients) are prefilled together instead of one per decode step (vLLM's token budget per step). Which sequence holds which KV row is the scheduler's ``RowAllocator``
 (kv_rows.py) alone; the plans carry the row copies the model's cache (and an EAGLE draft's) apply.
 
 Limits are checked when a request is submitted (``requests.check_request``: HTTP 400 before anything streams;
@@ -84,7 +86,7 @@ class Engine:
         max_model_len: int | None = None,
         global_topk: int = DEFAULT_GLOBAL_TOPK,
         lookahead: int = 0,
-        max_prefills_per_step: int = 1,
+        max_prefill_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
         limits: EngineLimits | None = None,
         speculation: SpeculationConfig | None = None,
@@ -99,7 +101,7 @@ class Engine:
                            else None)
         # Speculating, a sequence must leave room for a whole verify call: it ends "length + lookahead" early.
         self.lookahead = max(lookahead, speculation.length if speculation else 0)
-        self.max_prefills_per_step = max(1, max_prefills_per_step)
+        self.max_prefill_tokens = max(1, max_prefill_tokens or self.max_prompt_len)
         self.eos_token_ids = frozenset({*model.eos_token_ids, tokenizer.eos_token_id} - {None})
         self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
         self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
@@ -202,9 +204,8 @@ class Engine:
         if sched.idle:
             self._update_load()
             return False
-        # No stream running: fill every free row at once; otherwise interleave a bounded number of prefills.
-        limit = sched.free_rows if not sched.running else self.max_prefills_per_step
-        plan = sched.schedule_prefills(limit)
+        # No stream running: fill every free row at once; otherwise interleave prefills of a bounded cost.
+        plan = sched.schedule_prefills(sched.free_rows, self.max_prefill_tokens if sched.running else None)
         self.runner.move_rows(plan.moves)
         if plan.prefills:
             self._prefill(plan)

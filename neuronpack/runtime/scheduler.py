@@ -14,7 +14,7 @@ Example::
 
     sched = SlotScheduler(batch_size=4)
     sched.add(seq)
-    plan = sched.schedule_prefills(limit=1)   # seq takes row 0: plan.prefills[0].row == 0
+    plan = sched.schedule_prefills(limit=4, token_budget=64)  # seq takes row 0: plan.prefills[0].row == 0
     ...                                      # the runner prefills it, the engine samples its first token
     plan = sched.schedule_decode()           # plan.decodes: one DecodeRow per running sequence, rows 0..n-1
 """
@@ -91,12 +91,19 @@ class SlotScheduler(Generic[S]):
         return [m for seq in self.waiting for m in (seq, *seq.forks)] + self.running
 
     # ---- plans ---------------------------------------------------------------------------------------------------
-    def schedule_prefills(self, limit: int) -> StepPlan:
+    def schedule_prefills(self, limit: int, token_budget: int | None = None) -> StepPlan:
         """Pack the running rows, then admit up to ``limit`` waiting prompts (FIFO; a fork group counts as one and
-        takes all its rows at once, waiting until that many are free) into the lowest free rows."""
+        takes all its rows at once, waiting until that many are free) into the lowest free rows. ``token_budget``:
+        the prompts after the first are admitted only while the call they share costs at most that many token
+        positions (one prefill call pads every prompt to the longest: prompts x longest)."""
         moves = self._compact()
         groups = []
+        longest = 0
         while self.waiting and len(groups) < limit and self.rows.free >= 1 + len(self.waiting[0].forks):
+            cost = (len(groups) + 1) * max(longest, len(self.waiting[0].prompt_ids))
+            if groups and token_budget is not None and cost > token_budget:
+                break
+            longest = max(longest, len(self.waiting[0].prompt_ids))
             seq = self.waiting.popleft()
             row = self.rows.allocate(seq)
             forks, seq.forks = seq.forks, []  # admitted: from now on the members are independent sequences

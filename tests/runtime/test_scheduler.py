@@ -1,5 +1,5 @@
 """Scheduling without a model and without torch: the plans ``SlotScheduler`` emits (admission, fork groups,
-max_prefills_per_step, aborts / timeouts freeing rows, the speculation lookahead) and the ``RowAllocator`` they
+the prefill token budget, aborts / timeouts freeing rows, the speculation lookahead) and the ``RowAllocator`` they
 come from."""
 
 from __future__ import annotations
@@ -83,13 +83,22 @@ def test_a_freed_row_is_packed_before_the_next_phase():
     assert sched.running == [c, b] and sched.schedule_decode().moves == ()
 
 
-def test_max_prefills_per_step_is_the_engine_limit_on_admission():
-    sched = SlotScheduler(batch_size=4)
-    for i in range(4):
-        sched.add(Seq(f"r{i}"))
-    assert len(sched.schedule_prefills(limit=1).prefills) == 1
-    assert len(sched.schedule_prefills(limit=1).prefills) == 1
-    assert len(sched.waiting) == 2
+def test_the_token_budget_bounds_one_prefill_call_and_a_long_prompt_goes_alone():
+    """Prompts share a prefill call while prompts x the longest stays within the budget (FIFO, nothing skipped);
+    a prompt longer than the budget is still admitted, alone; without a budget every free row fills."""
+    sched = SlotScheduler(batch_size=8)
+    lengths = [10, 10, 30, 5, 5, 50]
+    for i, n in enumerate(lengths):
+        sched.add(Seq(f"r{i}", prompt_ids=list(range(n))))
+    admitted = [[g.request_id for g in sched.schedule_prefills(8, token_budget=40).prefills] for _ in range(4)]
+    # r0 + r1: 2 x 10; + r2 would be 3 x 30. r2 alone (30); + r3: 2 x 30. r3 + r4: 2 x 5; + r5: 3 x 50. r5 alone.
+    assert admitted == [["r0", "r1"], ["r2"], ["r3", "r4"], ["r5"]]
+    assert not sched.waiting
+    for i in range(2):
+        sched.add(Seq(f"s{i}", prompt_ids=list(range(30))))
+    assert len(sched.schedule_prefills(limit=2).prefills) == 2  # no budget: the limit (free rows) alone
+    sched.add(Seq("t", prompt_ids=[1]))
+    assert sched.schedule_prefills(limit=8, token_budget=40).prefills == ()  # no row left
 
 
 def test_a_fork_group_takes_its_rows_at_once_and_keeps_fifo():
