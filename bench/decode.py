@@ -151,8 +151,9 @@ def measure(label: str, artifact: Path, model_dir: Path, tokens: int, repeat: in
         **{f"{k}_cpu_ms": round(v, 2) for k, v in best_cpu.items()},
         "np_batch_ratio": round(best["np_bn"] / best["np_b1"], 2),  # goal <= 1.5
         # the same ratio within each round (both steps a few seconds apart), median over the rounds
-        "np_batch_ratio_paired": round(statistics.median(bn / b1 for b1, bn in zip(runs["np_b1"], runs["np_bn"],
-                                                                                   strict=True)), 2),
+        "np_batch_ratio_paired": round(statistics.median(ratios := [bn / b1 for b1, bn in zip(
+            runs["np_b1"], runs["np_bn"], strict=True)]), 2),
+        "np_batch_ratio_paired_spread": [round(min(ratios), 2), round(max(ratios), 2)],
         "paired_read_gbs": [round(b, 1) for b in paired],
         "np_batch_ratio_cpu": round(best_cpu["np_bn"] / best_cpu["np_b1"], 2),
         "hf_batch_ratio": round(best["hf_bn"] / best["hf_b1"], 2),
@@ -169,6 +170,7 @@ def add_bound(result: dict, bandwidth: float) -> dict:
               for gbs, ms in zip(result["paired_read_gbs"], result["runs_ms"]["np_b1"], strict=True)]
     return {**result, "bound_ms": round(bound_ms, 2), "np_b1_of_bound": round(bound_ms / result["np_b1_ms"], 3),
             "np_b1_of_bound_paired": round(statistics.median(paired), 3),
+            "np_b1_of_bound_paired_spread": [round(min(paired), 3), round(max(paired), 3)],
             "hf_b1_of_bound": round(bound_ms / result["hf_b1_ms"], 3)}
 
 
@@ -242,6 +244,12 @@ def main() -> None:
               f"{r['np_batch_ratio']:6.2f} {r['np_batch_ratio_cpu']:6.2f} {r['np_batch_ratio_paired']:6.2f} "
               f"{r['hf_b1_ms']:7.1f} {r['hf_bn_ms']:7.1f} {r['np_b1_of_bound']:8.0%} {r['np_b1_of_bound_paired']:6.0%} "
               f"{r['speedup_b1_vs_hf']:7.2f}x {r['speedup_bn_vs_hf']:7.2f}x   N={r['batch']}")
+    for r in results:  # issue 12's lines as medians of the paired rounds, with their spread
+        low, high = r["np_b1_of_bound_paired_spread"]
+        b_low, b_high = r["np_batch_ratio_paired_spread"]
+        print(f"{r['label']}: one-row step / bound {r['np_b1_of_bound_paired']:.0%} ({low:.0%}-{high:.0%}), "
+              f"{r['batch']} active / 1 active {r['np_batch_ratio_paired']:.2f} ({b_low:.2f}-{b_high:.2f}), "
+              f"medians of {len(r['paired_read_gbs'])} paired rounds")
 
 
 if __name__ == "__main__":

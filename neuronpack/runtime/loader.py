@@ -94,11 +94,23 @@ def load_engine(
                         artifact_dir)
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def serving_threads() -> int:
+    """``neuronpack serve``'s default compute threads: every core but one, which the HTTP server's event loop (and
+    whatever else runs beside it) keeps; at least one. A decode step is hundreds of OpenMP regions, and a compute
+    thread preempted inside one stalls the whole team: on 2 cores, 2 threads served SmolLM2 int8 at 58 tok/s to
+    one client where 1 thread served 156 (docs/serve.md). vLLM's CPU backend reserves cores the same way
+    (VLLM_CPU_NUM_OF_RESERVED_CPU)."""
+    return max(1, available_cores() - 1)
+
+
 def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op threads: the given number, else every core this process may run on."""
     import torch
 
-    if not num_threads:
-        num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(max(1, num_threads))
+    torch.set_num_threads(max(1, num_threads or available_cores()))
     return torch.get_num_threads()
