@@ -139,7 +139,7 @@ def main() -> None:
               "agreement": agreement, "results": results}
     save_results(args.out, report)
     plot(results, OUT_DIR / f"{args.out}.png")
-    print(f"\n| rows | int16 rows ms | float32 widening ms | speedup (spread) |\n|---|---|---|---|")
+    print("\n| rows | int16 rows ms | float32 widening ms | speedup (spread) |\n|---|---|---|---|")
     for r in results:
         print(f"| {r['rows']} | {r[KERNELS[0]]['step_ms']:.2f} | {r[KERNELS[1]]['step_ms']:.2f} | "
               f"{r['speedup']:.2f}x ({r['speedup_spread'][0]:.2f}-{r['speedup_spread'][1]:.2f}) |")

@@ -9,8 +9,9 @@ request alone costs a batch-1 step), the runner runs it and the engine samples o
 are decoding, the prompts prefilled between two decode steps share one call of at most ``max_prefill_tokens``
 token positions (prompts x the longest; default: the longest prompt the artifact takes), so they never stall the
 streams for longer than one longest prompt would, and prompts that arrive together (short ones, a burst of
-clients) are prefilled together instead of one per decode step (vLLM's token budget per step). Which sequence holds which KV row is the scheduler's ``RowAllocator``
-(kv_rows.py) alone; the plans carry the row copies the model's cache (and an EAGLE draft's) apply.
+clients) are prefilled together instead of one per decode step (vLLM's token budget per step). Which sequence holds
+which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the row copies the model's
+cache (and an EAGLE draft's) apply.
 
 Limits are checked when a request is submitted (``requests.check_request``: HTTP 400 before anything streams;
 ``max_tokens`` is clamped to what fits, like vLLM). ``max_tokens`` 0 scores the prompt only (prompt logprobs).
