@@ -89,6 +89,11 @@ def serve_command(
         float, typer.Option("--shutdown-grace", min=0.0,
                             help="on SIGTERM, seconds in-flight requests get to finish before they are ended")
     ] = DEFAULT_SHUTDOWN_GRACE,
+    max_prefill_tokens: Annotated[
+        int | None, typer.Option("--max-prefill-tokens", min=1,
+                                 help="torch artifacts: token positions (prompts x the longest) of the one prefill "
+                                      "call between two decode steps (default: the artifact's largest prompt)")
+    ] = None,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,
 ) -> None:
@@ -103,6 +108,10 @@ def serve_command(
     if served_model_name:
         manifest = manifest.with_serve(served_model_name=served_model_name)
     if manifest.framework != "torch":
+        if max_prefill_tokens is not None:
+            raise ServeError("--max-prefill-tokens sets the built-in runtime's scheduling, and this artifact is served "
+                             "by vLLM", where=str(path), fix="drop the option: on Neuron the compiled buckets decide "
+                                                             "what one step prefills")
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
                      output_format=output_format, requested_target=vllm_target, tool_call_parser=tool_call_parser,
                      structured_outputs=structured_outputs)
@@ -110,7 +119,7 @@ def serve_command(
     if tool_call_parser not in (None, "hermes"):
         raise ServeError(f"the built-in server parses hermes tool calls only, not {tool_call_parser!r}",
                          where="--tool-call-parser", fix="drop the option or pass hermes")
-    limits = _ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace)
+    limits = _ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace, max_prefill_tokens)
     if print_command:
         argv = [sys.executable, "-m", "neuronpack", "serve", str(path), "--host", host, "--port", str(port),
                 *limits.argv()]
@@ -203,10 +212,13 @@ class _ServeLimits(NamedTuple):
     max_waiting: int
     request_timeout: float
     shutdown_grace: float
+    max_prefill_tokens: int | None = None
 
     def argv(self) -> list[str]:
+        budget = ["--max-prefill-tokens", str(self.max_prefill_tokens)] if self.max_prefill_tokens else []
         return ["--max-body-bytes", str(self.max_body_bytes), "--max-waiting", str(self.max_waiting),
-                "--request-timeout", f"{self.request_timeout:g}", "--shutdown-grace", f"{self.shutdown_grace:g}"]
+                "--request-timeout", f"{self.request_timeout:g}", "--shutdown-grace", f"{self.shutdown_grace:g}",
+                *budget]
 
 
 def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
@@ -217,7 +229,8 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     from neuronpack.runtime.memory import limit_malloc_arenas, release_free_memory
     from neuronpack.runtime.server import create_app, run_server
 
-    engine_limits = EngineLimits(max_waiting=limits.max_waiting, request_timeout=limits.request_timeout or None)
+    engine_limits = EngineLimits(max_waiting=limits.max_waiting, request_timeout=limits.request_timeout or None,
+                                 max_prefill_tokens=limits.max_prefill_tokens)
     limit_malloc_arenas()  # before the server's threads exist: see runtime/memory.py
     loaded = load_engine(path, manifest=manifest, num_threads=threads or serving_threads(), reporter=reporter,
                          limits=engine_limits)

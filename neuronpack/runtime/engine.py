@@ -6,12 +6,12 @@ aborted requests from a thread-safe inbox, then twice schedule / execute / updat
 runs them on the model (all of them in one call), the engine samples their first tokens; then the scheduler plans
 one decode step over the running sequences only (the compiled graph runs at the batch of running sequences, so one
 request alone costs a batch-1 step), the runner runs it and the engine samples one token per sequence. While streams
-are decoding, the prompts prefilled between two decode steps share one call of at most ``max_prefill_tokens``
-token positions (prompts x the longest; default: the longest prompt the artifact takes), so they never stall the
-streams for longer than one longest prompt would, and prompts that arrive together (short ones, a burst of
-clients) are prefilled together instead of one per decode step (vLLM's token budget per step). Which sequence holds
-which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the row copies the model's
-cache (and an EAGLE draft's) apply.
+are decoding, the prompts prefilled between two decode steps share one call of at most
+``EngineLimits.max_prefill_tokens`` token positions (prompts x the longest; default: the longest prompt the artifact
+takes), so they never stall the streams for longer than one longest prompt would, and prompts that arrive together
+(short ones, a burst of clients) are prefilled together instead of one per decode step (vLLM's token budget per
+step). Which sequence holds which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the
+row copies the model's cache (and an EAGLE draft's) apply.
 
 Limits are checked when a request is submitted (``requests.check_request``: HTTP 400 before anything streams;
 ``max_tokens`` is clamped to what fits, like vLLM). ``max_tokens`` 0 scores the prompt only (prompt logprobs).
@@ -87,7 +87,6 @@ class Engine:
         max_model_len: int | None = None,
         global_topk: int = DEFAULT_GLOBAL_TOPK,
         lookahead: int = 0,
-        max_prefill_tokens: int | None = None,
         metrics: EngineMetrics | None = None,
         limits: EngineLimits | None = None,
         speculation: SpeculationConfig | None = None,
@@ -102,7 +101,6 @@ class Engine:
                            else None)
         # Speculating, a sequence must leave room for a whole verify call: it ends "length + lookahead" early.
         self.lookahead = max(lookahead, speculation.length if speculation else 0)
-        self.max_prefill_tokens = max(1, max_prefill_tokens or self.max_prompt_len)
         self.eos_token_ids = frozenset({*model.eos_token_ids, tokenizer.eos_token_id} - {None})
         self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
         self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
@@ -114,6 +112,7 @@ class Engine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.limits = limits or EngineLimits()
+        self.max_prefill_tokens = max(1, self.limits.max_prefill_tokens or self.max_prompt_len)
         self.admission = Admission(model.batch_size, self.limits.max_waiting, self.metrics)
         self.grammars = GrammarCompiler(tokenizer.to_json_str, vocab_size=model.vocab_size,
                                         eos_token_ids=sorted(self.eos_token_ids))

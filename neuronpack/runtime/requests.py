@@ -33,10 +33,13 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 @dataclass(frozen=True)
 class EngineLimits:
     """Load limits. ``max_waiting``: requests that may wait for a slot beyond the batch (None: unbounded);
-    ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never)."""
+    ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never);
+    ``max_prefill_tokens``: token positions the prompts prefilled between two decode steps may take in their one
+    call (prompts x the longest; None: the longest prompt the artifact takes; a longer prompt still goes, alone)."""
 
     max_waiting: int | None = None
     request_timeout: float | None = None
+    max_prefill_tokens: int | None = None
 
 
 class CompiledModel(Protocol):

@@ -96,6 +96,8 @@ def test_serve_print_command_for_a_torch_artifact(artifact):
     result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--tool-call-parser", "mistral"])
     assert result.exit_code == 1 and "parses hermes tool calls only" in result.stderr
     assert "Traceback" not in result.output
+    result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--max-prefill-tokens", "16"])
+    assert result.exit_code == 0 and "--max-prefill-tokens 16" in result.stdout
 
 
 def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
@@ -123,6 +125,8 @@ def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
     assert result.stderr.count("structured outputs are NOT enforced") == 1
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--structured-outputs"])
     assert result.exit_code == 1 and "cannot be honoured" in result.stderr and "Traceback" not in result.output
+    result = runner.invoke(app, ["serve", str(path), "--print-command", "--max-prefill-tokens", "16"])
+    assert result.exit_code == 1 and "--max-prefill-tokens" in result.stderr and "Traceback" not in result.output
     host = compile_model(str(tiny_llama), overrides=[*TINY_NXD, "sampling.on_device=false"],
                          out_root=tmp_path / "root").path
     result = runner.invoke(app, ["serve", str(host), "--print-command", "--structured-outputs", "--vllm-target",

@@ -4,6 +4,7 @@ import pytest
 
 from neuronpack.errors import InvalidRequestError
 from neuronpack.runtime.engine import Engine, GenerationRequest
+from neuronpack.runtime.requests import EngineLimits
 from neuronpack.runtime.sampling import SamplingParams
 from tests.runtime.serving import hf_greedy
 
@@ -51,11 +52,37 @@ def test_continuous_batching_queues_interleaves_and_matches_sequential(engine):
     while engine.step():
         steps += 1
         running = engine.scheduler.running
-        # At most one prefill between two decode steps while others stream.
+        # The prompts prefilled between two decode steps while others stream fit the token budget together.
         newly_started = [s for s in running if len(s.output.token_ids) == 2]
-        assert len(newly_started) <= 1
+        if len(newly_started) > 1:
+            longest = max(len(s.prompt_ids) for s in newly_started)
+            assert len(newly_started) * longest <= engine.max_prefill_tokens
     assert outputs == sequential
     assert engine.scheduler.idle and steps > 0
+
+
+@pytest.mark.parametrize(("budget", "admitted"), [(None, 3), (1, 1)])
+def test_a_burst_during_a_stream_shares_one_prefill_within_the_token_budget(compiled_lm, artifact_tokenizer, budget,
+                                                                             admitted):
+    """Three prompts arriving while a stream decodes: the default budget (the artifact's largest prompt) prefills
+    them in one call before the next decode step; a budget of 1 token position admits one per step (each prompt
+    still goes alone). Either way every sequence's tokens are what it generates alone."""
+    engine = Engine(compiled_lm, artifact_tokenizer, limits=EngineLimits(max_prefill_tokens=budget))
+    tok = engine.tokenizer
+    texts = [f"{p} {i}" for i, p in enumerate(PROMPTS + PROMPTS[:1])]
+    alone = {t: engine.generate(greedy_request(tok, t, max_tokens=8)).token_ids for t in texts}
+    outputs: dict[str, list[int]] = {t: [] for t in texts}
+    engine.submit(greedy_request(tok, texts[0], max_tokens=8), lambda out: outputs[texts[0]].extend(out.token_ids))
+    engine.step()
+    for text in texts[1:]:
+        engine.submit(greedy_request(tok, text, max_tokens=8), lambda out, t=text: outputs[t].extend(out.token_ids))
+    engine.step()
+    assert len(engine.scheduler.running) == 1 + admitted
+    if budget is None:  # the default: room for the three prompts in one call
+        assert engine.max_prefill_tokens == engine.max_prompt_len >= 3 * max(len(tok.encode(t)) for t in texts)
+    while engine.step():
+        pass
+    assert outputs == alone
 
 
 def test_seeded_sampling_is_reproducible(engine):

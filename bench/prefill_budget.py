@@ -1,0 +1,115 @@
+"""A burst of prompts while a stream decodes: the engine's prefill token budget against one prefill per decode step.
+
+SmolLM2-135M-Instruct's batch-8 artifact (``--dtype``, default int8 with the head quantized too, as
+bench/peers_serve.py serves it) in one process, the engine stepped in this thread (no HTTP, no client): one request
+starts decoding, then 7 chat prompts arrive at once. Two policies side by side, ``--rounds`` alternating rounds:
+
+* ``one per step``: ``EngineLimits(max_prefill_tokens=1)``, which admits one prompt between two decode steps (what every
+  engine before format 10 did while a stream ran);
+* ``token budget``: the default, every waiting prompt that fits one prefill call of at most the artifact's longest
+  prompt in token positions (prompts x the longest).
+
+Figures per policy (medians over the rounds): the burst's time to first token (p50 and the last one), the longest gap
+between two tokens of the running stream while the burst is admitted (what the budget bounds), and the time until
+the burst's 7 requests and the stream have all finished (``--max-tokens`` each). Output: a table on stdout,
+docs/bench/prefill_budget.json and .png.
+
+    .venv/bin/python bench/prefill_budget.py --model .demo/SmolLM2-135M-Instruct [--threads 1] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from _common import build_artifact, save_bar_plot, save_results
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child.",
+           "List three prime numbers.", "Translate 'good morning' into French.", "Why is the sky blue?",
+           "Give me a name for a cat.", "What does a compiler do?"]
+POLICIES = {"one per step": 1, "token budget": None}
+
+
+def burst(lm, tokenizer, prompts: list[list[int]], budget: int | None, max_tokens: int) -> dict:
+    """One round: prompts[0] decodes alone for a few steps, then prompts[1:] arrive together."""
+    from neuronpack.runtime.engine import Engine
+    from neuronpack.runtime.requests import EngineLimits, GenerationRequest
+
+    engine = Engine(lm, tokenizer, limits=EngineLimits(max_prefill_tokens=budget))
+    times: dict[str, list[float]] = {}
+
+    def sink(out) -> None:
+        if out.token_ids:
+            times.setdefault(out.request_id, []).append(time.perf_counter())
+
+    def request(ids: list[int], name: str) -> GenerationRequest:
+        return GenerationRequest(prompt_ids=tuple(ids), max_tokens=max_tokens, ignore_eos=True, request_id=name)
+
+    engine.submit(request(prompts[0], "stream"), sink)
+    while len(times.get("stream", ())) < 4:
+        engine.step()
+    arrived = time.perf_counter()
+    for i, ids in enumerate(prompts[1:]):
+        engine.submit(request(ids, f"burst{i}"), sink)
+    while engine.step():
+        pass
+    done = max(t[-1] for t in times.values())
+    first = sorted(times[f"burst{i}"][0] - arrived for i in range(len(prompts) - 1))
+    admitted = max(times[f"burst{i}"][0] for i in range(len(prompts) - 1))
+    # the stream's last token before the burst, then its tokens after: the gaps until the whole burst is admitted
+    stream = [t for t in times["stream"] if t < arrived][-1:] + [t for t in times["stream"] if t >= arrived]
+    gaps = [b - a for a, b in zip(stream[:-1], stream[1:], strict=True) if a <= admitted]
+    return {"ttft_p50_ms": statistics.median(first) * 1000, "ttft_last_ms": first[-1] * 1000,
+            "stream_max_gap_ms": max(gaps, default=0.0) * 1000, "all_done_s": done - arrived}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="the SmolLM2 HF checkpoint (import-gguf output)")
+    parser.add_argument("--dtype", default="int8", choices=["float32", "bfloat16", "int8"])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/neuronpack-bench-prefill-budget"))
+    parser.add_argument("--out", default="prefill_budget")
+    args = parser.parse_args()
+    import transformers
+
+    from neuronpack.backends.torch_aot import load_artifact
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+    artifact = build_artifact(args.model, args.dtype, args.work / f"artifact-{args.dtype}-b8", batch=8, seq_len=256,
+                              max_context=64, include_lm_head=args.dtype == "int8")
+    torch.set_num_threads(args.threads)
+    lm = load_artifact(artifact)
+    tokenizer = ArtifactTokenizer.from_dir(artifact)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    prompts = [list(hf_tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=True)["input_ids"]) for p in PROMPTS]
+    load_before = os.getloadavg()
+    rounds: dict[str, list[dict]] = {name: [] for name in POLICIES}
+    burst(lm, tokenizer, prompts, None, 8)  # warm-up
+    for r in range(args.rounds):
+        for name in (list(POLICIES) if r % 2 == 0 else list(POLICIES)[::-1]):
+            rounds[name].append(burst(lm, tokenizer, prompts, POLICIES[name], args.max_tokens))
+    results = {name: {key: statistics.median(x[key] for x in runs) for key in runs[0]} | {"rounds": runs}
+               for name, runs in rounds.items()}
+    print(f"{'policy':14} {'TTFT p50 ms':>12} {'TTFT last ms':>12} {'stream max gap ms':>18} {'all done s':>10}")
+    for name, res in results.items():
+        print(f"{name:14} {res['ttft_p50_ms']:12.0f} {res['ttft_last_ms']:12.0f} {res['stream_max_gap_ms']:18.0f} "
+              f"{res['all_done_s']:10.2f}")
+    save_results(args.out, {"artifact": str(artifact), "dtype": args.dtype, "threads": args.threads,
+                            "rounds": args.rounds, "max_tokens": args.max_tokens,
+                            "prompt_tokens": [len(p) for p in prompts], "loadavg_before": load_before,
+                            "loadavg_after": os.getloadavg(), "torch": torch.__version__, "results": results})
+    save_bar_plot(args.out, [f"{n}\nTTFT p50" for n in POLICIES] + [f"{n}\nTTFT last" for n in POLICIES],
+                  [results[n]["ttft_p50_ms"] for n in POLICIES] + [results[n]["ttft_last_ms"] for n in POLICIES],
+                  ylabel="ms (median of rounds)", title=f"7 prompts arriving during a stream, SmolLM2 {args.dtype}")
+
+
+if __name__ == "__main__":
+    main()
