@@ -2,12 +2,12 @@
 
 SmolLM2-135M-Instruct's batch-8 artifact (``--dtype``, default int8 with the head quantized too, as
 bench/peers_serve.py serves it) in one process, the engine stepped in this thread (no HTTP, no client): one request
-starts decoding, then 7 chat prompts arrive at once. Two policies side by side, ``--rounds`` alternating rounds:
+starts decoding, then 7 chat prompts arrive at once. The budgets of ``--budgets`` side by side (``EngineLimits.
+max_prefill_tokens``), ``--rounds`` rounds, the order rotating every round:
 
-* ``one per step``: ``EngineLimits(max_prefill_tokens=1)``, which admits one prompt between two decode steps (what every
-  engine before format 10 did while a stream ran);
-* ``token budget``: the default, every waiting prompt that fits one prefill call of at most the artifact's longest
-  prompt in token positions (prompts x the longest).
+* ``1``: one prompt between two decode steps (what every engine before format 10 did while a stream ran);
+* ``default``: the artifact's longest prompt in token positions (prompts x the longest);
+* any number N: every waiting prompt that fits one prefill call of N token positions.
 
 Figures per policy (medians over the rounds): the burst's time to first token (p50 and the last one), the longest gap
 between two tokens of the running stream while the burst is admitted (what the budget bounds), and the time until
@@ -26,12 +26,11 @@ import time
 from pathlib import Path
 
 import torch
-from _common import build_artifact, save_bar_plot, save_results
+from _common import OUT_DIR, build_artifact, save_results
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child.",
            "List three prime numbers.", "Translate 'good morning' into French.", "Why is the sky blue?",
            "Give me a name for a cat.", "What does a compiler do?"]
-POLICIES = {"one per step": 1, "token budget": None}
 
 
 def burst(lm, tokenizer, prompts: list[list[int]], budget: int | None, max_tokens: int) -> dict:
@@ -67,6 +66,29 @@ def burst(lm, tokenizer, prompts: list[list[int]], budget: int | None, max_token
             "stream_max_gap_ms": max(gaps, default=0.0) * 1000, "all_done_s": done - arrived}
 
 
+def plot(results: dict[str, dict], path: Path, dtype: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = {"burst TTFT p50": "ttft_p50_ms", "burst TTFT, last": "ttft_last_ms",
+               "running stream's longest gap": "stream_max_gap_ms"}
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / len(figures)
+    for j, (label, key) in enumerate(figures.items()):
+        xs = [i + (j - (len(figures) - 1) / 2) * width for i in range(len(results))]
+        bars = ax.bar(xs, [r[key] for r in results.values()], width, label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(range(len(results)), list(results))
+    ax.set_ylabel("ms (median of rounds)")
+    ax.set_title(f"7 chat prompts arriving while a stream decodes, SmolLM2 {dtype}, by prefill budget")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="the SmolLM2 HF checkpoint (import-gguf output)")
@@ -74,6 +96,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--budgets", default="1,default,128,256", help="comma-separated: numbers or 'default'")
     parser.add_argument("--work", type=Path, default=Path("/tmp/neuronpack-bench-prefill-budget"))
     parser.add_argument("--out", default="prefill_budget")
     args = parser.parse_args()
@@ -90,12 +113,15 @@ def main() -> None:
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     prompts = [list(hf_tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                      tokenize=True, return_dict=True)["input_ids"]) for p in PROMPTS]
+    policies = {f"budget {b}" if b != "default" else f"default ({lm.context_buckets[-1]})":
+                None if b == "default" else int(b) for b in args.budgets.split(",")}
     load_before = os.getloadavg()
-    rounds: dict[str, list[dict]] = {name: [] for name in POLICIES}
+    rounds: dict[str, list[dict]] = {name: [] for name in policies}
     burst(lm, tokenizer, prompts, None, 8)  # warm-up
+    names = list(policies)
     for r in range(args.rounds):
-        for name in (list(POLICIES) if r % 2 == 0 else list(POLICIES)[::-1]):
-            rounds[name].append(burst(lm, tokenizer, prompts, POLICIES[name], args.max_tokens))
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rounds[name].append(burst(lm, tokenizer, prompts, policies[name], args.max_tokens))
     results = {name: {key: statistics.median(x[key] for x in runs) for key in runs[0]} | {"rounds": runs}
                for name, runs in rounds.items()}
     print(f"{'policy':14} {'TTFT p50 ms':>12} {'TTFT last ms':>12} {'stream max gap ms':>18} {'all done s':>10}")
@@ -106,10 +132,7 @@ def main() -> None:
                             "rounds": args.rounds, "max_tokens": args.max_tokens,
                             "prompt_tokens": [len(p) for p in prompts], "loadavg_before": load_before,
                             "loadavg_after": os.getloadavg(), "torch": torch.__version__, "results": results})
-    save_bar_plot(args.out, [f"{n}\nTTFT p50" for n in POLICIES] + [f"{n}\nTTFT last" for n in POLICIES],
-                  [results[n]["ttft_p50_ms"] for n in POLICIES] + [results[n]["ttft_last_ms"] for n in POLICIES],
-                  ylabel="ms (median of rounds)", title=f"7 prompts arriving during a stream, SmolLM2 {args.dtype}")
-
+    plot(results, OUT_DIR / f"{args.out}.png", args.dtype)
 
 if __name__ == "__main__":
     main()
