@@ -77,6 +77,8 @@ bench: install $(DEMO_MODEL)/config.json
 	$(PY) bench/lora.py --model $(DEMO_MODEL)
 	$(PY) bench/remote.py
 	$(PY) bench/speculation.py --model $(DEMO_MODEL)
+	$(PY) bench/int8_rows.py --model $(DEMO_MODEL)
+	$(PY) bench/prefill_budget.py --model $(DEMO_MODEL) --budgets 1,default,128,256,512
 
 # Against llama.cpp (docs/portable-backend.md, "Against llama.cpp"): llama-cpp-python in its own venv, never this one.
 #   python3 -m venv /tmp/llamacpp-venv && CMAKE_ARGS=-DGGML_NATIVE=ON /tmp/llamacpp-venv/bin/pip install llama-cpp-python

@@ -101,10 +101,9 @@ def available_cores() -> int:
 
 def serving_threads() -> int:
     """``neuronpack serve``'s default compute threads: every core but one, which the HTTP server's event loop (and
-    whatever else runs beside it) keeps; at least one. A decode step is hundreds of OpenMP regions, and a compute
-    thread preempted inside one stalls the whole team: on 2 cores, 2 threads served SmolLM2 int8 at 58 tok/s to
-    one client where 1 thread served 156 (docs/serve.md). vLLM's CPU backend reserves cores the same way
-    (VLLM_CPU_NUM_OF_RESERVED_CPU)."""
+    whatever else runs beside it) keeps; at least one. On 2 cores, 2 threads served SmolLM2 int8 at 58 tok/s to one
+    client where 1 thread served 156 (docs/serve.md, "Worked example"). vLLM's CPU backend reserves cores the same
+    way (VLLM_CPU_NUM_OF_RESERVED_CPU)."""
     return max(1, available_cores() - 1)
 
 
