@@ -130,7 +130,8 @@ bool int8_rows_times_weight(const float* x, int64_t M, int64_t K, const int8_t* 
   int64_t Kp = 0;
   if (!quantize_rows(x, M, K, q, Kp, scale.data())) return false;
   const int chunk = static_cast<int>(std::min<int64_t>(kChunk, M));
-  const int64_t block = std::min<int64_t>(Kp, std::max<int64_t>(32, std::min(kMaxBlock, kBlockBytes / 2 / chunk) / 32 * 32));
+  const int64_t fits = std::min(kMaxBlock, kBlockBytes / 2 / chunk) / 32 * 32;  // a multiple of 32
+  const int64_t block = std::min<int64_t>(Kp, std::max<int64_t>(32, fits));
   const int64_t chunks = (M + chunk - 1) / chunk;
   const int64_t ahead = std::max<int64_t>(kPrefetchBytes, 4 * K);  // two pairs of rows or more on
   for (int64_t kb = 0; kb < K; kb += block) {
@@ -142,10 +143,10 @@ bool int8_rows_times_weight(const float* x, int64_t M, int64_t K, const int8_t* 
         const int64_t pf = (n + 2) * K + kb + ahead + K <= N * K ? ahead : 0;
         for (int64_t c = 0; c < chunks; ++c) {
           const int rows = static_cast<int>(std::min<int64_t>(chunk, M - c * chunk));
-          float pair_out[2 * kChunk];
+          float pair_out[2 * kChunk] = {};
           float* y = out + c * chunk * N + n;
           const bool odd = n + 1 >= n1;
-          // an odd last row writes its pair's second sums into pair_out, not past the row
+          // an odd last row writes its pair's second sums into pair_out (dropped), not past the row
           float* dst = odd ? pair_out : y;
           const int64_t ldy = odd ? 2 : N;
           if (odd && kb > 0)
