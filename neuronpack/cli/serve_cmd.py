@@ -57,8 +57,7 @@ def serve_command(
                                                 "(V1 plugin 0.4/0.5)")
     ] = "auto",
     threads: Annotated[
-        int | None, typer.Option("--threads", min=1, help="torch CPU threads (default: every core available but "
-                                                          "one, which the HTTP server keeps)")
+        int | None, typer.Option("--threads", min=1, help="torch CPU threads (default: every core available)")
     ] = None,
     tool_call_parser: Annotated[
         str | None, typer.Option("--tool-call-parser",
@@ -225,26 +224,25 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
                  threads: int | None, reporter: RichReporter, quiet: bool, limits: _ServeLimits) -> None:
     from neuronpack.runtime.engine import EngineLimits
     from neuronpack.runtime.http_limits import ServerLimits
-    from neuronpack.runtime.loader import load_engine, serving_threads
+    from neuronpack.runtime.loader import available_cores, load_engine
     from neuronpack.runtime.memory import limit_malloc_arenas, release_free_memory
     from neuronpack.runtime.server import create_app, run_server
 
     engine_limits = EngineLimits(max_waiting=limits.max_waiting, request_timeout=limits.request_timeout or None,
                                  max_prefill_tokens=limits.max_prefill_tokens)
     limit_malloc_arenas()  # before the server's threads exist: see runtime/memory.py
-    loaded = load_engine(path, manifest=manifest, num_threads=threads or serving_threads(), reporter=reporter,
-                         limits=engine_limits)
+    # loaded on one thread, so only the engine's loop opens OpenMP teams (Engine.loop_threads)
+    loaded = load_engine(path, manifest=manifest, num_threads=1, reporter=reporter, limits=engine_limits)
+    loaded.engine.loop_threads = threads or available_cores()
     release_free_memory()  # the model's construction freed its temporary tensors
     name = loaded.served_model_name
     app = create_app(loaded.engine, served_model_name=name, api_key=api_key,
                      model_info={"root": str(path)}, limits=ServerLimits(max_body_bytes=limits.max_body_bytes),
                      adapter_roots=dict(loaded.served_models().roots))
     engine = loaded.engine
-    import torch
-
     reporter.info(f"loaded {name} in {loaded.load_seconds:.1f} s (batch {engine.scheduler.batch_size}, "
                   f"max model length {engine.max_model_len}, largest prompt {engine.max_prompt_len}, "
-                  f"{torch.get_num_threads()} compute threads)")
+                  f"{engine.loop_threads} compute threads)")
     stderr.print(f"serving {name} at http://{_url_host(host)}:{port}/v1 (health: /health, metrics: /metrics)",
                  markup=False, highlight=False, soft_wrap=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

@@ -111,6 +111,12 @@ class Engine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # torch threads of the background loop, set on its own thread when it starts (None: as the process has it).
+        # libgomp keeps a pool of workers per thread that opens a parallel region; once two threads have one (the
+        # loading thread's and the loop's), more workers exist than cores on a small machine, libgomp stops spinning
+        # between regions and every region wakes sleeping workers: 3x slower decode on 2 cores. A server loads on
+        # one thread (no pool) and gives the loop its threads here.
+        self.loop_threads: int | None = None
         self.limits = limits or EngineLimits()
         self.max_prefill_tokens = max(1, self.limits.max_prefill_tokens or self.max_prompt_len)
         self.admission = Admission(model.batch_size, self.limits.max_waiting, self.metrics)
@@ -218,6 +224,10 @@ class Engine:
         return True
 
     def _run(self) -> None:
+        if self.loop_threads:
+            import torch
+
+            torch.set_num_threads(self.loop_threads)
         while not self._stop.is_set():
             try:
                 busy = self.step()

@@ -99,14 +99,6 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def serving_threads() -> int:
-    """``neuronpack serve``'s default compute threads: every core but one, which the HTTP server's event loop (and
-    whatever else runs beside it) keeps; at least one. On 2 cores, 2 threads served SmolLM2 int8 at 58 tok/s to one
-    client where 1 thread served 156 (docs/serve.md, "Worked example"). vLLM's CPU backend reserves cores the same
-    way (VLLM_CPU_NUM_OF_RESERVED_CPU)."""
-    return max(1, available_cores() - 1)
-
-
 def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op threads: the given number, else every core this process may run on."""
     import torch

@@ -159,3 +159,32 @@ def test_background_loop_serves_concurrent_generates(engine):
     finally:
         engine.shutdown()
     assert results == expected
+
+
+def test_the_background_loop_sets_its_own_torch_threads(compiled_lm, artifact_tokenizer):
+    """``loop_threads`` is set on the loop's own thread (serve loads on one thread, so that only the loop opens
+    OpenMP teams: a second team's workers made every parallel region wake sleeping threads, 3x slower decode)."""
+    import threading
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = Engine(compiled_lm, artifact_tokenizer)
+    engine.loop_threads = 2
+    seen: list[tuple[str, int]] = []
+    done = threading.Event()
+
+    def sink(out):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        if out.finish_reason is not None:
+            done.set()
+
+    engine.start()
+    try:
+        engine.submit(greedy_request(engine.tokenizer, PROMPTS[0], max_tokens=3), sink)
+        assert done.wait(60)
+    finally:
+        engine.shutdown()
+        torch.set_num_threads(before)
+    assert seen and all(name == "neuronpack-engine" and threads == 2 for name, threads in seen)
