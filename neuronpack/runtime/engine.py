@@ -113,9 +113,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         # torch threads of the background loop, set on its own thread when it starts (None: as the process has it).
         # libgomp keeps a pool of workers per thread that opens a parallel region; once two threads have one (the
-        # loading thread's and the loop's), more workers exist than cores on a small machine, libgomp stops spinning
-        # between regions and every region wakes sleeping workers: 3x slower decode on 2 cores. A server loads on
-        # one thread (no pool) and gives the loop its threads here.
+        # loading thread's and the loop's), more workers exist than cores on a small machine, libgomp spins only
+        # briefly between regions and every region wakes sleeping workers: 3x slower decode on 2 cores. A server
+        # loads on one thread (no pool) and gives the loop its threads here.
         self.loop_threads: int | None = None
         self.limits = limits or EngineLimits()
         self.max_prefill_tokens = max(1, self.limits.max_prefill_tokens or self.max_prompt_len)
