@@ -100,7 +100,8 @@ def install_error_handlers(app: FastAPI) -> None:
 def _validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
     """(param, message) for the first pydantic / JSON error of a request body."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # not "body", nor a union member's tag such as "dict[str,any]" (pydantic puts it in loc)
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and "[" not in str(p)]
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", first.get("msg"))
         return None, f"the request body is not valid JSON: {detail} (at character {loc[0] if loc else 0})"

@@ -221,6 +221,9 @@ def test_langchain_with_structured_output(server):
      "response_format.json_schema.schema", "does not exist"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema",
      "missing"),
+    # a schemathesis negative case: 0.0 is neither a schema nor a boolean, even when type "text" ignores it
+    ({"response_format": {"type": "text", "json_schema": {"schema": 0.0}}}, "response_format.json_schema.schema",
+     "valid dictionary"),
     ({"guided_json": {"type": "strin"}}, "guided_json", "strin"),
     ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
     ({"guided_grammar": "root ::= undefined_rule"}, "guided_grammar", "undefined_rule"),

@@ -29,7 +29,7 @@ class JsonSchemaFormat(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
     name: str | None = None
     description: str | None = None
-    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    json_schema: dict[str, Any] | StrictBool | None = Field(None, alias="schema")  # 0.0 is no schema (schemathesis)
     strict: StrictBool | None = None  # not lax: 0.0 is not a boolean (a schemathesis negative case)
 
 
