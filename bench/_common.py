@@ -140,6 +140,21 @@ def start_http_server(argv: list[str], port: int, *, env: dict | None = None) ->
         time.sleep(0.05)
 
 
+# Eight short user turns, one per row of a batch-8 artifact (bench/int8_rows.py, bench/prefill_budget.py).
+CHAT_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child.",
+                "List three prime numbers.", "Translate 'good morning' into French.", "Why is the sky blue?",
+                "Give me a name for a cat.", "What does a compiler do?"]
+
+
+def chat_prompt_ids(model_dir: Path, texts: list[str] = CHAT_PROMPTS) -> list[list[int]]:
+    """Each text as one user turn through the checkpoint's chat template (generation prompt added), as token ids."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=True)["input_ids"]) for t in texts]
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 

@@ -24,21 +24,10 @@ import time
 from pathlib import Path
 
 import torch
-from _common import OUT_DIR, build_artifact, save_results
+from _common import OUT_DIR, build_artifact, chat_prompt_ids, save_results
 
-PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child.",
-           "List three prime numbers.", "Translate 'good morning' into French.", "Why is the sky blue?",
-           "Give me a name for a cat.", "What does a compiler do?"]
 ROWS = (2, 4, 8)
 KERNELS = ("int16 rows", "float32 widening")
-
-
-def prompts(model_dir: Path) -> list[list[int]]:
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    return [list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=True)["input_ids"]) for p in PROMPTS]
 
 
 def use(kernel: str) -> None:
@@ -107,7 +96,7 @@ def main() -> None:
                               max_context=64, include_lm_head=True)
     torch.set_num_threads(args.threads)
     lm = load_artifact(artifact)
-    ids = prompts(args.model)
+    ids = chat_prompt_ids(args.model)
     load_before = os.getloadavg()
     agreement = {}
     with torch.inference_mode():

@@ -26,11 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import OUT_DIR, build_artifact, save_results
-
-PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion to a child.",
-           "List three prime numbers.", "Translate 'good morning' into French.", "Why is the sky blue?",
-           "Give me a name for a cat.", "What does a compiler do?"]
+from _common import OUT_DIR, build_artifact, chat_prompt_ids, save_results
 
 
 def burst(lm, tokenizer, prompts: list[list[int]], budget: int | None, max_tokens: int) -> dict:
@@ -100,8 +96,6 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/neuronpack-bench-prefill-budget"))
     parser.add_argument("--out", default="prefill_budget")
     args = parser.parse_args()
-    import transformers
-
     from neuronpack.backends.torch_aot import load_artifact
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
@@ -110,9 +104,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_artifact(artifact)
     tokenizer = ArtifactTokenizer.from_dir(artifact)
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-    prompts = [list(hf_tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=True)["input_ids"]) for p in PROMPTS]
+    prompts = chat_prompt_ids(args.model)
     policies = {f"budget {b}" if b != "default" else f"default ({lm.context_buckets[-1]})":
                 None if b == "default" else int(b) for b in args.budgets.split(",")}
     load_before = os.getloadavg()
@@ -133,6 +125,7 @@ def main() -> None:
                             "prompt_tokens": [len(p) for p in prompts], "loadavg_before": load_before,
                             "loadavg_after": os.getloadavg(), "torch": torch.__version__, "results": results})
     plot(results, OUT_DIR / f"{args.out}.png", args.dtype)
+
 
 if __name__ == "__main__":
     main()
