@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from neuronpack.backends.neuron_common import import_class
+from neuronpack.backends.neuron.common import import_class
 from neuronpack.errors import AccuracyError
 
 CPU_OVERRIDES: dict[str, Any] = {
@@ -136,7 +136,7 @@ def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: 
     from neuronx_distributed_inference.models.application_base import init_custom_process_group_fn
     from neuronx_distributed_inference.models.model_wrapper import DecoderModelInstance
 
-    from neuronpack.backends.nxd import inference_config
+    from neuronpack.backends.nxd.backend import inference_config
 
     cls = import_class(model_class or LLAMA)
     config = inference_config(cls, {"neuron_config": cpu_neuron_config(recorded, seq_len, dtype, fused=True),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from neuronpack.backends import support_matrix
-from neuronpack.backends.neuron_packages import (
+from neuronpack.backends.neuron import support_matrix
+from neuronpack.backends.neuron.packages import (
     dist_version,
     instance_type,
     neuron_devices,

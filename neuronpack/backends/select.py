@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from neuronpack.backends.base import Backend
-from neuronpack.backends.neuron_packages import probe_package
+from neuronpack.backends.neuron.packages import probe_package
 from neuronpack.errors import NeuronpackError
 
 FRAMEWORKS = ("nxd", "tnx", "torch")
@@ -104,11 +104,11 @@ def get_backend(name: str) -> Backend:
         get_backend("tnx").versions()   # {"neuronpack": "0.1.0", "transformers-neuronx": "absent", ...}
     """
     if name == "nxd":
-        from neuronpack.backends.nxd import NxdBackend
+        from neuronpack.backends.nxd.backend import NxdBackend
 
         return NxdBackend()
     if name == "tnx":
-        from neuronpack.backends.tnx import TnxBackend
+        from neuronpack.backends.tnx.backend import TnxBackend
 
         return TnxBackend()
     if name == "torch":

@@ -254,9 +254,9 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
 def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  print_only: bool, output_format: OutputFormat, requested_target: str,
                  tool_call_parser: str | None, structured_outputs: bool) -> None:
-    from neuronpack.backends.support_matrix import installed_versions
-    from neuronpack.backends.vllm_launch import format_command, launch_spec, run_vllm
-    from neuronpack.backends.vllm_targets import check_serving_stack, choose_target, vllm_command
+    from neuronpack.backends.neuron.support_matrix import installed_versions
+    from neuronpack.backends.vllm.launch import format_command, launch_spec, run_vllm
+    from neuronpack.backends.vllm.targets import check_serving_stack, choose_target, vllm_command
 
     installed = installed_versions()
     choice = choose_target(requested_target, manifest.framework, installed)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from neuronpack.backends.base import BuildRequest
-from neuronpack.backends.nxd import NxdBackend
-from neuronpack.backends.tnx import TnxBackend
+from neuronpack.backends.nxd.backend import NxdBackend
+from neuronpack.backends.tnx.backend import TnxBackend
 from neuronpack.errors import ArtifactError, BuildError, RecipeError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
 from tests.backends.neuron_standin import fixtures as standin

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from neuronpack.artifacts.key import toolchain_versions
-from neuronpack.backends.neuron_packages import probe_package
+from neuronpack.backends.neuron.packages import probe_package
 from neuronpack.backends.select import choose_framework, get_backend
 from neuronpack.errors import NeuronpackError
 from tests.backends.neuron_standin import fixtures as standin

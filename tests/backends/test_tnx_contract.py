@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from neuronpack.backends.base import BuildRequest
-from neuronpack.backends.tnx import TnxBackend
+from neuronpack.backends.tnx.backend import TnxBackend
 from neuronpack.errors import ArtifactError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
 from tests.backends.neuron_standin import fixtures as standin

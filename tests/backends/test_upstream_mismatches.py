@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from neuronpack.backends.base import BuildRequest
-from neuronpack.backends.nxd import NxdBackend
-from neuronpack.backends.nxd_config import nxd_module_names
+from neuronpack.backends.nxd.backend import NxdBackend
+from neuronpack.backends.nxd.config import nxd_module_names
 from neuronpack.errors import ArtifactError, RecipeError, UnsupportedModelError
 from neuronpack.pipeline import verify_artifact
 from neuronpack.recipe import load_recipe
@@ -69,7 +69,7 @@ def test_lora_artifact_carries_its_adapters_and_reloads_after_they_are_gone(tiny
 
 
 def test_verify_refuses_a_lora_adapter_outside_the_artifact(tmp_path):
-    from neuronpack.backends.nxd import check_lora_adapters
+    from neuronpack.backends.nxd.backend import check_lora_adapters
 
     config = {"lora_config": {"lora_ckpt_paths": {"sql": "/build/box/sql"}}}
     with pytest.raises(ArtifactError, match="not inside the artifact"):

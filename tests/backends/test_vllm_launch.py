@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from neuronpack.backends.vllm_launch import VllmCommand, format_command, neuron_override, run_vllm
-from neuronpack.backends.vllm_targets import TARGETS, check_serving_stack, choose_target, vllm_command
+from neuronpack.backends.vllm.launch import VllmCommand, format_command, neuron_override, run_vllm
+from neuronpack.backends.vllm.targets import TARGETS, check_serving_stack, choose_target, vllm_command
 from neuronpack.errors import ArtifactError, ServeError
 from neuronpack.pipeline import compile_model, verify_artifact
 from tests.backends.neuron_standin import fixtures as standin
@@ -180,7 +180,7 @@ def test_the_sdk_231_vllm_neuron_plugin_is_refused_by_name(version):
 
 
 def test_pairing_mismatch_is_refused_before_vllm_starts(tmp_path):
-    from neuronpack.backends.vllm_launch import launch_spec
+    from neuronpack.backends.vllm.launch import launch_spec
 
     spec = launch_spec(tmp_path, _manifest())
     assert check_serving_stack(spec, "vllm-neuron", SDK_229) == "sdk-2.29-vllm-neuron-0.5"
@@ -202,7 +202,7 @@ def test_run_vllm_refuses_without_vllm_and_execs_otherwise(tmp_path):
     with pytest.raises(ServeError, match="vllm is not installed"):
         run_vllm(VllmCommand([sys.executable, "-m", "vllm.entrypoints.openai.api_server"], {}))
     # exec really replaces the process (in cmd.cwd): run it in a child and read what the exec'd program saw
-    script = ("import sys; from neuronpack.backends.vllm_launch import VllmCommand, run_vllm; "
+    script = ("import sys; from neuronpack.backends.vllm.launch import VllmCommand, run_vllm; "
               "run_vllm(VllmCommand([sys.executable, '-c', 'import os; print(os.environ[\"NEURON_X\"], os.getcwd())'], "
               f"{{'NEURON_X': 'from-env'}}, cwd={str(tmp_path)!r}))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronpack.backends.neuron_packages import clear_probe_cache
+from neuronpack.backends.neuron.packages import clear_probe_cache
 
 STANDIN = Path(__file__).parent
 SDK_MODULES = ("neuronx_distributed_inference", "transformers_neuronx", "neuronxcc", "torch_neuronx")

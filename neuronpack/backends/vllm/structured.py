@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from neuronpack.backends.neuron_common import version_tuple
-from neuronpack.backends.vllm_launch import LaunchSpec
+from neuronpack.backends.neuron.common import version_tuple
+from neuronpack.backends.vllm.launch import LaunchSpec
 from neuronpack.errors import ServeError
 
 HOST_SAMPLING_ENV = "NEURON_ON_DEVICE_SAMPLING_DISABLED"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neuronpack.backends.neuron_packages import dist_version
+from neuronpack.backends.neuron.packages import dist_version
 
 BUILD_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")  # what an NxDI artifact is built with
 SERVING_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx", "transformers", "vllm", "vllm-neuron")

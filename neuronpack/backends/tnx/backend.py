@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.base import Availability, BuildRequest
-from neuronpack.backends.neuron_common import import_class, model_dtype, neuron_instance, read_model_config
-from neuronpack.backends.neuron_packages import neuron_devices, sdk_availability, versions_of
+from neuronpack.backends.neuron.common import import_class, model_dtype, neuron_instance, read_model_config
+from neuronpack.backends.neuron.packages import neuron_devices, sdk_availability, versions_of
 from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
 
 if TYPE_CHECKING:  # annotations only: a cache hit (target, versions) imports no pydantic

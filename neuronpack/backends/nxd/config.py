@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.backends.neuron_common import model_dtype, version_tuple
+from neuronpack.backends.neuron.common import model_dtype, version_tuple
 from neuronpack.checkpoint.lora import lora_path
 from neuronpack.errors import RecipeError, UnsupportedModelError
 

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.artifacts.manifest import Manifest
-from neuronpack.backends import support_matrix
-from neuronpack.backends.neuron_common import version_tuple
-from neuronpack.backends.vllm_launch import LaunchSpec, VllmCommand, launch_spec
-from neuronpack.backends.vllm_structured import check_tool_call_parser, structured_plan
+from neuronpack.backends.neuron import support_matrix
+from neuronpack.backends.neuron.common import version_tuple
+from neuronpack.backends.vllm.launch import LaunchSpec, VllmCommand, launch_spec
+from neuronpack.backends.vllm.structured import check_tool_call_parser, structured_plan
 from neuronpack.errors import ServeError
 
 TARGETS = ("vllm-v0", "vllm-v0-fork", "vllm-neuron")
@@ -115,7 +115,8 @@ def vllm_command(artifact_dir: Path, manifest: Manifest | dict[str, Any], *, tar
 
         vllm_command(Path("art"), manifest, target="vllm-neuron").env["NEURON_COMPILED_ARTIFACTS"]   # "/abs/art"
     """
-    from neuronpack.backends import vllm_plugin, vllm_v0
+    from neuronpack.backends.vllm import plugin as vllm_plugin
+    from neuronpack.backends.vllm import v0 as vllm_v0
 
     spec = launch_spec(artifact_dir, manifest)
     if target == "vllm-neuron":

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.base import Availability, BuildRequest
-from neuronpack.backends.neuron_common import import_class, neuron_instance, read_model_config, working_directory
-from neuronpack.backends.neuron_packages import sdk_availability, versions_of
-from neuronpack.backends.nxd_config import (
+from neuronpack.backends.neuron.common import import_class, neuron_instance, read_model_config, working_directory
+from neuronpack.backends.neuron.packages import sdk_availability, versions_of
+from neuronpack.backends.nxd.config import (
     MULTIMODAL,
     architecture_of,
     check_eagle3_supported,

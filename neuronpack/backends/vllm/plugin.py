@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 
-from neuronpack.backends.vllm_launch import LaunchSpec, VllmCommand, base_env, lora_args, server_args
+from neuronpack.backends.vllm.launch import LaunchSpec, VllmCommand, base_env, lora_args, server_args
 from neuronpack.errors import ServeError
 
 
