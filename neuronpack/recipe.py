@@ -24,8 +24,8 @@ from neuronpack.recipe_methods import RecipeMethods
 
 __all__ = ["Recipe", "load_recipe", "parse_set", "validate_recipe_data"]  # parse_set: for callers of this module
 
-Framework = Literal["auto", "nxd", "tnx", "torch"]
-Instance = Literal["trn1", "trn2", "inf2", "cpu", "cuda"]
+Framework = Literal["auto", "nxd", "tnx", "vneuron", "torch"]
+Instance = Literal["trn1", "trn1n", "trn2", "trn3", "inf2", "cpu", "cuda"]
 
 
 class _Section(BaseModel):
@@ -157,6 +157,21 @@ class LoraSection(_Section):
         return value
 
 
+class VneuronSection(_Section):
+    """The SDK 2.31+ vLLM Neuron plugin (framework "vneuron", vllm-neuron 0.21 / 0.24): what vLLM and the plugin start
+    with beyond [target]. Each value changes the plugin's compile-cache keys, so the pod starts with the same ones."""
+
+    lnc: Literal[1, 2] = 2  # logical NeuronCore config (NEURON_LOGICAL_NC_CONFIG); trn2 / trn3 default 2
+    block_size: int = Field(32, ge=1, le=8192)  # --block-size (paged KV)
+    # --num-gpu-blocks-override: CPU compile sizes KV from a fixed HBM table, so the count is pinned here.
+    # None: batch_size * ceil(seq_len / block_size), every sequence at full length.
+    num_gpu_blocks: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)  # --max-num-batched-tokens; None: max_context_length
+    num_seqs_buckets: list[int] | Literal["auto"] = "auto"  # decode batch sizes; auto: powers of 2 to batch_size
+    optimization_level: Literal[0, 1, 2, 3] = 2  # vLLM's --optimization-level (-O); 2 is vLLM 0.21's default
+    compile_timeout: int = Field(7200, ge=10, le=172_800)  # seconds the CPU compile may take before it is stopped
+
+
 class Recipe(_Section, RecipeMethods):
     name: str | None = None
     description: str | None = None
@@ -168,6 +183,7 @@ class Recipe(_Section, RecipeMethods):
     quantization: QuantizationSection | None = None
     speculation: SpeculationSection | None = None
     lora: LoraSection | None = None
+    vneuron: VneuronSection | None = None
     neuron_overrides: dict[str, Any] = {}
 
     @model_validator(mode="after")

@@ -34,4 +34,4 @@ class RecipeMethods:
         """The instance actually targeted once the framework is known."""
         if self.target.instance:
             return self.target.instance
-        return "cpu" if framework == "torch" else "trn1"
+        return {"torch": "cpu", "vneuron": "trn2"}.get(framework, "trn1")

@@ -27,12 +27,28 @@ VALIDATED = (
     "toolchain versions recorded in the manifest and checked before serving",
     "the launch line of each serving target (vLLM 0.9 V0, the AWS fork 2.24.0, vllm-neuron 0.4.1 / 0.5.0) against "
     "a stand-in; `make upstream-check` runs upstream's own parsers and config classes on them",
+    "vneuron (vllm-neuron 0.21): the packaged compile cache against the plugin's own 0.21 cache code (entries written "
+    "by its _store_local, complete by its _is_cache_complete, hit by its get_local / fetch_remote_or_compile with the "
+    "environment serve sets), with a stand-in for the CPU compile itself",
 )
 NOT_VALIDATED = (
     "not run on hardware: no Neuron compile or load has run from this code; the nxd and tnx backends are written "
     "against upstream source (NxDI 0.9, transformers-neuronx 0.13, vLLM 0.9 / 0.13 / 0.16, vllm-neuron 0.4.1 / 0.5.0)",
     "vLLM itself serving a neuronpack artifact on Trainium/Inferentia",
+    "vneuron: no real vllm-neuron, vLLM 0.21 / 0.24, neuronx-cc or Trn2 ran; 0.24's cache library "
+    "(libtorch-neuronx-lite) was read from its docs only",
 )
+
+
+def serving_path(pairing: support_matrix.Pairing | None, plugin_version: str | None) -> str:
+    """Which artifacts this machine serves, in one sentence (doctor)."""
+    if pairing is not None and pairing.target == "vneuron":
+        return "the SDK 2.31+ vLLM Neuron plugin: compile with --framework vneuron (a vneuron recipe)"
+    if pairing is not None:
+        return f"NxD Inference artifacts (--framework nxd) through {pairing.target}"
+    if support_matrix.is_new_plugin(plugin_version):
+        return "the SDK 2.31+ vLLM Neuron plugin, at versions neuronpack does not declare"
+    return "the portable runtime (torch artifacts); Neuron artifacts only print their vLLM command here"
 
 
 def serving_report(installed: dict[str, str | None] | None = None) -> dict:
@@ -40,6 +56,7 @@ def serving_report(installed: dict[str, str | None] | None = None) -> dict:
     installed = support_matrix.installed_versions() if installed is None else installed
     pairing = support_matrix.pairing_of(installed)
     return {"installed": installed, "pairing": None if pairing is None else pairing.name,
+            "path": serving_path(pairing, installed.get("vllm-neuron")),
             "supported": [p.to_dict() for p in support_matrix.PAIRINGS]}
 
 

@@ -7,8 +7,10 @@ Precedence, highest first:
 2. ``NEURONPACK_FRAMEWORK`` (nxd | tnx | torch);
 3. ``VLLM_NEURON_FRAMEWORK`` (``neuronx-distributed-inference`` | ``transformers-neuronx``), vLLM's own variable, so
    a machine configured for vLLM builds what vLLM will load;
-4. auto: nxd if ``neuronx_distributed_inference`` imports, else tnx if ``transformers_neuronx`` imports, else torch
-   (vLLM's own order). A PyPI placeholder counts as absent, and the reason names it.
+4. auto: vneuron when the SDK 2.31+ vLLM Neuron plugin (vllm-neuron 0.21 / 0.24) is installed (it is the only
+   vLLM there: NxDI artifacts could not be served), else nxd if ``neuronx_distributed_inference`` imports, else tnx
+   if ``transformers_neuronx`` imports, else torch (vLLM's own order). A PyPI placeholder counts as absent, and the
+   reason names it.
 
 A forced framework whose SDK is absent is still chosen: ``backend.availability()`` says why it cannot build, compile
 refuses with that reason, and ``--dry-run`` still prints the configuration (it needs no SDK).
@@ -27,16 +29,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from neuronpack.backends.base import Backend
+from neuronpack.backends.neuron.common import VLLM_FRAMEWORK_NAMES
 from neuronpack.backends.neuron.packages import probe_package
+from neuronpack.backends.neuron.support_matrix import is_new_plugin
 from neuronpack.errors import NeuronpackError
 
-FRAMEWORKS = ("nxd", "tnx", "torch")
-NEURON_FRAMEWORKS = ("nxd", "tnx")  # served by vLLM; published read-only
+FRAMEWORKS = ("nxd", "tnx", "vneuron", "torch")
+NEURON_FRAMEWORKS = ("nxd", "tnx", "vneuron")  # served by vLLM; published read-only
 ENV_FRAMEWORK = "NEURONPACK_FRAMEWORK"
 ENV_VLLM_FRAMEWORK = "VLLM_NEURON_FRAMEWORK"
-# vLLM's names (vllm/platforms/neuron.py NeuronFramework) <-> ours
-VLLM_FRAMEWORK_NAMES = {"neuronx-distributed-inference": "nxd", "transformers-neuronx": "tnx"}
-FRAMEWORK_TO_VLLM = {v: k for k, v in VLLM_FRAMEWORK_NAMES.items()}
 FRAMEWORK_MODULES = {"nxd": "neuronx_distributed_inference", "tnx": "transformers_neuronx"}
 
 
@@ -85,7 +86,11 @@ def choose_framework(requested: str | None = "auto", environ: Mapping[str, str] 
 
 
 def auto_framework() -> FrameworkChoice:
-    """vLLM's order: NxD Inference if it imports, else transformers-neuronx, else the portable torch backend."""
+    """The SDK 2.31+ plugin when installed, else vLLM's order: NxD Inference if it imports, else
+    transformers-neuronx, else the portable torch backend."""
+    plugin = probe_package("vllm_neuron", "vllm-neuron")
+    if plugin.ok and is_new_plugin(plugin.version):
+        return FrameworkChoice("vneuron", f"auto: vllm-neuron {plugin.version} is the SDK 2.31+ vLLM Neuron plugin")
     nxd = probe_package(FRAMEWORK_MODULES["nxd"])
     if nxd.ok:
         return FrameworkChoice("nxd", f"auto: {nxd.reason}")
@@ -111,6 +116,10 @@ def get_backend(name: str) -> Backend:
         from neuronpack.backends.tnx.backend import TnxBackend
 
         return TnxBackend()
+    if name == "vneuron":
+        from neuronpack.backends.vneuron.backend import VneuronBackend
+
+        return VneuronBackend()
     if name == "torch":
         from neuronpack.backends.torch_aot import TorchAotBackend
 

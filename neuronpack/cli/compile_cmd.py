@@ -18,6 +18,7 @@ class FrameworkChoice(str, Enum):
     auto = "auto"
     nxd = "nxd"
     tnx = "tnx"
+    vneuron = "vneuron"
     torch = "torch"
 
 

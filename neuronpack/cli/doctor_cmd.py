@@ -63,6 +63,7 @@ def _text(report: dict[str, Any]) -> RenderableType:
         table.add_row("serving pairing", "[yellow]not a declared pairing[/]",
                       cell(f"{stack}; supported: {', '.join(p['name'] for p in serving['supported'])} "
                            "(docs/neuron.md)"))
+    table.add_row("serving path", "", cell(serving["path"]))
     for name, value in report["env"].items():
         table.add_row(f"${name}", "set", cell(value))
     return Group(table, Text("validated here: " + "; ".join(report["validated"])),

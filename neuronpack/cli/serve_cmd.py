@@ -51,6 +51,11 @@ def serve_command(
     print_command: Annotated[
         bool, typer.Option("--print-command", help="print the server command line and environment, then exit")
     ] = False,
+    weights: Annotated[
+        str | None, typer.Option("--weights", help="vneuron artifacts: where vLLM loads the weights on this machine "
+                                                   "(a checkpoint directory, checked against the compiled one, or a "
+                                                   "hub id; default: the model the artifact was compiled from)")
+    ] = None,
     vllm_target: Annotated[
         str, typer.Option("--vllm-target", help="nxd/tnx artifacts: auto (from installed vllm / vllm-neuron), "
                                                 "vllm-v0 (vLLM 0.9), vllm-v0-fork (AWS fork 2.24.0) or vllm-neuron "
@@ -106,6 +111,13 @@ def serve_command(
     manifest = read_manifest(path)
     if served_model_name:
         manifest = manifest.with_serve(served_model_name=served_model_name)
+    if weights is not None and manifest.framework != "vneuron":
+        raise ServeError("--weights applies to vneuron artifacts (the others carry or record their weights)",
+                         where="--weights", fix="drop the option")
+    if manifest.framework == "vneuron":
+        _launch_plugin(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
+                       output_format=output_format, weights=weights, tool_call_parser=tool_call_parser)
+        return
     if manifest.framework != "torch":
         if max_prefill_tokens is not None:
             raise ServeError("--max-prefill-tokens sets the built-in runtime's scheduling, and this artifact is served "
@@ -276,6 +288,32 @@ def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
         stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     stderr.print(f"starting vLLM ({choice.name}, pairing {pairing}) at http://{_url_host(host)}:{port}/v1",
                  markup=False, highlight=False)
+    run_vllm(cmd)  # replaces this process; ServeError when vLLM is not installed
+
+
+def _launch_plugin(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None, print_only: bool,
+                   output_format: OutputFormat, weights: str | None, tool_call_parser: str | None) -> None:
+    """A vneuron artifact: the SDK 2.31+ plugin's ``vllm serve`` with the compiled arguments (the artifact and this
+    machine's versions were verified against the manifest on the way here)."""
+    from neuronpack.backends.vllm.launch import VllmCommand, format_command, run_vllm
+    from neuronpack.backends.vneuron.launch import plugin_serve_command
+
+    cmd = plugin_serve_command(path, manifest, host=host, port=port, api_key=api_key, weights=weights)
+    if tool_call_parser:
+        cmd = VllmCommand([*cmd.argv, "--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser], cmd.env,
+                          cmd.cwd, cmd.notes, cmd.target)
+    if print_only:
+        print_result(output_format, {"target": cmd.target, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd,
+                                     "notes": cmd.notes}, format_command(cmd))
+        if output_format is OutputFormat.text:
+            for note in cmd.notes:
+                stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        return
+    Path(cmd.env["VLLM_CACHE_ROOT"]).mkdir(parents=True, exist_ok=True)
+    for note in cmd.notes:
+        stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    stderr.print(f"starting vLLM (vLLM Neuron plugin, {manifest.versions.get('vllm-neuron')}) at "
+                 f"http://{_url_host(host)}:{port}/v1", markup=False, highlight=False)
     run_vllm(cmd)  # replaces this process; ServeError when vLLM is not installed
 
 

@@ -173,10 +173,11 @@ def test_target_detection_from_installed_versions():
 
 
 @pytest.mark.parametrize("version", ["1.0.0", "0.21.0.1.0.0", "0.24.0.1.1.0"])
-def test_the_sdk_231_vllm_neuron_plugin_is_refused_by_name(version):
+def test_an_nxd_artifact_on_the_sdk_231_plugin_points_at_the_vneuron_framework(version):
+    # the new plugin serves vneuron artifacts (backends/vneuron/launch.py); an NxDI artifact it cannot load
     with pytest.raises(ServeError, match="cannot load NxD Inference artifacts") as info:
         choose_target("auto", "nxd", {"vllm": "0.21.0", "vllm-neuron": version})
-    assert "vllm-neuron==0.5.0" in info.value.fix
+    assert "--framework vneuron" in info.value.fix and "vllm-neuron 0.5.0" in info.value.fix
 
 
 def test_pairing_mismatch_is_refused_before_vllm_starts(tmp_path):

@@ -18,7 +18,10 @@ from neuronpack.errors import CheckpointError, RecipeError
 if TYPE_CHECKING:  # a Recipe or recipe_memo's RecipeView: a cache hit's target() imports no pydantic
     from neuronpack.recipe import Recipe
 
-NEURON_INSTANCES = ("trn1", "trn2", "inf2")  # the recipe's target.instance values a Neuron framework can target
+NEURON_INSTANCES = ("trn1", "trn2", "inf2")  # the recipe's target.instance values nxd / tnx can target
+# vLLM's names (vllm/platforms/neuron.py NeuronFramework) <-> ours
+VLLM_FRAMEWORK_NAMES = {"neuronx-distributed-inference": "nxd", "transformers-neuronx": "tnx"}
+FRAMEWORK_TO_VLLM = {v: k for k, v in VLLM_FRAMEWORK_NAMES.items()}
 
 
 def neuron_instance(recipe: Recipe, framework: str) -> str:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from neuronpack.backends.neuron.common import version_tuple
 from neuronpack.backends.neuron.packages import dist_version
 
 BUILD_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")  # what an NxDI artifact is built with
-SERVING_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx", "transformers", "vllm", "vllm-neuron")
+CLASSIC_PLUGIN = ((0, 2), (0, 6))  # vllm-neuron releases that load NxDI artifacts: 0.2 <= version < 0.6
+SERVING_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx", "transformers", "vllm", "vllm-neuron",
+                 "libtorch-neuronx-lite")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,16 @@ PAIRINGS: tuple[Pairing, ...] = (
              "transformers": "4.57.", "vllm": "0.16.", "vllm-neuron": "0.5."},
             "vllm-project/vllm-neuron 0.5.0 (vLLM 0.16.0) on NxDI 0.9.17334, neuronx-cc 2.24.5133.0, torch-neuronx "
             "2.9.0.2.13; still the recommended path for Inf2 / Trn1"),
+    # The SDK 2.31+ vLLM Neuron plugin (framework vneuron): its own models and compile cache, no NxDI. Only the plugin
+    # and vLLM pins are declared (its release pins vllm==0.21.0 / vllm==0.24.0); the compiler / torch-neuronx
+    # versions of those SDKs could not be read here, and the artifact's recorded versions are checked one by one.
+    Pairing("sdk-2.31-vllm-neuron-0.21", "2.31", "vneuron",
+            {"vllm": "0.21.", "vllm-neuron": "0.21."},
+            "vllm-neuron 0.21.0.1.0.0 (vLLM 0.21), the torch.compile plugin for Trn2 / Trn3: framework vneuron"),
+    Pairing("sdk-2.32-vllm-neuron-0.24", "2.32", "vneuron",
+            {"vllm": "0.24.", "vllm-neuron": "0.24.", "libtorch-neuronx-lite": None},
+            "vllm-neuron 0.24.0.1.1.0 (vLLM 0.24, cache code in libtorch-neuronx-lite, NxDI absent from the images): "
+            "framework vneuron"),
 )
 
 
@@ -96,3 +109,12 @@ def describe(installed: dict[str, str | None]) -> str:
 def _starts(version: str, prefixes: str | tuple[str, ...]) -> bool:
     options = (prefixes,) if isinstance(prefixes, str) else prefixes
     return any(version == p.rstrip(".") or version.startswith(p) for p in options)
+
+
+def is_new_plugin(plugin_version: str | None) -> bool:
+    """Whether a vllm-neuron version is the SDK 2.31+ "vLLM Neuron" plugin (0.21.0.1.0.0, 0.24.0.1.1.0, ...), not the
+    classic NxDI one (0.2 - 0.5)."""
+    if not plugin_version:
+        return False
+    parts = version_tuple(plugin_version)
+    return not (len(parts) <= 4 and CLASSIC_PLUGIN[0] <= parts[:2] < CLASSIC_PLUGIN[1])

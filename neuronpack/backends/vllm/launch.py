@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.artifacts.manifest import Manifest
-from neuronpack.backends.select import FRAMEWORK_TO_VLLM
+from neuronpack.backends.neuron.common import FRAMEWORK_TO_VLLM
 from neuronpack.errors import ArtifactError, ServeError
 
 API_SERVER = "vllm.entrypoints.openai.api_server"

@@ -8,8 +8,9 @@ Targets (each has its own module turning a LaunchSpec into argv + environment):
 - ``vllm-neuron``: vllm-project/vllm-neuron, the V1 "classic" plugin on NxDI, 0.4.x (vLLM 0.13) / 0.5.x (vLLM 0.16)
   (vllm_plugin.py).
 
-The SDK 2.31+ "vLLM Neuron" plugin (vllm-neuron 1.x, versions like 0.21.0.1.0.0) implements models itself with its
-own compile cache: it cannot load an NxDI artifact, so it is refused by name.
+The SDK 2.31+ "vLLM Neuron" plugin (versions like 0.21.0.1.0.0, 0.24.0.1.1.0) implements models itself with its
+own compile cache: it cannot load an NxDI artifact. Its artifacts are framework ``vneuron``, served by
+backends/vneuron/launch.py; an nxd / tnx artifact on such a machine is refused with that fix.
 
 Example::
 
@@ -26,15 +27,16 @@ from typing import Any
 from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.neuron import support_matrix
 from neuronpack.backends.neuron.common import version_tuple
+from neuronpack.backends.neuron.support_matrix import is_new_plugin
 from neuronpack.backends.vllm.launch import LaunchSpec, VllmCommand, launch_spec
 from neuronpack.backends.vllm.structured import check_tool_call_parser, structured_plan
 from neuronpack.errors import ServeError
 
 TARGETS = ("vllm-v0", "vllm-v0-fork", "vllm-neuron")
 TARGET_CHOICES = ("auto", *TARGETS)
-CLASSIC_PLUGIN = ((0, 2), (0, 6))  # vllm-neuron releases that load NxDI artifacts: 0.2 <= version < 0.6
-NEW_PLUGIN_FIX = ("serve NxDI artifacts with the classic plugin (pip install vllm-neuron==0.5.0, vLLM 0.16) or vLLM "
-                  "V0; see docs/neuron.md 'Support matrix'")
+NEW_PLUGIN_FIX = ("on this stack compile the model with `neuronpack compile --framework vneuron` (a vneuron "
+                  "recipe) and serve that artifact; NxDI artifacts need the classic plugin (vllm-neuron 0.5.0, "
+                  "vLLM 0.16) or vLLM V0: see docs/neuron.md 'Support matrix'")
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,8 @@ def choose_target(requested: str, framework: str, installed: dict[str, str | Non
 
 
 def refuse_new_plugin(plugin_version: str | None) -> None:
-    """ServeError when the installed vllm-neuron is the SDK 2.31+ "vLLM Neuron" plugin (it cannot load NxDI)."""
-    if not plugin_version:
-        return
-    parts = version_tuple(plugin_version)
-    classic = len(parts) <= 4 and CLASSIC_PLUGIN[0] <= parts[:2] < CLASSIC_PLUGIN[1]
-    if not classic:
+    """ServeError when an nxd / tnx artifact would go to the SDK 2.31+ plugin (it cannot load NxDI)."""
+    if is_new_plugin(plugin_version):
         raise ServeError(
             f"vllm-neuron {plugin_version} is the SDK 2.31+ 'vLLM Neuron' plugin: it implements models itself with its "
             "own compile cache and cannot load NxD Inference artifacts", where="vllm-neuron", fix=NEW_PLUGIN_FIX)

@@ -1,0 +1,122 @@
+"""The SDK 2.31+ vLLM Neuron plugin backend (framework ``vneuron``): the plugin's CPU compile, packaged.
+
+The build runs upstream's own CPU compile (run.py) with a fresh cache root inside the staging directory, then
+packages the complete entries (cache.py) as ``compile_cache/<32 hex>/`` of the artifact. The key holds the plugin,
+vLLM, neuronx-cc, torch-neuronx / libtorch-neuronx-lite and NKI versions (``versions``), target and LNC
+(``target``), the recipe (so every serve argument, config.py) and the weights by content, as for the other
+frameworks: the pod loads the weights itself, the artifact carries only the compiled graphs.
+
+Written against vllm-neuron 0.21's source (../shared/upstream/vllm-neuron-0.21, PROVENANCE.md) and 0.24's docs;
+held by tests to that source's cache code with a stand-in CPU compile; never run with the real plugin, neuronx-cc or
+a Trn2 here.
+
+Example::
+
+    VneuronBackend().compile_config(request)["vllm_flags"]   # ["--tensor-parallel-size", "32", ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from neuronpack.backends.base import Availability, BuildRequest
+from neuronpack.backends.neuron.common import read_model_config
+from neuronpack.backends.neuron.packages import probe_package, versions_of
+from neuronpack.backends.vneuron.cache import CACHE_DIR, check_packaged, package_entries
+from neuronpack.backends.vneuron.config import plugin_config, recipe_lnc, vneuron_instance
+from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
+
+if TYPE_CHECKING:  # annotations only: a cache hit (target, versions) imports no pydantic
+    from neuronpack.artifacts.manifest import Manifest
+    from neuronpack.recipe import Recipe
+
+# what a compiled entry depends on (create_cache_hash hashes torch-neuronx, neuronx-cc and NKI versions; the plugin
+# and vLLM decide the captured graphs); libtorch-neuronx-lite holds the cache code from 0.24 on
+VNEURON_DISTS = ("vllm-neuron", "vllm", "neuronx-cc", "torch-neuronx", "libtorch-neuronx-lite", "nki")
+# vllm-neuron 0.24's model registry (0.21's could not be read): text models neuronpack builds for it
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "GptOssForCausalLM")
+WORK_DIR = ".vneuron-work"  # inside staging while the compile runs; removed before the manifest is written
+
+
+def plugin_cache_root(vllm_cache_root: Path) -> Path:
+    """The compile-cache root the plugin uses for an explicit ``VLLM_CACHE_ROOT`` (envs.get_neuron_compile_cache_dir:
+    ``$VLLM_CACHE_ROOT/neuron/compile_cache``)."""
+    return Path(vllm_cache_root) / "neuron" / "compile_cache"
+
+
+class VneuronBackend:
+    """Backend protocol implementation for the vLLM Neuron plugin. See the module docstring."""
+
+    name = "vneuron"
+    quantizes_on_load = True  # no offline NxDI quantization: the plugin quantizes through its own neuron_config
+
+    def availability(self) -> Availability:
+        from neuronpack.backends.neuron.support_matrix import is_new_plugin
+
+        plugin = probe_package("vllm_neuron", "vllm-neuron")
+        if not plugin.ok:
+            return Availability(False, plugin.reason)
+        if not is_new_plugin(plugin.version):
+            return Availability(False, f"vllm-neuron {plugin.version} is the classic NxDI plugin, not the SDK 2.31+ "
+                                       "one (0.21 / 0.24)")
+        for module, dist in (("vllm", "vllm"), ("neuronxcc", "neuronx-cc")):
+            status = probe_package(module, dist)
+            if not status.ok:
+                return Availability(False, status.reason)
+        return Availability(True, plugin.reason)
+
+    def versions(self) -> dict[str, str]:
+        return versions_of(VNEURON_DISTS)
+
+    def target(self, recipe: Recipe) -> dict[str, Any]:
+        instance = vneuron_instance(recipe)
+        return {"instance": instance, "platform_target": instance, "lnc": recipe_lnc(recipe)}
+
+    def compile_config(self, request: BuildRequest) -> dict[str, Any]:
+        """vLLM's flags, the neuron_config and the environment both starts use (config.py), JSON-able."""
+        hf_config = read_model_config(request.model_dir, allow_missing=True)
+        architecture = (hf_config.get("architectures") or ["?"])[0]
+        if hf_config and architecture not in ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"{architecture} is not a model neuronpack builds for the vLLM Neuron plugin",
+                where=str(Path(request.model_dir) / "config.json"),
+                fix=f"use one of {', '.join(ARCHITECTURES)}, or --framework nxd")
+        return {"architecture": architecture, **plugin_config(request.recipe, hf_config).to_dict()}
+
+    def build(self, request: BuildRequest) -> dict[str, Any]:
+        """The plugin's CPU compile into a fresh root inside staging; its complete entries into compile_cache/."""
+        from neuronpack.backends.vneuron.run import run_cpu_compile
+        from neuronpack.checkpoint import copy_aux_files
+
+        availability = self.availability()
+        if not availability.ok:
+            raise BuildError(f"the vLLM Neuron plugin cannot build here: {availability.reason}",
+                             where="framework vneuron", fix="compile on a machine (or image) with the SDK 2.31+ vllm, "
+                                                            "vllm-neuron and neuronx-cc, or use --dry-run")
+        request = dataclasses.replace(request, model_dir=Path(request.model_dir).absolute(),
+                                      staging=Path(request.staging).absolute())
+        config = plugin_config(request.recipe, read_model_config(request.model_dir))
+        work = request.staging / WORK_DIR
+        work.mkdir()
+        log = request.staging.parent / f"{request.staging.name}.vneuron-compile.log"  # kept when the build fails
+        seconds = run_cpu_compile(config, model_dir=request.model_dir, cache_base=work / "vllm-cache",
+                                  log_path=log, reporter=request.reporter)
+        packed = package_entries(plugin_cache_root(work / "vllm-cache"), request.staging / CACHE_DIR)
+        shutil.rmtree(work)
+        log.unlink(missing_ok=True)
+        shutil.copy2(request.model_dir / "config.json", request.staging / "config.json")
+        copy_aux_files(request.model_dir, request.staging)
+        request.reporter.info(f"packaged {packed.entries} compile-cache entries ({packed.nki} NKI results, "
+                              f"{packed.dropped} lock / debug files left out)")
+        return {"vneuron": {"entries": packed.entries, "nki": packed.nki, "bytes": packed.bytes,
+                            "dropped_files": packed.dropped, "compile_seconds": round(seconds, 1)}}
+
+    def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
+        """The packaged cache is there and every entry complete (versions: check_toolchain, before this)."""
+        cache = Path(artifact_dir) / CACHE_DIR
+        if check_packaged(cache) == 0:
+            raise ArtifactError("the artifact holds no compile-cache entry", where=str(cache),
+                                fix="rebuild it with `neuronpack compile --force`")
