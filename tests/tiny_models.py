@@ -86,6 +86,9 @@ def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=bool(tie),
                                        use_sliding_window=False)
+    elif arch == "qwen3":  # not in ARCHS: the portable backend does not build Qwen3 (q/k norms); Neuron tests do
+        cfg = transformers.Qwen3Config(**common, head_dim=16, rope_theta=1000000.0, tie_word_embeddings=bool(tie),
+                                       use_sliding_window=False)
     elif arch == "smollm":
         # SmolLM2 is a Llama with tied embeddings and 3:1 grouped-query attention.
         cfg = transformers.LlamaConfig(**{**common, "num_attention_heads": 6, "num_key_value_heads": 2,
