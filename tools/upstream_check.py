@@ -13,6 +13,10 @@ upstream source from DIR with device-only imports stubbed (tools/upstream_stubs.
   DIR/upstreaming-to-vllm (tag 2.24.0)
 - vLLM 0.13.0 / 0.16.0's parser + EngineArgs, then vllm-neuron 0.4.1 / 0.5.0's override validation and the runner's
   max_prompt_length check: DIR/vllm-0.13.0 + DIR/vllm-neuron-0.4.1, DIR/vllm-0.16.0 + DIR/vllm-neuron-0.5.0
+- vLLM 0.21.0's parser + EngineArgs on the vneuron recipes' serve command (the SDK 2.31+ plugin), then the
+  plugin's own envs.py (vllm-neuron 0.21, ../shared/upstream/vllm-neuron-0.21/src) on the environment serve sets: the
+  resolver must give the root serve intends, the remote cache and assert-cache-hit must be on:
+  DIR/vllm-0.21.0 (+ the plugin's sources from ../shared)
 - on every vLLM column, ``serve --tool-call-parser`` against that vLLM's own ToolParserManager registry (what
   validate_api_server_args checks at start), and ``serve --structured-outputs`` on a host-sampling artifact: the
   real NeuronConfig keeps on_device_sampling_config None (the runners' host-logits path) and V0 gets
@@ -21,6 +25,8 @@ upstream source from DIR with device-only imports stubbed (tools/upstream_stubs.
 - "nxdi-0.9 CPU run": ``neuronpack eval`` of each nxd artifact in .venv-nxdi, where NxD Inference's own modeling code
   runs it on this CPU at tp 1 (closed packages: the strict shim of tests/upstream) against transformers: ok (top-1),
   failed (the figures or NxDI's refusal of the checkpoint), or not run (what upstream's CPU path cannot do, and why)
+
+``UPSTREAM_COLUMNS=TEXT`` keeps only the columns whose name contains TEXT (e.g. ``0.21``).
 
 DIR/vllm-X is a git checkout of vllm-project/vllm at tag vX, or the Python files of the vllm==X wheel (unzip). The NxDI
 columns take NxDI / NxD from DIR when it has them, else from ../shared/upstream beside the clone (``UPSTREAM_SHARED``
@@ -47,9 +53,14 @@ TARGETS = ("vllm-v0", "vllm-v0-fork", "vllm-neuron")
 # environment through a .pth file; nothing is installed into the project)
 VENVS = {"vllm": ["transformers==4.57.1", "msgspec", "cbor2", "pyzmq", "pybase64", "cachetools", "py-cpuinfo",
                   "openai-harmony", "einops", "mistral_common"],
-         "vllm-v0": ["transformers==4.53.2"]}
+         "vllm-v0": ["transformers==4.53.2"],
+         # vLLM 0.21's parser imports more of it (and a newer transformers); its own pins, read from the wheel
+         "vllm-0.21": ["transformers>=4.56,<5", "msgspec", "cbor2", "pyzmq", "pybase64", "cachetools", "py-cpuinfo",
+                       "openai-harmony", "einops", "mistral_common", "filelock", "psutil"]}
 # column -> (venv, source dirs, worker kind, serving target)
 NXD = ["neuronx-distributed-inference/src", "neuronx-distributed/src"]
+PLUGIN_021 = "vllm-neuron-0.21/src"  # the SDK 2.31+ plugin's partial tree (../shared/upstream)
+SHARED_DIRS = (*NXD, PLUGIN_021)
 COLUMNS = {
     "nxdi-0.9 config": ("vllm", NXD, "nxdi", None),
     "nxdi-0.9 CPU run": (None, NXD, "nxdi-cpu", None),
@@ -57,6 +68,7 @@ COLUMNS = {
     "vllm-v0-fork (2.24.0)": ("vllm-v0", ["upstreaming-to-vllm", *NXD], "vllm", "vllm-v0-fork"),
     "vllm-neuron 0.4.1 (vLLM 0.13)": ("vllm", ["vllm-0.13.0", "vllm-neuron-0.4.1", *NXD], "vllm", "vllm-neuron"),
     "vllm-neuron 0.5.0 (vLLM 0.16)": ("vllm", ["vllm-0.16.0", "vllm-neuron-0.5.0", *NXD], "vllm", "vllm-neuron"),
+    "vllm-neuron 0.21 (vLLM 0.21)": ("vllm-0.21", ["vllm-0.21.0", PLUGIN_021], "vllm", "vneuron"),
 }
 
 
@@ -72,6 +84,7 @@ def main() -> int:
         return 0
     # without UPSTREAM_SRC: only the columns ../shared/upstream has the sources for
     columns = [col for col, (_, dirs, _, _) in COLUMNS.items() if src is not None or set(dirs) <= set(NXD)]
+    columns = [col for col in columns if os.environ.get("UPSTREAM_COLUMNS", "") in col]
     missing = [d for col in columns for d in COLUMNS[col][1] if _source(src, d) is None]
     if missing:
         print(f"upstream-check: missing in {src}: {', '.join(sorted(set(missing)))}", file=sys.stderr)
@@ -90,7 +103,7 @@ def main() -> int:
 
 def _source(src: Path | None, directory: str) -> Path | None:
     """Where ``directory`` (an upstream source tree) is: in UPSTREAM_SRC, else (NxDI / NxD) in ../shared/upstream."""
-    for base in (src, SHARED if directory in NXD else None):
+    for base in (src, SHARED if directory in SHARED_DIRS else None):
         if base is not None and (base / directory).is_dir():
             return base / directory
     return None
@@ -107,13 +120,14 @@ def _make_cases(work: Path, src: Path) -> list[dict]:
     vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
     draft = make_eagle1_draft(work / "eagle", hidden=64, vocab=vocab, layout="safetensors")
     mllama = _tiny_mllama(llama, work / "mllama")
+    qwen3 = make_tiny_checkpoint(work / "qwen3", arch="qwen3")
     adapter = make_peft_adapter(llama, work / "adapters" / "sql", rank=8, target_modules=("q_proj", "v_proj"))
     cases = []
     for recipe in sorted((ROOT / "recipes").glob("*.toml")):
         text = recipe.read_text()
-        if 'framework = "nxd"' not in text and 'framework = "tnx"' not in text:
+        if not any(f'framework = "{f}"' in text for f in ("nxd", "tnx", "vneuron")):
             continue
-        model = mllama if "Vision" in text else llama
+        model = mllama if "Vision" in text else qwen3 if "Qwen3" in text else llama
         sets = ["--set", f"speculation.draft={draft}"] if "[speculation]" in text else []
         cases.append(_case(work, recipe.stem, recipe, model, sets))
     # LoRA and multi-node: no shipped recipe has them; check them on the inf2 recipe
@@ -136,15 +150,16 @@ def _case(work: Path, name: str, recipe: Path, model: Path, sets: list[str], ser
     dry = json.loads(_np(["compile", str(model), "--recipe", str(recipe), "--dry-run", "--format", "json",
                           "--out-root", str(root), *sets]))
     framework = dry.get("framework")
-    sdk = "nxd" if framework == "nxd" else "tnx"
+    sdk = {"nxd": [STANDIN / "nxd", STANDIN / "compiler"], "tnx": [STANDIN / "tnx", STANDIN / "compiler"],
+           "vneuron": [STANDIN / "vneuron", SHARED / PLUGIN_021]}[framework]
     built = _np(["compile", str(model), "--recipe", str(recipe), "--out-root", str(root), *sets],
-                pythonpath=[STANDIN / sdk, STANDIN / "compiler"]).strip().splitlines()[-1]
+                pythonpath=sdk).strip().splitlines()[-1]
     serve = {}
-    for target in TARGETS:
+    for target in ("vneuron",) if framework == "vneuron" else TARGETS:
+        flags = [] if framework == "vneuron" else ["--vllm-target", target]
         try:
-            serve[target] = json.loads(_np(["serve", built, "--print-command", "--format", "json",
-                                            "--vllm-target", target, *serve_args],
-                                           pythonpath=[STANDIN / sdk, STANDIN / "compiler"]))
+            serve[target] = json.loads(_np(["serve", built, "--print-command", "--format", "json", *flags,
+                                            *serve_args], pythonpath=sdk))
         except subprocess.CalledProcessError as exc:
             serve[target] = {"refused": (exc.stderr or "").strip().splitlines()[-1][:200]}
     return {"name": name, "framework": framework, "dry": dry, "artifact": built, "serve": serve, "model": str(model)}
@@ -186,7 +201,7 @@ def _venv(src: Path | None, name: str) -> Path:
         subprocess.run([str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "venv", str(path)], check=True)
     site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    chain = [str(base / "vllm" / "lib" / Path(site).parent.name / "site-packages")] if name != "vllm" else []
+    chain = [str(base / "vllm" / "lib" / Path(site).parent.name / "site-packages")] if name == "vllm-v0" else []
     project = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     # Written on every run: a reused venv must see THIS project's environment (it may have moved since).
@@ -210,12 +225,15 @@ def _run_column(src: Path | None, work: Path, column: str, cases: list[dict]) ->
         served = json.loads((Path(case["artifact"]) / "neuronpack.json").read_text())["serve"]
         if kind == "nxdi":
             if case["framework"] != "nxd":
-                results[cid] = "n/a (tnx)"
+                results[cid] = f"n/a ({case['framework']})"
                 continue
             inputs.append({"id": cid, "model_class": config["model_class"], "neuron_config": config["neuron_config"],
                            "platform_target": config.get("platform_target"),
                            "model_dir": case["model"], "cwd": case["artifact"],
                            "draft": config.get("draft") and {**config["draft"], "path": _bundled_draft(case)}})
+            continue
+        if target not in case["serve"]:
+            results[cid] = f"n/a ({case['framework']})"
             continue
         serve = case["serve"][target]
         if "refused" in serve:
@@ -245,7 +263,7 @@ def _run_column(src: Path | None, work: Path, column: str, cases: list[dict]) ->
 def _cpu_run(case: dict, sources: list[Path], work: Path) -> str:
     """``neuronpack eval`` of the case's artifact with upstream NxDI's CPU path (tests/upstream/shim_site)."""
     if case["framework"] != "nxd":
-        return "n/a (tnx)"
+        return f"n/a ({case['framework']})"
     if not NXDI_PYTHON.is_file():
         return f"failed: {NXDI_PYTHON} is missing (run `make install`)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "upstream" / "shim_site"), str(ROOT)]),

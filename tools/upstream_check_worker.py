@@ -91,6 +91,13 @@ def check_vllm(case: dict) -> str:
 
         vllm.platforms.current_platform = NeuronPlatform()
         NeuronPlatform.pre_register_and_update()
+    elif case["target"] == "vneuron":
+        # the 0.21 plugin's platform module is not in the pinned partial tree: vLLM's own CPU platform stands in, so
+        # what is checked is vLLM 0.21's parser and EngineArgs (the flags), not the plugin's platform hooks
+        import vllm.platforms
+        from vllm.platforms.cpu import CpuPlatform
+
+        vllm.platforms.current_platform = CpuPlatform()
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.openai import cli_args
 
@@ -112,6 +119,8 @@ def check_vllm(case: dict) -> str:
         details.append(_check_host_sampling(case))
     if case["target"] == "vllm-neuron":
         details += _check_plugin(engine_args, case)
+    elif case["target"] == "vneuron":
+        details += _check_vneuron(engine_args, case)
     elif neuron_config is not None and engine_args.override_neuron_config:
         # V0 loader: setattr every override key onto the loaded neuron_config.json, then it must still be valid
         loaded = {**neuron_config, **engine_args.override_neuron_config}
@@ -171,6 +180,33 @@ def _check_plugin(engine_args, case: dict) -> list[str]:
                            max_model_len=engine_args.max_model_len)
     NeuronxDistributedModelRunner._validate_max_prompt_length(fake)
     return ["max_prompt_length", "override_neuron_config"]
+
+
+def _check_vneuron(engine_args, case: dict) -> list[str]:
+    """The SDK 2.31+ plugin (0.21): vLLM took the flags; the worker's neuron_config is there; the plugin's own envs.py
+    resolves the environment serve sets to the root serve intends, with the remote cache and assert-cache-hit on."""
+    neuron_config = (engine_args.additional_config or {}).get("neuron_config")
+    if not isinstance(neuron_config, dict) or not neuron_config.get("num_batched_tokens_buckets"):
+        raise ValueError("additional_config has no neuron_config with num_batched_tokens_buckets")
+    if max(neuron_config["num_batched_tokens_buckets"]) != engine_args.max_num_batched_tokens:
+        raise ValueError("the largest num_batched_tokens bucket must equal max_num_batched_tokens")
+    if max(neuron_config["num_seqs_buckets"]) != engine_args.max_num_seqs:
+        raise ValueError("the largest num_seqs bucket must equal max_num_seqs")
+    if engine_args.num_gpu_blocks_override is None:
+        raise ValueError("no --num-gpu-blocks-override: the pod's KV block count would differ from the CPU compile's")
+    os.environ.update(case["env"])
+    from vllm_neuron import envs
+
+    root = envs.get_neuron_compile_cache_dir()
+    if root != os.path.join(case["env"]["VLLM_CACHE_ROOT"], "neuron/compile_cache"):
+        raise ValueError(f"the plugin resolves the cache root to {root}")
+    remote = case["env"]["VLLM_NEURON_REMOTE_CACHE"]
+    if envs.VLLM_NEURON_REMOTE_CACHE != remote or not envs.VLLM_NEURON_ASSERT_CACHE_HIT:
+        raise ValueError("the plugin does not see the artifact as its remote cache with assert-cache-hit on")
+    if any(getattr(envs, f"VLLM_NEURON_{name}") for name in ("DISABLE_COMPILE_CACHE", "CPU_COMPILE",
+                                                               "DISABLE_WARMUP_COMPILE")):
+        raise ValueError("the cache is disabled, or the pod would CPU-compile, or a local miss would skip the remote")
+    return ["neuron_config buckets", "cache root + remote + assert-cache-hit (envs.py)"]
 
 
 def _check_fork_launcher(case: dict) -> str:

@@ -81,7 +81,7 @@ def check_toolchain(artifact_dir: Path, manifest: Manifest, backend: ToolchainJu
         here = current.get(name)
         if here != built:
             raise ArtifactError(
-                f"built with {name} {built}, this machine has {here or 'none'}",
+                f"built with {name} {built}, this machine has {here if here not in (None, 'absent') else 'none'}",
                 where=str(artifact_dir),
                 fix=f"install {name}=={built} or rebuild with `neuronpack compile`",
             )

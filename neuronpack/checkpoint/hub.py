@@ -71,6 +71,18 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
+def split_hub_id(text: str) -> tuple[str, str | None] | None:
+    """``"org/name@rev"`` -> ("org/name", "rev"); None when ``text`` is a path, not a hub id (no lookup is made).
+
+    Example::
+
+        split_hub_id("meta-llama/Llama-3.1-8B-Instruct")   # ("meta-llama/Llama-3.1-8B-Instruct", None)
+        split_hub_id("./llama")                            # None
+    """
+    repo_id, revision = _split_revision(text)
+    return (repo_id, revision) if _looks_like_repo_id(text, repo_id) else None
+
+
 def _split_revision(text: str) -> tuple[str, str | None]:
     repo_id, sep, revision = text.partition("@")
     return repo_id, (revision or None) if sep else None

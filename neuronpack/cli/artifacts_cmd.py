@@ -64,8 +64,7 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("target", ", ".join(f"{k}={v}" for k, v in sorted(m.target.items()) if not isinstance(v, dict))),
         ("dtype", recipe.model.dtype),
         ("batch / tp", f"{recipe.target.batch_size} / {recipe.target.tp_degree}"),
-        ("context buckets", ", ".join(map(str, m.buckets.context))),
-        ("token-gen buckets", ", ".join(map(str, m.buckets.token_generation))),
+        *_bucket_rows(m),
         ("max model len", str(m.serve.max_model_len)),
         ("quantization", str(section.get("quantization"))),
         ("speculation", str(section.get("speculation"))),
@@ -78,6 +77,17 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
     for field, value in rows:
         table.add_row(field, cell(value))
     print_result(output_format, None, table)
+
+
+def _bucket_rows(m) -> list[tuple[str, str]]:
+    """NxDI-style buckets, or for the vLLM Neuron plugin its own bucket keys and the packaged graphs."""
+    if m.framework == "vneuron":
+        neuron_config = m.compile_config.get("neuron_config") or {}
+        return [("prefill buckets", ", ".join(map(str, neuron_config.get("num_batched_tokens_buckets", [])))),
+                ("decode batch buckets", ", ".join(map(str, neuron_config.get("num_seqs_buckets", [])))),
+                ("compile-cache entries", str((m.build.get("vneuron") or {}).get("entries")))]
+    return [("context buckets", ", ".join(map(str, m.buckets.context))),
+            ("token-gen buckets", ", ".join(map(str, m.buckets.token_generation)))]
 
 
 def _lora_line(lora) -> str:

@@ -33,7 +33,7 @@ from neuronpack.backends.vllm.launch import API_SERVER, VllmCommand
 from neuronpack.backends.vneuron.backend import plugin_cache_root
 from neuronpack.backends.vneuron.cache import CACHE_DIR
 from neuronpack.backends.vneuron.config import PluginConfig
-from neuronpack.errors import ArtifactError, ServeError
+from neuronpack.errors import ServeError
 
 TARGET = "vneuron"
 
@@ -61,17 +61,10 @@ def plugin_serve_command(artifact_dir: Path, manifest: Manifest, *, host: str = 
         raise ServeError(f"this is a {manifest.framework} artifact, not a vneuron one", where=str(artifact_dir),
                          fix="serve it with `neuronpack serve` without forcing the vneuron path")
     config = PluginConfig.from_dict(manifest.compile_config)
-    model = weights or manifest.serve.model_source or manifest.model.path
-    if not model:
-        raise ArtifactError("the manifest records no model to load", where=str(artifact_dir),
-                            fix="pass --weights (a local checkpoint or hub id)")
-    notes = []
-    if Path(model).expanduser().is_dir():
-        check_weights(Path(model).expanduser(), manifest)
-    else:
-        notes.append(f"vLLM loads the weights from {model!r} (a hub id or a path not on this machine): they must be "
-                     "the ones the artifact was compiled from")
-    argv = [python, "-m", API_SERVER, "--model", str(model), "--host", host, "--port", str(port)]
+    model, revision, notes = _weights(artifact_dir, manifest, weights)
+    argv = [python, "-m", API_SERVER, "--model", model, "--host", host, "--port", str(port)]
+    if revision:
+        argv += ["--revision", revision]
     if manifest.serve.served_model_name:
         argv += ["--served-model-name", manifest.serve.served_model_name]
     if api_key:
@@ -81,6 +74,26 @@ def plugin_serve_command(artifact_dir: Path, manifest: Manifest, *, host: str = 
     notes.append(f"the plugin's local cache root is {plugin_cache_root(base)}; every graph is fetched from the "
                  "artifact, and a missing one stops the server at start (VLLM_NEURON_ASSERT_CACHE_HIT)")
     return VllmCommand(argv, serve_env(artifact_dir, config, base), cwd=None, notes=notes, target=TARGET)
+
+
+def _weights(artifact_dir: Path, manifest: Manifest, weights: str | None) -> tuple[str, str | None, list[str]]:
+    """(--model, --revision, notes): a local checkpoint (checked against the compiled one) or a hub id."""
+    from neuronpack.checkpoint.hub import split_hub_id
+
+    local = [Path(w).expanduser().absolute() for w in (weights, manifest.model.path) if w]
+    if weights is None and manifest.model.path and not Path(manifest.model.path).is_dir():
+        local = []  # the build box's path is not on this machine: try the recipe's hub id
+    for path in local[:1]:
+        if path.is_dir():
+            check_weights(path, manifest)
+            return str(path), None, []
+    hub = split_hub_id(weights or manifest.serve.model_source or "")
+    if hub is None:
+        raise ServeError("the checkpoint this artifact was compiled from is not on this machine",
+                         where=str(weights or manifest.model.path or artifact_dir),
+                         fix="pass --weights DIR (that checkpoint, as mounted here) or a hub id")
+    return hub[0], hub[1], [f"vLLM loads the weights from the hub id {hub[0]!r} (or its local HF cache): they must be "
+                            "the revision the artifact was compiled from"]
 
 
 def check_weights(model_dir: Path, manifest: Manifest) -> None:
