@@ -21,8 +21,8 @@ RECIPES = {"llama": ROOT / "recipes" / "llama-3.1-8b-instruct-trn2-vneuron.toml"
 PLUGIN_MODULES = ("vllm", "vllm_neuron", "torch_neuronx", "neuronxcc", "nki")
 # variables of the plugin a developer's shell could hold; every child starts without them
 PLUGIN_ENV = ("VLLM_CACHE_ROOT", "VLLM_NEURON_REMOTE_CACHE", "VLLM_NEURON_ASSERT_CACHE_HIT", "VLLM_NEURON_CPU_COMPILE",
-              "VLLM_NEURON_DISABLE_WARMUP_COMPILE", "VLLM_NEURON_DISABLE_COMPILE_CACHE", "NEURON_PLATFORM_TARGET_OVERRIDE",
-              "NEURON_LOGICAL_NC_CONFIG", "NEURONPACK_STANDIN_FAULT")
+              "VLLM_NEURON_DISABLE_WARMUP_COMPILE", "VLLM_NEURON_DISABLE_COMPILE_CACHE",
+              "NEURON_PLATFORM_TARGET_OVERRIDE", "NEURON_LOGICAL_NC_CONFIG", "NEURONPACK_STANDIN_FAULT")
 
 
 def plugin_env(tmp: Path, *, standin: bool = True, **extra: str) -> dict[str, str]:
