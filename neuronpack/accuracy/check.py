@@ -266,13 +266,17 @@ def _usable_prompts(prompts: Sequence[EvalPrompt] | None, tokenizer) -> list[Eva
 
 def neuron_plan(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tokens: int,
                 limits: Thresholds) -> tuple[str, ...]:
-    """What a check of an NxDI / TNx artifact would run, step by step (nothing here runs it)."""
+    """What a check of a Neuron (nxd / tnx / vneuron) artifact would run, step by step (nothing here runs it)."""
     count = len(prompts if prompts is not None else DEFAULT_PROMPTS)
+    stack = {"nxd": "neuronx-distributed-inference", "tnx": "transformers-neuronx",
+             "vneuron": "vllm-neuron 0.21 / 0.24, the SDK 2.31+ vLLM Neuron plugin"}.get(subject.framework, "")
+    load = (f"start vLLM with {subject.artifact_dir}/compile_cache as the plugin's remote cache (`neuronpack serve`), "
+            "logprobs returned for every position" if subject.framework == "vneuron" else
+            f"load {subject.artifact_dir} with NEURON_COMPILED_ARTIFACTS set to it, logits returned for every position "
+            "(on-device sampling off)")
     return (
-        f"hardware: a Neuron instance ({subject.instance or 'the recipe target'}) with the Neuron SDK "
-        f"({'neuronx-distributed-inference' if subject.framework == 'nxd' else 'transformers-neuronx'})",
-        f"load {subject.artifact_dir} with NEURON_COMPILED_ARTIFACTS set to it, logits returned for every position "
-        "(on-device sampling off)",
+        f"hardware: a Neuron instance ({subject.instance or 'the recipe target'}) with the Neuron SDK ({stack})",
+        load,
         f"score {count} prompts teacher-forced (prompt + {new_tokens} greedy reference tokens each)",
         f"reference: transformers float32 on CPU from {subject.reference_dir}",
         f"gate ({subject.precision}): {limits.to_dict()}",

@@ -76,7 +76,7 @@ def load_engine(
         raise ServeError(
             f"the built-in runtime serves torch artifacts; this one is {framework!r}",
             where=str(artifact_dir),
-            fix="serve it with `neuronpack serve` on a Neuron machine (it launches vLLM for nxd / tnx artifacts)",
+            fix="serve it with `neuronpack serve` on a Neuron machine (it launches vLLM for Neuron artifacts)",
         )
     configure_threads(num_threads)
     model = load_artifact(artifact_dir, reporter=reporter)

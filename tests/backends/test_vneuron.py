@@ -153,6 +153,24 @@ def test_serve_starts_the_plugin_with_every_graph_fetched_then_local(built, tmp_
         assert stats == expected
 
 
+def test_push_to_s3_then_serve_by_url_starts_with_every_graph_from_the_artifact(built, tmp_path, monkeypatch):
+    """The S3 store is what the plugin lacks: CI pushes once, a pod serves s3://.../<key> (pulled, verified)."""
+    from tests.artifacts.conftest import use_s3
+    from tests.moto_s3 import MotoServer
+
+    artifact = built["qwen3"]["artifact"]
+    with MotoServer() as server:
+        store = use_s3(server, monkeypatch)
+        env = plugin_env(tmp_path)
+        pushed = neuronpack("push", str(artifact), store, "--progress", "none", env=env)
+        assert pushed.returncode == 0, pushed.stderr
+        url = f"{store}/{artifact.name}"
+        stats = _serve_stats(url, {**env, "NEURONPACK_ARTIFACTS_ROOT": str(tmp_path / "pod")})
+    assert stats == {"local_hits": 0, "fetched": len(_entries(artifact)), "compiled": 0}
+    pulled = tmp_path / "pod" / "neuron-compiled-artifacts" / artifact.name
+    assert sorted(p.name for p in _entries(pulled)) == sorted(p.name for p in _entries(artifact))
+
+
 def test_a_missing_packaged_entry_is_one_line_before_vllm_starts(built, tmp_path):
     copy = tmp_path / built["llama"]["artifact"].name
     shutil.copytree(built["llama"]["artifact"], copy)
@@ -209,7 +227,7 @@ def test_compile_without_the_plugin_is_one_line(tmp_path, built):
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------------
-def _serve_stats(artifact: Path, env: dict[str, str]) -> dict:
+def _serve_stats(artifact: Path | str, env: dict[str, str]) -> dict:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
