@@ -267,7 +267,7 @@ def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
                  print_only: bool, output_format: OutputFormat, requested_target: str,
                  tool_call_parser: str | None, structured_outputs: bool) -> None:
     from neuronpack.backends.neuron.support_matrix import installed_versions
-    from neuronpack.backends.vllm.launch import format_command, launch_spec, run_vllm
+    from neuronpack.backends.vllm.launch import launch_spec, run_vllm
     from neuronpack.backends.vllm.targets import check_serving_stack, choose_target, vllm_command
 
     installed = installed_versions()
@@ -277,15 +277,10 @@ def _launch_vllm(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
                        vllm_version=installed.get("vllm"))
     notes = [f"target {choice.name}: {choice.reason}", *cmd.notes]
     if print_only:
-        print_result(output_format, {"target": choice.name, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd,
-                                     "notes": notes}, format_command(cmd))
-        if output_format is OutputFormat.text:
-            for note in notes:
-                stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        _show_vllm_command(cmd, notes, output_format)
         return
     pairing = check_serving_stack(launch_spec(path, manifest), choice.name, installed)  # refuses before vLLM starts
-    for note in notes:
-        stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    _notes(notes)
     stderr.print(f"starting vLLM ({choice.name}, pairing {pairing}) at http://{_url_host(host)}:{port}/v1",
                  markup=False, highlight=False)
     run_vllm(cmd)  # replaces this process; ServeError when vLLM is not installed
@@ -295,7 +290,7 @@ def _launch_plugin(path: Path, manifest: Manifest, *, host: str, port: int, api_
                    output_format: OutputFormat, weights: str | None, tool_call_parser: str | None) -> None:
     """A vneuron artifact: the SDK 2.31+ plugin's ``vllm serve`` with the compiled arguments (the artifact and this
     machine's versions were verified against the manifest on the way here)."""
-    from neuronpack.backends.vllm.launch import VllmCommand, format_command, run_vllm
+    from neuronpack.backends.vllm.launch import VllmCommand, run_vllm
     from neuronpack.backends.vneuron.launch import plugin_serve_command
 
     cmd = plugin_serve_command(path, manifest, host=host, port=port, api_key=api_key, weights=weights)
@@ -303,18 +298,28 @@ def _launch_plugin(path: Path, manifest: Manifest, *, host: str, port: int, api_
         cmd = VllmCommand([*cmd.argv, "--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser], cmd.env,
                           cmd.cwd, cmd.notes, cmd.target)
     if print_only:
-        print_result(output_format, {"target": cmd.target, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd,
-                                     "notes": cmd.notes}, format_command(cmd))
-        if output_format is OutputFormat.text:
-            for note in cmd.notes:
-                stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        _show_vllm_command(cmd, cmd.notes, output_format)
         return
     Path(cmd.env["VLLM_CACHE_ROOT"]).mkdir(parents=True, exist_ok=True)
-    for note in cmd.notes:
-        stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    _notes(cmd.notes)
     stderr.print(f"starting vLLM (vLLM Neuron plugin, {manifest.versions.get('vllm-neuron')}) at "
                  f"http://{_url_host(host)}:{port}/v1", markup=False, highlight=False)
     run_vllm(cmd)  # replaces this process; ServeError when vLLM is not installed
+
+
+def _show_vllm_command(cmd, notes: list[str], output_format: OutputFormat) -> None:
+    """``--print-command`` of a vLLM launch: the shell line or ``{target, argv, env, cwd, notes}``; notes on stderr."""
+    from neuronpack.backends.vllm.launch import format_command
+
+    print_result(output_format, {"target": cmd.target, "argv": cmd.argv, "env": cmd.env, "cwd": cmd.cwd,
+                                 "notes": notes}, format_command(cmd))
+    if output_format is OutputFormat.text:
+        _notes(notes)
+
+
+def _notes(notes: list[str]) -> None:
+    for note in notes:
+        stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_command(argv: list[str], env: dict[str, str], notes: list[str], output_format: OutputFormat) -> None:

@@ -104,7 +104,10 @@ class VneuronBackend:
         log = request.staging.parent / f"{request.staging.name}.vneuron-compile.log"  # kept when the build fails
         seconds = run_cpu_compile(config, model_dir=request.model_dir, cache_base=work / "vllm-cache",
                                   log_path=log, reporter=request.reporter)
-        packed = package_entries(plugin_cache_root(work / "vllm-cache"), request.staging / CACHE_DIR)
+        try:
+            packed = package_entries(plugin_cache_root(work / "vllm-cache"), request.staging / CACHE_DIR)
+        except BuildError as exc:  # the staging directory goes with the failed build: point at the kept log
+            raise BuildError(exc.what, where=str(log), fix=exc.fix) from None
         shutil.rmtree(work)
         log.unlink(missing_ok=True)
         shutil.copy2(request.model_dir / "config.json", request.staging / "config.json")
