@@ -81,6 +81,10 @@ def test_compile_packages_every_graph_complete_by_upstreams_rule(built, name):
     assert files - {"neuronpack.json"} == set(listed)
     assert all(len(listed[f]["sha256"]) == 64 for f in listed)
     assert manifest["build"]["vneuron"]["dropped_files"] > 0
+    # the NKI kernel's result (upstream's put_nki_cache wrote it, with a lock file beside it)
+    assert [f for f in files if f.startswith("compile_cache/nki/")] == [
+        f"compile_cache/nki/{p.name}" for p in (artifact / "compile_cache" / "nki").glob("*.json")]
+    assert manifest["build"]["vneuron"]["nki"] == 1
     env = plugin_env(built[name]["tmp"])
     assert neuronpack("verify", str(artifact), env=env).returncode == 0
 
@@ -120,6 +124,11 @@ def test_serve_hands_the_artifact_to_upstreams_remote_cache_and_every_graph_is_a
                 assert_cache_hits=plugin.envs.VLLM_NEURON_ASSERT_CACHE_HIT)
             assert Path(found.neff_filename).parent == Path(root) / key
             assert plugin.cache.get_local(key, root) is not None  # the next start is a local hit
+        nki = plugin.nki_cache
+        for result in (artifact / "compile_cache" / "nki").glob("*.json"):
+            assert nki.get_nki_cache(result.stem) is None  # not local yet
+            assert nki._fetch_from_remote(result.stem) is not None  # upstream's NKI fetch from the artifact
+            assert nki.get_nki_cache(result.stem) is not None
     assert neuronpack("verify", str(artifact), env=plugin_env(tmp_path)).returncode == 0  # the artifact untouched
 
 
@@ -147,8 +156,9 @@ def test_serve_starts_the_plugin_with_every_graph_fetched_then_local(built, tmp_
     artifact = built["llama"]["artifact"]
     env = plugin_env(tmp_path)
     graphs = len(_entries(artifact))
-    for expected in ({"local_hits": 0, "fetched": graphs, "compiled": 0},  # first start: from the artifact
-                     {"local_hits": graphs, "fetched": 0, "compiled": 0}):  # restart: the local root kept them
+    nki = {"nki_compiled": 0, "nki_hits": 1}
+    for expected in ({"local_hits": 0, "fetched": graphs, "compiled": 0, **nki},  # first start: from the artifact
+                     {"local_hits": graphs, "fetched": 0, "compiled": 0, **nki}):  # restart: the local root kept them
         stats = _serve_stats(artifact, env)
         assert stats == expected
 
@@ -166,7 +176,8 @@ def test_push_to_s3_then_serve_by_url_starts_with_every_graph_from_the_artifact(
         assert pushed.returncode == 0, pushed.stderr
         url = f"{store}/{artifact.name}"
         stats = _serve_stats(url, {**env, "NEURONPACK_ARTIFACTS_ROOT": str(tmp_path / "pod")})
-    assert stats == {"local_hits": 0, "fetched": len(_entries(artifact)), "compiled": 0}
+    assert stats == {"local_hits": 0, "fetched": len(_entries(artifact)), "compiled": 0, "nki_compiled": 0,
+                     "nki_hits": 1}
     pulled = tmp_path / "pod" / "neuron-compiled-artifacts" / artifact.name
     assert sorted(p.name for p in _entries(pulled)) == sorted(p.name for p in _entries(artifact))
 

@@ -62,14 +62,15 @@ def error_lines(stderr: str) -> list[str]:
 
 @contextlib.contextmanager
 def upstream_plugin():
-    """vllm-neuron 0.21's own ``envs`` and ``compile.cache`` imported in this process (closed / missing modules from
-    the stand-in); the environment is read by them lazily, so set it before calling."""
+    """vllm-neuron 0.21's own ``envs``, ``compile.cache`` and ``nki.nki_cache`` imported in this process (closed /
+    missing modules from the stand-in); the environment is read by them lazily, so set it before calling."""
     _purge()
     sys.path[:0] = [str(STANDIN), str(PLUGIN_SRC)]
     try:
         envs = importlib.import_module("vllm_neuron.envs")
         cache = importlib.import_module("vllm_neuron.compile.cache")
-        yield SimpleNamespace(envs=envs, cache=cache)
+        nki_cache = importlib.import_module("vllm_neuron.nki.nki_cache")
+        yield SimpleNamespace(envs=envs, cache=cache, nki_cache=nki_cache)
     finally:
         for path in (str(STANDIN), str(PLUGIN_SRC)):
             with contextlib.suppress(ValueError):

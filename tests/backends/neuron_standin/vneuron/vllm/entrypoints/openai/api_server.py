@@ -12,8 +12,10 @@ neuronx-cc (the "NEFF" is a few bytes).
 
 Modes, as upstream: ``VLLM_NEURON_CPU_COMPILE=1`` captures and "compiles" every graph into the local root, skips
 warm-ups and goes on serving (it never exits); otherwise each graph is looked up and a miss would run neuronx-cc,
-which the stand-in refuses (exit 1, FATAL like CompilationLock). Either way it then serves ``GET /health``,
-``/v1/models`` and ``/stats`` ({"local_hits", "fetched", "compiled"}) until SIGTERM.
+which the stand-in refuses (exit 1, FATAL like CompilationLock). One NKI kernel goes through upstream's
+``nki_cache.compile_with_cache`` the same way (its key from ``create_nki_cache_key``, its result in ``<root>/nki/``).
+Either way it then serves ``GET /health``, ``/v1/models`` and ``/stats`` ({"local_hits", "fetched", "compiled",
+"nki_compiled", "nki_hits"}) until SIGTERM.
 
 Faults for tests, NEURONPACK_STANDIN_FAULT: ``exit`` (the CPU compile fails), ``hang`` (it never serves),
 ``incomplete`` (the last graph's entry never gets upstream's completion marker, as when neuronx-cc died).
@@ -94,6 +96,35 @@ def compiler_options() -> dict:
     return {"compiler_args": f"--lnc {os.environ.get('NEURON_LOGICAL_NC_CONFIG', '1')}"}
 
 
+def rms_norm_kernel(x, weight):
+    """A stand-in NKI kernel (its source is part of upstream's NKI key)."""
+    return x * weight
+
+
+def nki_kernel(args: argparse.Namespace, stats: dict, *, may_compile: bool) -> None:
+    """One NKI kernel through upstream's NKI cache (nki/nki_cache.py): compiled at CPU compile, fetched at serve."""
+    from vllm_neuron.nki import nki_cache
+    from vllm_neuron.nki.nki_compile import NKICompileResult
+
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    x = torch.empty(args.max_num_batched_tokens, config["hidden_size"], dtype=getattr(torch, args.dtype),
+                    device="meta")
+    key = nki_cache.create_nki_cache_key(rms_norm_kernel, {"x": x, "weight": x[0]}, (1,))
+    assert key is not None, "upstream could not key the NKI kernel"
+
+    def nki_compile():
+        if not may_compile:
+            raise RuntimeError(f"stand-in: the NKI kernel {key} would be compiled at server start")
+        stats["nki_compiled"] += 1
+        return NKICompileResult(dumped_config=json.dumps({"kernel": "rms_norm", "shape": list(x.shape)}),
+                                return_types=((x.dtype, tuple(x.shape)),))
+
+    before = stats["nki_compiled"]
+    nki_cache.compile_with_cache(key, nki_compile)
+    if stats["nki_compiled"] == before:
+        stats["nki_hits"] += 1
+
+
 def cpu_compile(args: argparse.Namespace, stats: dict) -> None:
     from vllm_neuron import envs
     from vllm_neuron.compile import cache
@@ -133,6 +164,7 @@ def cpu_compile(args: argparse.Namespace, stats: dict) -> None:
             metadata = create_metadata(cache_key=key, output_count=1)
             cache._store_local(key, CompilationArtifacts(str(entry / "graph.hlo"), str(neff), metadata), root)
         stats["compiled"] += 1
+    nki_kernel(args, stats, may_compile=True)
 
 
 def serve_lookups(args: argparse.Namespace, stats: dict) -> None:
@@ -163,6 +195,7 @@ def serve_lookups(args: argparse.Namespace, stats: dict) -> None:
                                       invalidate=not use_cache, remote_cache_dir=remote,
                                       assert_cache_hits=assert_hits)
         stats["fetched"] += 1
+    nki_kernel(args, stats, may_compile=False)
 
 
 def serve(args: argparse.Namespace, stats: dict) -> None:
@@ -194,7 +227,7 @@ def serve(args: argparse.Namespace, stats: dict) -> None:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    stats = {"local_hits": 0, "fetched": 0, "compiled": 0}
+    stats = {"local_hits": 0, "fetched": 0, "compiled": 0, "nki_compiled": 0, "nki_hits": 0}
     if os.environ.get("VLLM_NEURON_CPU_COMPILE") == "1":
         if os.environ.get("NEURONPACK_STANDIN_FAULT") == "hang":
             time.sleep(3600)
