@@ -82,3 +82,16 @@ def test_a_machine_with_the_sdk_231_plugin_builds_vneuron_by_default(monkeypatch
     finally:
         monkeypatch.undo()
         clear_probe_cache()
+
+
+def test_doctor_names_the_sdk_231_pairing_and_the_path_this_machine_gets(tmp_path):
+    from tests.backends.vneuron_plugin import neuronpack, plugin_env
+
+    out = neuronpack("doctor", "--format", "json", env=plugin_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["serving"]["pairing"] == "sdk-2.31-vllm-neuron-0.21"
+    assert "--framework vneuron" in report["serving"]["path"]
+    assert report["framework"]["auto"] == "vneuron"
+    rows = {p["name"]: p for p in report["serving"]["supported"]}
+    assert rows["sdk-2.32-vllm-neuron-0.24"]["versions"]["vllm"] == "0.24."
