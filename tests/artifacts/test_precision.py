@@ -39,7 +39,7 @@ def test_precision_from_recipe_checkpoint_or_float(recipe, config, expected):
 def test_inspect_and_ls_show_an_int8_checkpoints_precision(tiny_llama, tmp_path):
     """An artifact compiled from a checkpoint `neuronpack quantize` made (the recipe has no [quantization]) used to
     read "quantization None" in inspect."""
-    runner = CliRunner(env={"COLUMNS": "200"})
+    runner = CliRunner(env={"COLUMNS": "400"})  # wide enough for ls's row of a long tmp path on one line
     int8 = tmp_path / "int8"
     done = runner.invoke(app, ["quantize", str(tiny_llama), "--out", str(int8), "--dtype", "int8",
                                "--include-lm-head", "--quiet"])
