@@ -159,9 +159,41 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def machine_info() -> dict:
+    """What a result was measured on: the CPU (model name, family / model, the ISA extensions the kernels choose
+    by), cores, kernel, Python, torch, the load, the time. Results from different CPUs are not comparable."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    cpu: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "flags") and key not in cpu:
+                cpu[key] = value.strip()
+    except OSError:
+        pass
+    flags = set(cpu.get("flags", "").split())
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = None
+    return {
+        "cpu": cpu.get("model name") or platform.processor() or platform.machine(),
+        "cpu_family": cpu.get("cpu family"), "cpu_model": cpu.get("model"),
+        "isa": sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"}),
+        "cpus": os.cpu_count(), "kernel": platform.release(), "python": sys.version.split()[0], "torch": torch_version,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def save_results(name: str, payload: dict) -> Path:
+    """Write ``docs/bench/<name>.json``: the payload with the bench's name and the machine it ran on (a payload's own
+    ``machine`` entries, e.g. a note, are added to it)."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, **payload}
+    payload = {"benchmark": name, **payload, "machine": {**machine_info(), **payload.get("machine", {})}}
     path = OUT_DIR / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return path

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import math
 import os
 import platform
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from _common import build_artifact, read_bandwidth_gbs
+from _common import build_artifact, read_bandwidth_gbs, save_results
 
 from neuronpack.backends.torch_aot import load_artifact
 
@@ -230,10 +229,7 @@ def main() -> None:
         "note": "shared 2-core machine under load from other jobs: compare ratios, not absolute numbers",
         "results": results,
     }
-    out = ROOT / "docs" / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, out / f"{args.out}.png")
+    plot(results, save_results(args.out, report).with_suffix(".png"))
     print(f"read bandwidth {bandwidth:.1f} GB/s, threads {torch.get_num_threads()}, load {load_before} -> "
           f"{os.getloadavg()}")
     print(f"{'artifact':10} {'bound':>6} {'np b1':>7} {'np bN':>7} {'bN/b1':>6} {'(cpu)':>6} {'(pair)':>6} "

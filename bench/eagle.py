@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import warm_page_cache  # noqa: E402
+from _common import save_results, warm_page_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 128256, 2048, 8192, 32, 8
@@ -290,9 +290,7 @@ def save(report: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir = ROOT / "docs" / "bench"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "eagle.json").write_text(json.dumps(report, indent=2) + "\n")
+    out_dir = save_results("eagle", report).parent
     rows = report["rows"]
     names = [r["mode"] for r in rows]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from _common import OUT_DIR, save_results  # noqa: E402
+from _common import save_results  # noqa: E402
 from serve import ensure_model, free_port, start_server, stop_server  # noqa: E402
 
 from tests.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval  # noqa: E402
@@ -59,8 +59,7 @@ def run_load(url: str, model: Path, work: Path, args) -> list[dict]:
     report = json.loads(full.read_text())
     for bench in report["benchmarks"]:
         bench.pop("requests", None)  # per-request detail: megabytes, kept in the work directory only
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "guidellm.json").write_text(json.dumps(report, indent=1) + "\n")
+    save_results("guidellm", report)
     return rows
 
 

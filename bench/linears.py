@@ -14,7 +14,6 @@ Output: a table on stdout and ``docs/bench/linears.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _common import read_bandwidth_gbs
+from _common import read_bandwidth_gbs, save_results
 
 from neuronpack.kernels import load_kernels
 from neuronpack.models.quant import int8_gemv
@@ -152,8 +151,7 @@ def main() -> None:
     report = {"torch": torch.__version__, "threads": 1, "read_bandwidth_gbs": round(bandwidth, 1),
               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "loadavg_before": load_before,
               "loadavg_after": os.getloadavg(), "shapes": SHAPES, "layers": LAYERS, "results": results}
-    out = ROOT / "docs" / "bench" / f"{args.out}.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    save_results(args.out, report)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.errors import RecipeError
+from neuronpack.text import control_character_problem, strings_with_paths
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,13 +28,15 @@ else:  # pragma: no cover
 
 def parse_set(assignment: str) -> tuple[list[str], Any]:
     """``a.b.c=VALUE`` -> (["a", "b", "c"], value). VALUE is read as TOML (numbers, booleans, [lists], "strings");
-    anything that is not valid TOML is taken as a bare string (``compiler=export``)."""
+    anything that is not valid TOML is taken as a bare string (``compiler=export``). A control character (a newline:
+    TOML would read a second key, or a truncated value) is refused, typed or given as a TOML escape."""
     key, sep, raw = assignment.partition("=")
     path = [p.strip() for p in key.strip().split(".")]
     if not sep or not all(path):
         raise RecipeError(
             f"--set {assignment!r} is not KEY=VALUE", where="--set", fix="write it like --set target.batch_size=4"
         )
+    _refuse_control_characters(assignment)
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -41,7 +44,17 @@ def parse_set(assignment: str) -> tuple[list[str], Any]:
     except RecursionError:
         raise RecipeError(f"--set {key.strip()}=...: the value is nested too deeply", where="--set",
                           fix="give a flat value like 4, true, [128, 512] or \"text\"") from None
+    for _, text in strings_with_paths(value):
+        _refuse_control_characters(assignment, text)
     return path, value
+
+
+def _refuse_control_characters(assignment: str, text: str | None = None) -> None:
+    problem = control_character_problem(assignment if text is None else text)
+    if problem is not None:
+        key = assignment.partition("=")[0].strip()
+        raise RecipeError(f"--set {key!r}: the {'value' if text is not None else 'assignment'} {problem}",
+                          where="--set", fix="give one line of plain text, without control characters")
 
 
 def _apply_set(data: dict[str, Any], path: list[str], value: Any, assignment: str) -> None:
@@ -91,4 +104,14 @@ def read_recipe_input(
     where = str(path) if path is not None else "recipe defaults"
     if overrides:
         where += " with --set " + ", ".join(overrides)
+    _check_text(data, where)
     return data, where
+
+
+def _check_text(data: dict[str, Any], where: str) -> None:
+    """Every string of the recipe (names, labels, sources, keys) goes into the manifest: no control characters."""
+    for key_path, text in strings_with_paths(data):
+        problem = control_character_problem(text)
+        if problem is not None:
+            raise RecipeError(f"{'.'.join(key_path) or 'recipe'} {problem}", where=where,
+                              fix="give one line of plain text, without control characters")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.artifacts.manifest import MANIFEST_NAME
+from neuronpack.artifacts.precision import weights_precision
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.digest import prune_digest_cache
 from neuronpack.errors import NeuronpackError
@@ -54,6 +55,7 @@ def list_artifacts(store: Path) -> list[dict[str, Any]]:
             "path": str(path),
             "model": manifest.model.source,
             "framework": manifest.framework,
+            "weights_precision": weights_precision(manifest).to_dict(),
             "buckets": manifest.buckets.to_dict(),
             "size": manifest.total_size,
             "created_at": manifest.created_at,

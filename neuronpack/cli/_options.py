@@ -38,6 +38,18 @@ def _check_sets(values: list[str] | None) -> list[str] | None:
     return values
 
 
+def check_plain_text(value: str | list[str] | None) -> str | list[str] | None:
+    """Callback of every option whose value goes into a recipe or a manifest (model sources, names, globs): a control
+    character (a newline, ESC, ...) is a usage error (exit 2), never a truncated or split value."""
+    from neuronpack.text import control_character_problem
+
+    for text in [value] if isinstance(value, str) else value or ():
+        problem = control_character_problem(str(text))
+        if problem is not None:
+            raise typer.BadParameter(f"{problem}; give one line of plain text")
+    return value
+
+
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", callback=_check_sets, help="override a recipe field: --set target.batch_size=4"),

@@ -44,10 +44,12 @@ def _check_duration(value: str | None) -> str | None:
 def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputFormat.text) -> None:
     """Show an artifact's manifest as a readable table."""
     from neuronpack.artifacts.manifest import read_manifest
+    from neuronpack.artifacts.precision import weights_precision
 
     m = read_manifest(artifact)
+    precision = weights_precision(m)
     if output_format is OutputFormat.json:
-        print_result(output_format, m.to_json())
+        print_result(output_format, {**m.to_json(), "weights_precision": precision.to_dict()})
         return
     from rich.table import Table
 
@@ -63,6 +65,7 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("versions", ", ".join(f"{k} {v}" for k, v in sorted(m.versions.items()))),
         ("target", ", ".join(f"{k}={v}" for k, v in sorted(m.target.items()) if not isinstance(v, dict))),
         ("dtype", recipe.model.dtype),
+        ("weights", precision.describe()),
         ("batch / tp", f"{recipe.target.batch_size} / {recipe.target.tp_degree}"),
         *_bucket_rows(m),
         ("max model len", str(m.serve.max_model_len)),
@@ -150,13 +153,13 @@ def ls_command(
     from rich.table import Table
 
     table = Table(title=cell(where))
-    for col in ("key", "model", "framework", "buckets (ctx | tkg)", "size", "age"):
+    for col in ("key", "model", "framework", "weights", "buckets (ctx | tkg)", "size", "age"):
         table.add_column(col)
     for r in rows:
         ctx, tkg = (",".join(map(str, r["buckets"][kind])) for kind in ("context", "token_generation"))
         buckets = f"{ctx} | {tkg}"
-        table.add_row(r["key"][:16], cell(r["model"]), r["framework"], buckets, _size(r["size"]),
-                      _age(r["age_seconds"]))
+        table.add_row(r["key"][:16], cell(r["model"]), r["framework"], cell(r["weights_precision"]["description"]),
+                      buckets, _size(r["size"]), _age(r["age_seconds"]))
     print_result(output_format, {field: where, "artifacts": rows}, table)
 
 

@@ -10,7 +10,16 @@ from typing import Annotated
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
-from neuronpack.cli._options import EndpointOpt, FormatOpt, ProgressOpt, QuietOpt, RemoteOpt, RootOpt, SetOpt
+from neuronpack.cli._options import (
+    EndpointOpt,
+    FormatOpt,
+    ProgressOpt,
+    QuietOpt,
+    RemoteOpt,
+    RootOpt,
+    SetOpt,
+    check_plain_text,
+)
 from neuronpack.cli._progress import ProgressMode
 
 
@@ -24,7 +33,8 @@ class FrameworkChoice(str, Enum):
 
 def compile_command(
     model: Annotated[
-        str | None, typer.Argument(help="HF checkpoint dir or hub id (default: the recipe's model.source)")
+        str | None, typer.Argument(help="HF checkpoint dir or hub id (default: the recipe's model.source)",
+                                    callback=check_plain_text)
     ] = None,
     *,
     recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="TOML recipe (see recipes/)")] = None,

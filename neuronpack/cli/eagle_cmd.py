@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
-from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
+from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt, check_plain_text
 from neuronpack.cli._progress import ProgressMode
 
 if TYPE_CHECKING:
@@ -26,8 +26,10 @@ class EagleDtype(str, Enum):
 
 def convert_eagle_command(
     *,
-    draft: Annotated[str, typer.Option("--draft", help="EAGLE-1/2 or EAGLE-3 draft: local directory or hub id")],
-    target: Annotated[str, typer.Option("--target", help="the target model the draft was trained for (dir or id)")],
+    draft: Annotated[str, typer.Option(
+        "--draft", callback=check_plain_text, help="EAGLE-1/2 or EAGLE-3 draft: local directory or hub id")],
+    target: Annotated[str, typer.Option(
+        "--target", callback=check_plain_text, help="the target model the draft was trained for (dir or id)")],
     out: Annotated[Path, typer.Option("--out", help="new output directory (must not exist)")],
     dtype: Annotated[
         EagleDtype,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr
-from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
+from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt, check_plain_text
 from neuronpack.cli._progress import ProgressMode
 
 # Above this many quantized tensors the table shows only the worst ones (the JSON report has them all).
@@ -28,7 +28,8 @@ class Granularity(str, Enum):  # convert.quant_options.GRANULARITIES
 
 
 def quantize_command(
-    model: Annotated[str, typer.Argument(help="local checkpoint directory or hub id (org/name[@revision])")],
+    model: Annotated[str, typer.Argument(help="local checkpoint directory or hub id (org/name[@revision])",
+                                           callback=check_plain_text)],
     *,
     out: Annotated[Path, typer.Option("--out", help="new output directory (must not exist, unless same inputs)")],
     dtype: Annotated[QuantDtype, typer.Option("--dtype", help="int8 or fp8 (float8 e4m3, clamped to +-240)")],
@@ -37,7 +38,8 @@ def quantize_command(
     ] = Granularity.per_channel,
     skip: Annotated[
         list[str] | None,
-        typer.Option("--skip", help="glob over module names to leave unquantized, e.g. 'layers.0.*' (repeatable)"),
+        typer.Option("--skip", callback=check_plain_text,
+                     help="glob over module names to leave unquantized, e.g. 'layers.0.*' (repeatable)"),
     ] = None,
     include_lm_head: Annotated[
         bool, typer.Option("--include-lm-head", help="quantize lm_head too (a tied head is untied into its own)")

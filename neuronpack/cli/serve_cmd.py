@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, NamedTuple
 import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, print_result, stderr
-from neuronpack.cli._options import EndpointOpt, FormatOpt, QuietOpt, RootOpt, SetOpt
+from neuronpack.cli._options import EndpointOpt, FormatOpt, QuietOpt, RootOpt, SetOpt, check_plain_text
 from neuronpack.errors import ServeError
 from neuronpack.runtime.limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -41,12 +41,14 @@ def serve_command(
         typer.Option("--api-key", envvar="NEURONPACK_API_KEY", help="require 'Authorization: Bearer KEY' on /v1"),
     ] = None,
     model: Annotated[
-        str | None, typer.Option("--model", help="model to compile into $NEURON_COMPILED_ARTIFACTS when it is invalid")
+        str | None, typer.Option("--model", callback=check_plain_text,
+                                  help="model to compile into $NEURON_COMPILED_ARTIFACTS when it is invalid")
     ] = None,
     recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="recipe for that compile")] = None,
     set_: SetOpt = None,
     served_model_name: Annotated[
-        str | None, typer.Option("--served-model-name", help="the name clients send as 'model'")
+        str | None, typer.Option("--served-model-name", callback=check_plain_text,
+                                  help="the name clients send as 'model'")
     ] = None,
     print_command: Annotated[
         bool, typer.Option("--print-command", help="print the server command line and environment, then exit")

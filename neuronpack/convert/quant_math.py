@@ -55,6 +55,21 @@ def chunk_amax(rows: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(rows.detach(), ord=math.inf).to(torch.float32))
 
 
+def first_nonfinite(rows: torch.Tensor) -> tuple[tuple[int, ...], float] | None:
+    """Index and value of the first NaN or infinity of ``rows`` in row-major order, or None when all are finite.
+
+    Example::
+
+        first_nonfinite(torch.tensor([[1.0, float("nan")]]))   # ((0, 1), nan)
+    """
+    bad = ~torch.isfinite(rows)
+    if not bool(bad.any()):
+        return None
+    flat = int(bad.reshape(-1).nonzero()[0, 0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), rows.shape))
+    return index, float(rows.reshape(-1)[flat])
+
+
 def quantize_rows(
     rows: torch.Tensor, dtype: str, scale: torch.Tensor | None = None, *, stats: ErrorAccumulator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

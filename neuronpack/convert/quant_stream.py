@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,7 +137,8 @@ def _quantized_entry(ckpt, source, name, options, rows, model_stats) -> Iterator
 
 def _quantized_chunks(ckpt: Checkpoint, source: str, options: QuantizeOptions, name: str):
     """Quantize one [out, in] matrix ``source`` in row chunks: yield int8/fp8 rows as ``name``, then the scale;
-    return its error stats."""
+    return its error stats. A NaN or infinity in ``source`` raises QuantizationError (int8 has no NaN: it would
+    become an arbitrary integer and the model silent garbage)."""
     import torch
 
     from neuronpack.convert.quant_math import ErrorAccumulator, chunk_amax, quantize_rows, scale_from_amax
@@ -146,18 +148,45 @@ def _quantized_chunks(ckpt: Checkpoint, source: str, options: QuantizeOptions, n
     spans = [(s, min(s + step, out_features)) for s in range(0, out_features, step)]
     tensor_scale = None
     if options.granularity == "per-tensor":
-        amax = max((chunk_amax(ckpt.get_rows(source, a, b)) for a, b in spans), default=0.0)
+        amax = 0.0
+        for start, stop in spans:
+            w = ckpt.get_rows(source, start, stop)  # [R, in]
+            chunk = chunk_amax(w)  # NaN or inf when the chunk holds one
+            if not math.isfinite(chunk):
+                _check_finite(ckpt, source, w, start)
+            amax = max(amax, chunk)
         tensor_scale = scale_from_amax(torch.tensor([amax]), options.dtype)  # [1]
     stats = ErrorAccumulator()
     row_scales = []  # per-channel: one [R, 1] per chunk
     for start, stop in spans:
         w = ckpt.get_rows(source, start, stop)  # [R, in] in the checkpoint dtype
-        q, scale = quantize_rows(w, options.dtype, tensor_scale, stats=stats)
+        chunk_stats = ErrorAccumulator()
+        q, scale = quantize_rows(w, options.dtype, tensor_scale, stats=chunk_stats)
+        # The chunk's sum of squares is non-finite when it holds a NaN or an inf: the check costs no extra pass
+        # (and only then are the rows searched, so a finite chunk whose squares overflow passes).
+        if not math.isfinite(chunk_stats.signal):
+            _check_finite(ckpt, source, w, start)
+        stats.merge(chunk_stats)
         row_scales.append(scale)
         yield name, q
     scale_name = module_prefix(name) + ".scale"
     yield scale_name, tensor_scale if tensor_scale is not None else torch.cat(row_scales, dim=0)  # [out, 1]
     return stats
+
+
+def _check_finite(ckpt: Checkpoint, source: str, rows: torch.Tensor, first_row: int) -> None:
+    """Raise QuantizationError naming ``source`` and its first non-finite element; ``rows`` start at ``first_row``."""
+    from neuronpack.convert.quant_math import first_nonfinite
+
+    found = first_nonfinite(rows)
+    if found is None:
+        return
+    (row, col), value = found
+    raise QuantizationError(
+        f"tensor {source} holds {value} at index [{first_row + row}, {col}]: int8/fp8 cannot represent it",
+        where=str(ckpt.root),
+        fix="the checkpoint is corrupt (a diverged run or a bad conversion); repair or re-export the weights",
+    )
 
 
 def _passthrough_chunks(ckpt: Checkpoint, name: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -104,3 +104,18 @@ def test_progress_plain_logs_each_stage_and_none_logs_nothing(run, tiny_llama, t
     assert json.loads(plain.stdout)["out"] == str(tmp_path / "a")
     none = run(tiny_llama, "--out", tmp_path / "b", "--dtype", "int8", "--progress", "none", "--format", "json")
     assert none.exit_code == 0 and "quantize int8 per-channel" not in none.stderr
+
+
+def test_nonfinite_checkpoint_is_one_line_exit_1_and_leaves_nothing(run, tiny_llama, tmp_path):
+    from tests.convert.test_quantize import poison
+
+    bad = poison(tiny_llama, tmp_path / "bad", "model.layers.0.self_attn.k_proj.weight", (3, 9), float("nan"))
+    out = tmp_path / "out" / "q"
+    out.parent.mkdir()
+    result = run(bad, "--out", out, "--dtype", "int8", "--quiet")
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"error: tensor model.layers.0.self_attn.k_proj.weight holds nan at index [3, 9]: int8/fp8 "
+                     f"cannot represent it ({bad}). the checkpoint is corrupt (a diverged run or a bad conversion); "
+                     "repair or re-export the weights"]
+    assert "Traceback" not in result.output and list(out.parent.iterdir()) == []

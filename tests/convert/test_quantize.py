@@ -223,3 +223,42 @@ def test_nxd_quantization_fields(bf16_llama, tmp_path):
         "quantization_dtype": "int8",
         "modules_to_not_convert": [],
     }
+
+
+def poison(src: Path, dest: Path, name: str, index: tuple[int, int], value: float) -> Path:
+    """A copy of the checkpoint ``src`` whose tensor ``name`` holds ``value`` (NaN, inf) at ``index``."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest)
+    tensors = load_file(str(dest / "model.safetensors"))
+    tensors[name][index] = value
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+@pytest.mark.parametrize("dtype, granularity, name, index, value", [
+    ("int8", "per-channel", "model.layers.1.self_attn.q_proj.weight", (37, 5), float("nan")),
+    ("int8", "per-tensor", "model.layers.0.mlp.down_proj.weight", (21, 0), float("inf")),
+    ("fp8", "per-channel", "model.layers.0.mlp.up_proj.weight", (90, 63), float("-inf")),
+])
+def test_nonfinite_weights_are_refused_naming_the_first_bad_index(tiny_llama, tmp_path, monkeypatch, dtype,
+                                                                  granularity, name, index, value):
+    bad = poison(tiny_llama, tmp_path / "bad", name, index, value)
+    monkeypatch.setattr(quant_stream, "CHUNK_ELEMENTS", 1000)  # several chunks per matrix: the index is global
+    out = tmp_path / "out" / "q"
+    out.parent.mkdir()
+    with pytest.raises(QuantizationError) as err:
+        quantize_checkpoint(bad, out, QuantizeOptions(dtype, granularity))
+    assert err.value.what.startswith(f"tensor {name} holds {value} at index [{index[0]}, {index[1]}]")
+    assert err.value.where == str(bad)
+    assert list(out.parent.iterdir()) == []  # no output, no staging directory
+
+
+def test_nonfinite_tied_embedding_is_refused_when_untied_into_the_head(tmp_path, make_checkpoint):
+    tied = make_checkpoint(arch="llama", tie=True)
+    bad = poison(tied, tmp_path / "bad", "model.embed_tokens.weight", (300, 7), float("nan"))
+    with pytest.raises(QuantizationError, match=r"tensor model.embed_tokens.weight holds nan at index \[300, 7\]"):
+        quantize_checkpoint(bad, tmp_path / "q", QuantizeOptions("int8", include_lm_head=True))
+    assert not (tmp_path / "q").exists()

@@ -2,6 +2,14 @@
 
 Every object is written to a temporary sibling and renamed, so readers never see a partial file; a conditional
 create is a hard link of the finished temporary file (atomic, and refused when the name exists, also over NFS).
+
+A write ``if_match`` an etag (the push lease's renewal and takeover) is a compare-and-swap built from the same atomic
+step: the writer first creates a claim named after the etag it expects, ``.np-tmp-cas-<name>-<etag>``, by a hard
+link, so of all the writers expecting one version exactly one gets past it; that one checks the object still has the
+etag and renames its new version into place, then removes the claim. A writer expecting an etag the object no
+longer has fails the check even when it gets a claim (removed claims can be made again). A claim left by a writer
+that died between its two steps is broken after ``CLAIM_STALE`` seconds, again by a hard link (one breaker per
+claim), so a key is never stuck.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from neuronpack.artifacts.remote.transport import ByteCallback, ObjectInfo
 from neuronpack.errors import RemoteError
 
 CHUNK_SIZE = 8 * 1024 * 1024
+CLAIM_STALE = 30.0  # seconds: a compare-and-swap takes microseconds; a claim this old belongs to a dead writer
 
 
 class FileTransport:
@@ -58,11 +67,10 @@ class FileTransport:
                     os.link(tmp, target)
                 except FileExistsError:
                     return None
-            else:
-                # Compare-then-rename: not atomic on a filesystem (a lease takeover race of a few microseconds).
-                current = self.stat(path)
-                if if_match is not None and (current is None or current.etag != if_match):
+            elif if_match is not None:
+                if not self._swap(path, tmp, if_match):
                     return None
+            else:
                 os.replace(tmp, target)
             info = self.stat(path)
             return info.etag if info else None
@@ -70,6 +78,21 @@ class FileTransport:
             raise self._error(path, exc) from None
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _swap(self, path: str, new: Path, expected: str) -> bool:
+        """Rename ``new`` onto ``path`` if ``path`` has etag ``expected``, as one step against every other writer."""
+        target = self._path(path)
+        claim = target.with_name(f".np-tmp-cas-{target.name}-{expected}")
+        if not _claim(claim, new):
+            return False
+        try:
+            current = self.stat(path)
+            if current is None or current.etag != expected:
+                return False
+            os.replace(new, target)
+            return True
+        finally:
+            _unclaim(claim)
 
     def upload(self, path: str, local: str, *, sha256: str, on_bytes: ByteCallback) -> None:
         target = self._path(path)
@@ -123,6 +146,34 @@ class FileTransport:
     def _error(self, path: str, exc: OSError) -> RemoteError:
         return RemoteError(f"cannot access the store ({exc.strerror or exc})", where=f"{self.url}/{path}",
                            fix="check that the path exists, is mounted and is writable")
+
+
+def _claim(claim: Path, source: Path) -> bool:
+    """Create ``claim`` as a hard link of ``source``: True for exactly one of the processes trying at once. A claim
+    older than CLAIM_STALE (its writer died between its two steps) is taken over by one of them, by a hard link
+    named after the stale claim's own identity."""
+    try:
+        os.link(source, claim)
+        return True
+    except FileExistsError:
+        pass
+    try:
+        st = claim.stat()
+    except FileNotFoundError:
+        return False  # its writer just finished: the version it expected is gone, so is ours
+    if time.time() - st.st_mtime <= CLAIM_STALE:
+        return False
+    try:
+        os.link(source, claim.with_name(f"{claim.name}.stale-{st.st_mtime_ns}-{st.st_ino}"))
+        return True
+    except FileExistsError:
+        return False
+
+
+def _unclaim(claim: Path) -> None:
+    for stale in claim.parent.glob(f"{claim.name}.stale-*"):
+        stale.unlink(missing_ok=True)
+    claim.unlink(missing_ok=True)
 
 
 def _copy(src: Path, dst: Path, on_bytes: ByteCallback) -> None:

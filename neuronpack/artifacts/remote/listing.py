@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuronpack.artifacts.manifest import MANIFEST_NAME, Manifest
+from neuronpack.artifacts.precision import weights_precision
 from neuronpack.artifacts.remote.pull import read_remote_manifest
 from neuronpack.artifacts.remote.push import LEASE_STALE
 from neuronpack.artifacts.remote.transport import ObjectInfo, Transport, is_key
@@ -62,6 +63,7 @@ def list_remote(transport: Transport) -> list[dict[str, Any]]:
             "url": f"{transport.url}/{item.key}",
             "model": m.model.source,
             "framework": m.framework,
+            "weights_precision": weights_precision(m).to_dict(),
             "buckets": m.buckets.to_dict(),
             "size": m.total_size,
             "created_at": m.created_at,

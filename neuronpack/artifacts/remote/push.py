@@ -137,11 +137,9 @@ def _lease(transport: Transport, key: str, reporter: Reporter) -> Iterator[_Leas
             if transport.stat(remote_manifest_path(key)) is not None:
                 yield None
                 return
-            current = transport.stat(path)
-            if current is not None and transport.now() - current.modified > LEASE_STALE:
-                etag = transport.write(path, _lease_body(), if_match=current.etag)
-                if etag is not None:
-                    reporter.warn(f"took over the push lease of {key[:16]} (its pusher stopped renewing it)")
+            etag = take_over_stale_lease(transport, path)
+            if etag is not None:
+                reporter.warn(f"took over the push lease of {key[:16]} (its pusher stopped renewing it)")
         if etag is not None:
             break
         if not told:
@@ -157,6 +155,16 @@ def _lease(transport: Transport, key: str, reporter: Reporter) -> Iterator[_Leas
         yield lease
     finally:
         lease.release()
+
+
+def take_over_stale_lease(transport: Transport, path: str) -> str | None:
+    """The lease at ``path`` taken over when nobody renewed it for LEASE_STALE seconds: its new etag, or None (it is
+    fresh, gone, or another pusher took it over first: a conditional write, so of pushers racing for one stale lease
+    exactly one wins)."""
+    current = transport.stat(path)
+    if current is None or transport.now() - current.modified <= LEASE_STALE:
+        return None
+    return transport.write(path, _lease_body(), if_match=current.etag)
 
 
 def _lease_body() -> bytes:

@@ -8,7 +8,11 @@ HTTP server runs it on its worker threads, never on the engine loop: a request r
 compiled. A spec the library cannot compile raises ``InvalidRequestError`` naming the request field (HTTP 400).
 
 JSON is generated compact (no whitespace between tokens): small models given free whitespace tend to spend their
-budget on newlines, and compact JSON is what every parser reads.
+budget on newlines, and compact JSON is what every parser reads. A schema whose top-level ``x-guidance`` asks for
+``whitespace_flexible`` gets it bounded (``BOUNDED_WHITESPACE``: at most 32 whitespace characters where JSON allows
+them, enough for pretty-printed JSON 15 levels deep); a ``whitespace_pattern`` or separators a client writes itself
+are its own regexes, kept as given. The digits of JSON numbers are bounded by the matcher (``json_bounds.py``:
+llguidance has no option for them), so a JSON Schema's grammar carries the tokenizer's ``NumberBound``.
 
 Example::
 
@@ -32,9 +36,13 @@ from neuronpack.errors import InvalidRequestError
 if TYPE_CHECKING:
     import llguidance
 
+    from neuronpack.runtime.structured.json_bounds import NumberBound
+
 GrammarKind = Literal["json_schema", "regex", "choice", "grammar"]
 CACHE_SIZE = 256  # distinct grammars kept compiled (a start-state matcher each: kilobytes to a few MB)
 COMPACT_JSON = {"whitespace_flexible": False}
+# llguidance matches the pattern at most once where JSON allows whitespace, so its bound holds.
+BOUNDED_WHITESPACE = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,32}"}
 
 
 @dataclass(frozen=True)
@@ -73,11 +81,13 @@ class GrammarSpec:
 
 
 class CompiledGrammar:
-    """A compiled grammar: a matcher in its start state that each request copies."""
+    """A compiled grammar: a matcher in its start state that each request copies, and for JSON the bound on the
+    digits of its numbers (None for other grammars)."""
 
-    def __init__(self, spec: GrammarSpec, pristine: llguidance.LLMatcher) -> None:
+    def __init__(self, spec: GrammarSpec, pristine: llguidance.LLMatcher, bound: NumberBound | None = None) -> None:
         self.spec = spec
         self._pristine = pristine
+        self.bound = bound
 
     def new_matcher(self) -> llguidance.LLMatcher:
         return self._pristine.deep_copy()
@@ -93,6 +103,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._bound: NumberBound | None = None
         self._cache: OrderedDict[GrammarSpec, CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -107,7 +118,8 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
                 self.hits += 1
                 return cached
-        compiled = CompiledGrammar(spec, self._matcher(spec))  # outside the lock: compiles run side by side
+        bound = self.number_bound() if spec.kind == "json_schema" else None
+        compiled = CompiledGrammar(spec, self._matcher(spec), bound)  # outside the lock: compiles run side by side
         with self._lock:
             self.misses += 1
             self._cache[spec] = compiled
@@ -130,6 +142,17 @@ class GrammarCompiler:
         matcher.compute_bitmask()  # builds the start state's lexer here, not on the engine loop at the first step
         return matcher
 
+    def number_bound(self) -> NumberBound:
+        """The digit bound of JSON numbers for this tokenizer (built on first use: every token's bytes, ~12 ms for
+        49k tokens)."""
+        tokenizer = self.tokenizer()
+        with self._lock:
+            if self._bound is None:
+                from neuronpack.runtime.structured.json_bounds import NumberBound, token_bytes
+
+                self._bound = NumberBound(token_bytes(tokenizer, self.vocab_size))
+            return self._bound
+
     def tokenizer(self) -> llguidance.LLTokenizer:
         """llguidance's view of the tokenizer (built on first use: ~0.3 s for a 49k vocabulary)."""
         with self._lock:
@@ -146,12 +169,22 @@ def _grammar_text(spec: GrammarSpec) -> str:
     from llguidance.gbnf_to_lark import any_to_lark
 
     if spec.kind == "json_schema":
-        return LLMatcher.grammar_from_json_schema(spec.source, defaults=COMPACT_JSON)
+        return LLMatcher.grammar_from_json_schema(spec.source, defaults=COMPACT_JSON,
+                                                  overrides=_whitespace_overrides(json.loads(spec.source)))
     if spec.kind == "regex":
         return LLMatcher.grammar_from_regex(spec.source)
     if spec.kind == "choice":  # Lark string literals are JSON strings
         return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(spec.source)))
     return LLMatcher.grammar_from_lark(any_to_lark(spec.source))  # vLLM's guided_grammar: EBNF (GBNF) or Lark
+
+
+def _whitespace_overrides(schema: Any) -> dict[str, Any] | None:
+    """Bounded whitespace for a schema whose ``x-guidance`` asks for flexible (unbounded) whitespace."""
+    options = schema.get("x-guidance") if isinstance(schema, dict) else None
+    if isinstance(options, dict) and options.get("whitespace_flexible") is True and \
+            options.get("whitespace_pattern") is None:
+        return BOUNDED_WHITESPACE
+    return None
 
 
 def _what(kind: GrammarKind) -> str:

@@ -2,9 +2,11 @@
 
 ``Constraint`` wraps a request's llguidance matcher: ``consume`` follows each emitted token, ``masks_along`` gives the
 allowed tokens at each position of a speculative draft (consuming the draft, then rolling back), ``trim`` cuts a
-draft at its first token the grammar refuses. ``Masks`` (computed on a worker thread while the model runs) and
-``mask_logits`` set every refused token's logit to -inf for the constrained rows of a batch, so greedy, top-k /
-top-p, temperature, seeds and logprobs all act on the masked distribution.
+draft at its first token the grammar refuses. For JSON it also follows the digit bound of numbers
+(``json_bounds.py``): every mask it gives refuses a digit past the bound, and ``trim`` cuts a draft there.
+``Masks`` (computed on a worker thread while the model runs) and ``mask_logits`` set every refused token's logit to
+-inf for the constrained rows of a batch, so greedy, top-k / top-p, temperature, seeds and logprobs all act on the
+masked distribution.
 
 Example::
 
@@ -22,19 +24,25 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from neuronpack.runtime.structured.json_bounds import START
+
 if TYPE_CHECKING:
     import llguidance
     import numpy as np
     from torch import Tensor
+
+    from neuronpack.runtime.structured.json_bounds import NumberBound
 
 
 class Constraint:
     """A request's grammar matcher. ``done``: the grammar is complete (nothing more may follow); ``dead``: the
     matcher failed (a refused token or a dead end), the request ends with "length"."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, bound: NumberBound | None = None) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.bound = bound
+        self.scan = START  # where the generated text is, for the digit bound
 
     @property
     def done(self) -> bool:
@@ -50,11 +58,31 @@ class Constraint:
 
     def consume(self, token: int) -> bool:
         """Advance over one emitted token; False (and ``dead``) when the grammar refuses it."""
-        return self.matcher.consume_token(token)
+        ok = self.matcher.consume_token(token)
+        if ok and self.bound is not None:
+            self.scan = self.bound.advance(self.scan, token)
+        return ok
 
     def trim(self, draft: Sequence[int]) -> int:
-        """How many leading tokens of ``draft`` the grammar accepts."""
-        return self.matcher.validate_tokens(list(draft)) if draft else 0
+        """How many leading tokens of ``draft`` the grammar (and the digit bound) accepts."""
+        accepted = self.matcher.validate_tokens(list(draft)) if draft else 0
+        if self.bound is None:
+            return accepted
+        state = self.scan
+        for n, token in enumerate(draft[:accepted]):
+            if token in self.bound.forbidden(state):
+                return n
+            state = self.bound.advance(state, token)
+        return accepted
+
+    def fill(self, words: Tensor, row: int) -> None:
+        """Row ``row`` of the int32 bitmask ``words`` := the tokens allowed next."""
+        self._fill_at(words, row, self.scan)
+
+    def _fill_at(self, words: Tensor, row: int, state) -> None:
+        _fill(self.matcher, words, row)
+        if self.bound is not None:
+            self.bound.clear(words[row].numpy(), state)
 
     def masks_along(self, draft: Sequence[int]) -> np.ndarray:
         """Allowed tokens before each draft token and after the last: bool [len(draft) + 1, vocab]. The draft must
@@ -62,10 +90,13 @@ class Constraint:
         import torch
 
         words = torch.empty(len(draft) + 1, _words(self.vocab_size), dtype=torch.int32)
+        state = self.scan
         for j in range(len(draft) + 1):
-            _fill(self.matcher, words, j)
+            self._fill_at(words, j, state)
             if j < len(draft):
                 self.matcher.consume_token(draft[j])
+                if self.bound is not None:
+                    state = self.bound.advance(state, draft[j])
         if draft:
             self.matcher.rollback(len(draft))
         return _unpack(words, self.vocab_size)
@@ -80,7 +111,7 @@ class Masks:
 
     def __init__(self, constraints: Sequence[Constraint | None]) -> None:
         self.rows = [i for i, c in enumerate(constraints) if c is not None and not c.dead]
-        self._matchers = [constraints[i].matcher for i in self.rows]
+        self._constraints = [constraints[i] for i in self.rows]
         self._vocab = constraints[self.rows[0]].vocab_size if self.rows else 0
         self._future: Future[np.ndarray] | None = None
 
@@ -106,8 +137,8 @@ class Masks:
         import torch
 
         words = torch.empty(len(self.rows), _words(self._vocab), dtype=torch.int32)
-        for k, matcher in enumerate(self._matchers):  # microseconds each
-            _fill(matcher, words, k)
+        for k, constraint in enumerate(self._constraints):  # microseconds each
+            constraint.fill(words, k)
         return _unpack(words, self._vocab)
 
 
