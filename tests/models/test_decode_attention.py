@@ -57,13 +57,13 @@ def decode_case(gen, rows, kv, group, head_dim, cached, spare, keep, dtype):
     own parts rounded to it, then added) except the order of two float32 sums: the scores (q . k over head_dim) and
     the cached part (p . v over the positions). The kernel's is 16 lanes of FMAs and a shuffle tree; the formula's
     is torch's matmul, whose order depends on the shape and on the code MKL picks for the CPU (and Attention's own
-    decode path sums with torch.sum, in a third order). An inexact float32 sum rounded to bfloat16 then falls on
-    the other side of a rounding boundary about once in 2^16 sums: one score or one part a bfloat16 ulp apart,
-    which the softmax and the weighted sum spread over a head's outputs (up to ~50 ulps of the larger part with
-    normal random values, ~0.15% of this test's cases). No order of the kernel's matches every order of torch's,
-    and a tolerance wide enough for that would also pass a softmax that rounds differently from ATen's (it divided
-    by the sum, for example: that moves one probability in six by a float32 ulp, and failed ~0.3% of the cases).
-    So the values are drawn where every order gives the same float32 sums, and the kernel must match bit for bit:
+    decode path sums with torch.sum, in a third order). Two orders of an inexact float32 sum, rounded to bfloat16,
+    now and then fall on either side of a rounding boundary: one score or one part a bfloat16 ulp apart, which the
+    softmax and the weighted sum spread over a head's outputs (with normal random values: ~0.1-0.15% of the
+    bfloat16 cases, up to ~50 ulps of the larger part). No order of the kernel's matches every order of torch's,
+    and a tolerance wide enough for that would also pass a softmax that rounds differently from ATen's (the kernel
+    once divided by the sum: that moved one probability in six by a float32 ulp and failed ~0.3% of the bfloat16
+    cases). So the values are drawn where every order gives the same float32 sums, and compared bit for bit:
 
     - q and k are multiples of 1/32 within +-4 (normal values, rounded and clipped): each q . k term is a multiple
       of 2^-10 of magnitude at most 16, and a score's partial sums (head_dim <= 128) stay under 2^11 = 2^21 units;
