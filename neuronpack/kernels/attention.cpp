@@ -6,8 +6,9 @@
 // the g query heads of each KV head attend to the L cached positions ``past`` allows and, always, to the token's own
 // key; the cache rows may be a slice of a longer cache (any stride between positions). The formula is the one
 // Attention runs in torch ops (``attention_reference`` below): scores rounded to the dtype, scaled in it, softmax in
-// float32, probabilities rounded to the dtype, and the cached and own parts of the weighted sum each rounded to the
-// dtype before they are added. Accumulation is in float32.
+// float32 (rounding as ATen's: see ``probabilities``), probabilities rounded to the dtype, and the cached and own
+// parts of the weighted sum each rounded to the dtype before they are added. Accumulation is in float32, in this
+// kernel's order (torch's matmul and sum have theirs: tests/models/test_decode_attention.py, ``decode_case``).
 //
 // Why a kernel: Inductor's loops for this sum each score across the lanes of one vector and divide by the softmax's
 // sum inside the weighted sum (~2 ms of an 8-row SmolLM2 step at ~60 cached positions). Here 16 cached positions
@@ -108,6 +109,13 @@ void probabilities(const typename E::T* qh, const typename E::T* kp, int64_t str
     own = _mm512_fmadd_ps(E::load(qh + d, m), E::load(kn + d, m), own);
   }
   s[L] = _mm512_cvtss_f32(finish(_mm512_set1_ps(_mm512_reduce_add_ps(own))));
+  // The softmax rounds as torch.softmax over the last dimension of a float32 tensor does with AVX-512 (ATen's
+  // SoftMaxKernel.cpp, _vec_softmax_lastdim, its sum by at::vec::reduce_all): exp(s - max) by Sleef's u10 exp; their
+  // sum, for fewer than 16 terms from the first to the last one by one, else 16 lanes of partial sums (the last
+  // block's missing lanes add nothing) reduced by halves (lane i + lane i^8, then i^4, i^2, i^1: the pairs of
+  // _mm512_reduce_add_ps); then each exponential times the sum's reciprocal. Dividing by the sum instead moves about
+  // one probability in six by a float32 ulp, the shuffle tree's sum of fewer than 16 terms one in forty: rounded to
+  // bfloat16, about 0.3% of test_decode_attention's random cases then differed from the formula by an ulp.
   const int64_t n = L + 1;
   __m512 top = minus_inf;
   for (int64_t j = 0; j < n; j += 16) top = _mm512_max_ps(top, _mm512_mask_loadu_ps(minus_inf, tail_mask16(n - j), s + j));
@@ -119,10 +127,15 @@ void probabilities(const typename E::T* qh, const typename E::T* kp, int64_t str
     _mm512_mask_storeu_ps(s + j, m, e);
     total = _mm512_add_ps(total, e);
   }
-  const __m512 vtotal = _mm512_set1_ps(_mm512_reduce_add_ps(total));
+  float sum = s[0];
+  if (n < 16)
+    for (int64_t j = 1; j < n; ++j) sum += s[j];
+  else
+    sum = _mm512_reduce_add_ps(total);
+  const __m512 inverse = _mm512_set1_ps(1.0f / sum);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = tail_mask16(n - j);
-    _mm512_mask_storeu_ps(s + j, m, to_dtype<E>(_mm512_div_ps(_mm512_maskz_loadu_ps(m, s + j), vtotal)));
+    _mm512_mask_storeu_ps(s + j, m, to_dtype<E>(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), inverse)));
   }
 }
 
