@@ -76,9 +76,9 @@ def test_generate_bad_input_is_one_line(artifact, tmp_path):
     result = generate(tmp_path / "missing", "--prompt", "hi")
     assert result.exit_code == 1
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
-    long_prompt = "The quick brown fox jumps over the lazy dog. " * 20
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 40
     result = generate(artifact, "--prompt", long_prompt)
-    assert result.exit_code == 1 and "largest context bucket (64 tokens)" in result.stderr
+    assert result.exit_code == 1 and "maximum model length 128" in result.stderr
 
 
 def test_serve_without_artifact_explains_what_to_do(monkeypatch):

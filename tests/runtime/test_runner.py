@@ -18,6 +18,8 @@ class RecordingModel:
     """Logits that say which row ran: row r's last-position logits are r at every token."""
 
     adapter_names = ()
+    context_buckets = (4, 8)  # one prefill call takes at most 8 tokens per row
+    max_seq_len = 32
 
     def __init__(self, fail_prefill: bool = False) -> None:
         self.calls: list[tuple] = []
