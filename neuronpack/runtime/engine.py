@@ -119,16 +119,10 @@ class Engine:
         self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
         self.runner = ModelRunner(model, self.speculator)
         self.prefix_caching = prefix_caching if prefix_caching is not None else PrefixCaching()
-        self.prefix_caching_off_reason = self._prefix_caching_off_reason()
-        caching = self.prefix_caching.enabled and self.prefix_caching_off_reason is None
-        cache_rows = self.prefix_caching.cache_rows(getattr(model, "kv_row_bytes", 0)) if caching else 0
-        if cache_rows and hasattr(model, "reserve_rows"):
-            model.reserve_rows(model.batch_size + cache_rows)
-        else:
-            cache_rows = 0
+        self.prefix_caching_off_reason, cache_rows = self.prefix_caching.rows_for(model, self.runner.proposer)
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(
             model.batch_size, speculation.length if speculation else 0, cache_rows,
-            self.prefix_caching.block_size if caching else None)
+            None if self.prefix_caching_off_reason else self.prefix_caching.block_size)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -174,15 +168,6 @@ class Engine:
         self._inbox.put(("add", seqs[0]))
         self._wake.set()
         return [r.request_id for r in requests]
-
-    def _prefix_caching_off_reason(self) -> str | None:
-        if not self.prefix_caching.enabled:
-            return "turned off (--no-enable-prefix-caching)"
-        proposer = self.runner.proposer
-        if proposer is not None and proposer.needs_hidden_states:
-            return ("an EAGLE draft builds its KV of a prompt from the target's hidden states of that prompt, which "
-                    "a cached prefix does not compute")
-        return None
 
     def _sequence(self, request: GenerationRequest, sink: Callable[[StepOutput], None]) -> RequestState:
         return new_request_state(request, sink, self.check(request), eos_token_ids=self.eos_token_ids,

@@ -26,6 +26,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from neuronpack.runtime.limits import DEFAULT_PREFIX_CACHE_MIB
+
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block size: a prompt must share one full block to reuse anything
 MAX_CACHE_ROWS = 64  # the index is searched in Python: beyond this many rows a budget buys nothing measurable
 
@@ -39,8 +41,22 @@ class PrefixCaching:
     whatever they hold."""
 
     enabled: bool = True
-    memory_mib: float = 512.0
+    memory_mib: float = DEFAULT_PREFIX_CACHE_MIB
     block_size: int = DEFAULT_BLOCK_SIZE
+
+    def rows_for(self, model, proposer=None) -> tuple[str | None, int]:
+        """(why prefix caching is off for ``model`` and its speculation ``proposer``, or None; the cache rows it
+        gets beyond the batch, added to the model's KV cache here)."""
+        if not self.enabled:
+            return "turned off (--no-enable-prefix-caching)", 0
+        if proposer is not None and proposer.needs_hidden_states:
+            return ("an EAGLE draft builds its KV of a prompt from the target's hidden states of that prompt, which "
+                    "a cached prefix does not compute"), 0
+        rows = self.cache_rows(getattr(model, "kv_row_bytes", 0))
+        if not rows or not hasattr(model, "reserve_rows"):
+            return None, 0
+        model.reserve_rows(model.batch_size + rows)
+        return None, rows
 
     def cache_rows(self, row_bytes: int) -> int:
         """Rows of ``row_bytes`` (one KV-cache row, every layer, K and V) the memory budget holds."""
