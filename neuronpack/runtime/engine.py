@@ -123,6 +123,7 @@ class Engine:
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(
             model.batch_size, speculation.length if speculation else 0, cache_rows,
             None if self.prefix_caching_off_reason else self.prefix_caching.block_size)
+        model.kv_user = self  # the KV cache is the model's: an engine that sees another user here forgets its prefixes
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -223,7 +224,7 @@ class Engine:
         self._drain_inbox()
         self._expire()
         sched = self.scheduler
-        if getattr(self.model, "kv_user", self) is not self:  # another engine wrote this model's KV cache
+        if getattr(self.model, "kv_user", self) is not self:  # another engine wrote (or reallocated) this KV cache
             sched.rows.forget_cached()
         self.model.kv_user = self
         if sched.idle:
@@ -308,7 +309,7 @@ class Engine:
             if group.cache_query:
                 self.metrics.observe_prefix_cache(len(group.prompt_ids), group.start)
             for i, member in enumerate(seqs):
-                member.prefilled = True
+                member.prefilled = i == 0 or not group.scoring_only  # a scoring-only group copies nothing
                 if group.scoring_only:
                     self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
                 else:

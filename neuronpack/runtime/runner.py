@@ -77,7 +77,7 @@ class ModelRunner:
             if group.own_call:
                 outputs[group.request_id] = self._prompt_logits(group)
             out = outputs[group.request_id]
-            if out.error is None and group.fork_copies:
+            if out.error is None and group.fork_copies and not group.scoring_only:
                 try:
                     self.model.copy_rows(group.fork_copies)
                 except Exception as exc:

@@ -127,7 +127,7 @@ class SlotScheduler(Generic[S]):
             copies = tuple(RowCopy(row, self.rows.allocate(f), len(seq.prompt_ids)) for f in forks)
             groups.append(PrefillGroup(seq.request_id, row, seq.prompt_ids, seq.adapter,
                                        own_call=seq.prompt_logprobs is not None, scoring_only=seq.scoring_only,
-                                       fork_copies=() if seq.scoring_only else copies, start=start,
+                                       fork_copies=copies, start=start,
                                        cache_query=reuse))
         return StepPlan(moves=(*moves, *self.rows.take_copies()), prefills=tuple(groups))
 

@@ -96,6 +96,20 @@ def test_prompt_logprobs_of_cached_positions_are_computed(compiled_lm, artifact_
         assert entry.logprob == pytest.approx(float(reference[i - 1, prompt[i]]), abs=1e-4)
 
 
+def test_only_rows_that_hold_a_prompts_kv_are_cached(compiled_lm, artifact_tokenizer, tiny_llama):
+    """A scoring-only request with n = 2 prefills its leader's row and copies nothing to the other: only the
+    leader's row is kept; a request failing in its prefill keeps nothing."""
+    cached = Engine(compiled_lm, artifact_tokenizer)
+    members = [request(PREFIX, 0, prompt_logprobs=0) for _ in range(2)]
+    cached.submit_forks(members, [lambda out: None] * 2)
+    while cached.step():
+        pass
+    assert list(cached.scheduler.rows.cached_rows().values()) == [len(PREFIX)]
+    follow = [*PREFIX, 5]
+    assert cached.generate(request(follow)).token_ids == hf_greedy(tiny_llama, follow, 12)
+    assert counters(cached)[1] == len(PREFIX)
+
+
 def test_parallel_samples_and_structured_outputs_from_a_cached_prefix(compiled_lm, artifact_tokenizer):
     seeded = [SamplingParams(temperature=1.0, top_p=0.9, seed=s) for s in (1, 2, 3)]
     prompt = [*PREFIX, 3, 1, 4]

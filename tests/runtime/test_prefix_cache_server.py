@@ -76,3 +76,14 @@ def test_a_prompt_longer_than_the_largest_bucket_is_answered(servers, tiny_llama
     streamed = "".join(c.choices[0].text for c in client.completions.create(model=NAME, prompt=prompt, max_tokens=6,
                                                                           temperature=0, stream=True))
     assert streamed == out.choices[0].text
+
+
+def test_scoring_a_prompt_with_n_2_answers_both_choices(servers):
+    """echo + max_tokens 0 + n 2: the group's second member ends with the first (it used to be left holding a row
+    with no token, and the request never answered); only the leader's row, which holds the prompt's KV, is cached."""
+    cached, _ = servers
+    out = client_of(cached).completions.create(model=NAME, prompt="Score this sentence, please.", max_tokens=0,
+                                               echo=True, logprobs=1, n=2)
+    assert [c.index for c in out.choices] == [0, 1]
+    assert out.choices[0].logprobs.token_logprobs == out.choices[1].logprobs.token_logprobs
+    assert all(c.finish_reason == "length" for c in out.choices)
