@@ -45,7 +45,8 @@ class EngineMetrics:
                                 "(stop, length, abort, timeout, error)", ["finish_reason"], registry=r)
         self.rejected = Counter(f"{PREFIX}_requests_rejected", "Requests refused before reaching a slot, by reason "
                                 "(queue_full, shutting_down, body_too_large)", ["reason"], registry=r)
-        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens (those found in the prefix cache "
+                                     "included, as vLLM counts them)", registry=r)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=r)
         self.prefix_cache_queries = Counter(f"{PREFIX}_prefix_cache_queries", "Prefix cache queries, in terms of "
                                             "number of queried tokens.", registry=r)
