@@ -122,17 +122,15 @@ class RowAllocator(Generic[K]):
         """``allocate`` for a sequence whose row will hold ``tokens``: (its row, how many of its first positions
         already hold their KV, ``lookup``'s count). The copy that puts them there (when another row held them) is
         among ``take_copies``."""
-        match = self._match(tokens, salt)
+        match, index = self._match(tokens, salt), self._index
         row = self._lowest_free(owner)
-        if match is None:
+        if match is None or index is None:
             return self._take(owner, row), 0
         src, length = match
-        index = self._index
-        if index is not None:
-            index.touch(src)
+        index.touch(src)
         if src == row:  # the prefix is in the row itself; what it holds beyond the match is saved (if worth it)
-            entry = index.entry(row) if index is not None else None
-            if entry is not None and len(entry.tokens) <= length + 1 and index is not None:
+            entry = index.entry(row)
+            if entry is not None and len(entry.tokens) <= length + 1:
                 index.forget(row)  # nothing beyond what the new owner keeps: no copy
             self._take(owner, row)
             return row, length

@@ -123,16 +123,6 @@ class PrefixIndex:
             self._by_hash.setdefault(h, set()).add(row)
         return entry
 
-    def move(self, src: int, dst: int) -> None:
-        """The entry of ``src`` now lives in ``dst`` (its KV was copied there); ``dst``'s own entry is gone."""
-        entry = self._entries.get(src)
-        self.forget(dst)
-        if entry is None:
-            return
-        self.forget(src)
-        self.add(dst, entry.tokens, entry.salt)
-        self._entries[dst].last_used = entry.last_used
-
     def forget(self, row: int) -> Entry | None:
         """Drop ``row``'s entry (its KV is about to be overwritten); returns it."""
         entry = self._entries.pop(row, None)
