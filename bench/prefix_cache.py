@@ -44,13 +44,18 @@ def chat_ids(tokenizer, system: str, question: str) -> list[int]:
 
 
 def prompts(tokenizer, target: int) -> dict[str, list[int]]:
-    """The system prompt repeated until a chat prompt has about ``target`` tokens; the two questions; a long one."""
-    system = SYSTEM
-    while len(chat_ids(tokenizer, system + SYSTEM, QUESTIONS[0])) <= target:
-        system += SYSTEM
-    long_system = system
-    while len(chat_ids(tokenizer, long_system + SYSTEM, QUESTIONS[0])) <= 900:
-        long_system += SYSTEM
+    """The system prompt repeated (then cut by words) until a chat prompt has about ``target`` tokens; the two
+    questions; a long one of about 900 tokens."""
+    def grown(length: int) -> str:
+        system = SYSTEM
+        while len(chat_ids(tokenizer, system, QUESTIONS[0])) < length:
+            system += SYSTEM
+        words = system.split(" ")
+        while len(chat_ids(tokenizer, " ".join(words), QUESTIONS[0])) > length:
+            words.pop()
+        return " ".join(words)
+
+    system, long_system = grown(target), grown(900)
     return {"first": chat_ids(tokenizer, system, QUESTIONS[0]), "second": chat_ids(tokenizer, system, QUESTIONS[1]),
             "long": chat_ids(tokenizer, long_system, QUESTIONS[0])}
 
@@ -71,6 +76,8 @@ def summary(values: list[float]) -> dict:
 
 
 def plot(results: dict[str, dict], path: Path, title: str) -> None:
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,11 +87,12 @@ def plot(results: dict[str, dict], path: Path, title: str) -> None:
     medians = [results[n]["median_ms"] for n in names]
     low = [m - results[n]["min_ms"] for n, m in zip(names, medians, strict=True)]
     high = [results[n]["max_ms"] - m for n, m in zip(names, medians, strict=True)]
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     bars = ax.bar(range(len(names)), medians, yerr=[low, high], capsize=4, color="#4a7ab5")
-    ax.bar_label(bars, fmt="%.0f", fontsize=8)
-    ax.set_xticks(range(len(names)), [n.replace(": ", ":\n") for n in names], fontsize=8)
-    ax.set_ylabel("time to first token, ms (median; bars: min-max)")
+    ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), [textwrap.fill(n, 24) for n in names], fontsize=8)
+    ax.set_ylabel("first token, ms (log; median, bars: min-max)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
