@@ -120,6 +120,8 @@ class Engine:
         self.runner = ModelRunner(model, self.speculator)
         self.prefix_caching = prefix_caching if prefix_caching is not None else PrefixCaching()
         self.prefix_caching_off_reason, cache_rows = self.prefix_caching.rows_for(model, self.runner.proposer)
+        if cache_rows:
+            model.reserve_rows(model.batch_size + cache_rows)  # rows that only keep prefixes (kv_rows.py)
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(
             model.batch_size, speculation.length if speculation else 0, cache_rows,
             None if self.prefix_caching_off_reason else self.prefix_caching.block_size)

@@ -45,18 +45,16 @@ class PrefixCaching:
     block_size: int = DEFAULT_BLOCK_SIZE
 
     def rows_for(self, model, proposer=None) -> tuple[str | None, int]:
-        """(why prefix caching is off for ``model`` and its speculation ``proposer``, or None; the cache rows it
-        gets beyond the batch, added to the model's KV cache here)."""
+        """(why prefix caching is off for ``model`` and its speculation ``proposer``, or None; the cache rows the
+        budget buys beyond the batch: 0 for a model whose KV cache cannot grow, ``reserve_rows``)."""
         if not self.enabled:
             return "turned off (--no-enable-prefix-caching)", 0
         if proposer is not None and proposer.needs_hidden_states:
             return ("an EAGLE draft builds its KV of a prompt from the target's hidden states of that prompt, which "
                     "a cached prefix does not compute"), 0
-        rows = self.cache_rows(getattr(model, "kv_row_bytes", 0))
-        if not rows or not hasattr(model, "reserve_rows"):
+        if not hasattr(model, "reserve_rows"):
             return None, 0
-        model.reserve_rows(model.batch_size + rows)
-        return None, rows
+        return None, self.cache_rows(getattr(model, "kv_row_bytes", 0))
 
     def cache_rows(self, row_bytes: int) -> int:
         """Rows of ``row_bytes`` (one KV-cache row, every layer, K and V) the memory budget holds."""
