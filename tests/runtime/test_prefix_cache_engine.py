@@ -78,10 +78,11 @@ def test_a_prompt_longer_than_the_largest_bucket_is_prefilled_in_chunks(compiled
     assert counters(cached)[1] == 40
 
 
-def test_prompt_logprobs_of_cached_positions_are_computed(compiled_lm, artifact_tokenizer, tiny_llama):
+@pytest.mark.parametrize("tail", [[4, 5], list(range(200, 260))], ids=["42 tokens", "100 tokens: chunked"])
+def test_prompt_logprobs_of_cached_positions_are_computed(compiled_lm, artifact_tokenizer, tiny_llama, tail):
     import torch
 
-    prompt = [*PREFIX, 4, 5]
+    prompt = [*PREFIX, *tail]
     cached = Engine(compiled_lm, artifact_tokenizer)
     cached.generate(request(prompt))
     outputs = []
@@ -98,7 +99,7 @@ def test_prompt_logprobs_of_cached_positions_are_computed(compiled_lm, artifact_
 
 def test_only_rows_that_hold_a_prompts_kv_are_cached(compiled_lm, artifact_tokenizer, tiny_llama):
     """A scoring-only request with n = 2 prefills its leader's row and copies nothing to the other: only the
-    leader's row is kept; a request failing in its prefill keeps nothing."""
+    leader's row is kept (a failed request keeps nothing either: test_prefix_cache.py)."""
     cached = Engine(compiled_lm, artifact_tokenizer)
     members = [request(PREFIX, 0, prompt_logprobs=0) for _ in range(2)]
     cached.submit_forks(members, [lambda out: None] * 2)
