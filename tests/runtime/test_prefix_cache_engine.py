@@ -174,7 +174,7 @@ def _alone(compiled_lm, artifact_tokenizer, prompt: tuple[int, ...], max_tokens:
 STEMS = [PREFIX, PREFIX[:20], [7] * 18 + PREFIX[:10], list(range(100, 133))]
 request_sets = st.lists(
     st.tuples(st.sampled_from(range(len(STEMS))), st.integers(8, 40), st.lists(st.integers(3, 380), max_size=30),
-              st.integers(1, 10), st.booleans(), st.integers(0, 3)),
+              st.integers(1, 10), st.booleans(), st.integers(0, 3), st.integers(1, 2)),
     min_size=1, max_size=8)
 
 
@@ -182,16 +182,17 @@ request_sets = st.lists(
 @given(request_sets, st.sampled_from([0, 1, 2]))
 def test_random_request_sets_never_emit_a_wrong_token_nor_leak_a_row(compiled_lm, artifact_tokenizer, specs,
                                                                     cache_rows):
-    """Prompts cut from a few shared stems, with their own tails, arriving over several steps, some aborted mid
-    stream; a budget of 0, 1 or 2 cache rows (constant evictions). Every request's tokens are those it gets alone
-    without the cache (an aborted one's a prefix of them); afterwards no row is held and the cached rows are within
-    the budget."""
+    """Prompts cut from a few shared stems, with their own tails, arriving over several steps, some with n = 2, some
+    aborted mid stream; a budget of 0, 1 or 2 cache rows (constant evictions). Every request's tokens are those it
+    gets alone without the cache (an aborted one's a prefix of them); afterwards no row is held and the cached rows
+    are within the budget (150 examples, run once by hand, passed too)."""
     mib = (cache_rows + 0.5) * compiled_lm.kv_row_bytes / 2**20
     engine = Engine(compiled_lm, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=mib))
     rows = engine.scheduler.rows
     assert rows.cache_rows == cache_rows and compiled_lm.cache_rows >= rows.total_rows == 4 + cache_rows
-    arrivals = sorted(((delay, abort, request(tuple(STEMS[stem][: max(1, cut)] + tail)[:100], max_tokens))
-                       for stem, cut, tail, max_tokens, abort, delay in specs), key=lambda a: a[0])
+    arrivals = sorted(((delay, abort, [request(tuple(STEMS[stem][: max(1, cut)] + tail)[:100], max_tokens)
+                                       for _ in range(n)])
+                       for stem, cut, tail, max_tokens, abort, delay, n in specs), key=lambda a: a[0])
     outputs: dict[str, list[int]] = {}
     finished: dict[str, str] = {}
     submitted: dict[str, GenerationRequest] = {}
@@ -206,12 +207,13 @@ def test_random_request_sets_never_emit_a_wrong_token_nor_leak_a_row(compiled_lm
     step = 0
     while arrivals or not engine.scheduler.idle:
         while arrivals and arrivals[0][0] <= step:
-            _, abort, req = arrivals.pop(0)
-            outputs[req.request_id], submitted[req.request_id] = [], req
-            engine.submit(req, sink_for(req.request_id))
+            _, abort, members = arrivals.pop(0)
+            for req in members:
+                outputs[req.request_id], submitted[req.request_id] = [], req
+            engine.submit_forks(members, [sink_for(req.request_id) for req in members])
             if abort:  # ends after its prefill, or its first decode steps, whichever the queue allows
                 engine.step()
-                engine.abort(req.request_id)
+                engine.abort(members[0].request_id)
         engine.step()
         step += 1
     assert engine.scheduler.idle and engine.scheduler.free_rows == 4 and not engine.scheduler.running
