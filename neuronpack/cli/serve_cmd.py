@@ -19,6 +19,7 @@ from neuronpack.errors import ServeError
 from neuronpack.runtime.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_WAITING,
+    DEFAULT_PREFIX_CACHE_MIB,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SHUTDOWN_GRACE,
 )
@@ -100,6 +101,16 @@ def serve_command(
                                  help="torch artifacts: token positions (prompts x the longest) of the one prefill "
                                       "call between two decode steps (default: the artifact's largest prompt)")
     ] = None,
+    enable_prefix_caching: Annotated[
+        bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching",
+                           help="torch artifacts: reuse the KV of prompt prefixes seen before (vLLM's automatic "
+                                "prefix caching; off: every prompt is prefilled whole)")
+    ] = True,
+    prefix_cache_memory: Annotated[
+        float, typer.Option("--prefix-cache-memory", min=0.0,
+                            help="torch artifacts: MiB of KV-cache rows added to keep cached prefixes in, beyond "
+                                 "the batch's own free rows (0: those only)")
+    ] = DEFAULT_PREFIX_CACHE_MIB,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,
 ) -> None:
@@ -121,6 +132,10 @@ def serve_command(
                        output_format=output_format, weights=weights, tool_call_parser=tool_call_parser)
         return
     if manifest.framework != "torch":
+        if not enable_prefix_caching or prefix_cache_memory != DEFAULT_PREFIX_CACHE_MIB:
+            raise ServeError("--no-enable-prefix-caching and --prefix-cache-memory set the built-in runtime's prefix "
+                             "cache, and this artifact is served by vLLM", where=str(path),
+                             fix="drop the option: vLLM's own prefix caching applies on Neuron")
         if max_prefill_tokens is not None:
             raise ServeError("--max-prefill-tokens sets the built-in runtime's scheduling, and this artifact is served "
                              "by vLLM", where=str(path), fix="drop the option: on Neuron the compiled buckets decide "
@@ -132,7 +147,8 @@ def serve_command(
     if tool_call_parser not in (None, "hermes"):
         raise ServeError(f"the built-in server parses hermes tool calls only, not {tool_call_parser!r}",
                          where="--tool-call-parser", fix="drop the option or pass hermes")
-    limits = _ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace, max_prefill_tokens)
+    limits = _ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace, max_prefill_tokens,
+                          enable_prefix_caching, prefix_cache_memory)
     if print_command:
         argv = [sys.executable, "-m", "neuronpack", "serve", str(path), "--host", host, "--port", str(port),
                 *limits.argv()]
@@ -226,9 +242,15 @@ class _ServeLimits(NamedTuple):
     request_timeout: float
     shutdown_grace: float
     max_prefill_tokens: int | None = None
+    prefix_caching: bool = True
+    prefix_cache_memory: float = DEFAULT_PREFIX_CACHE_MIB
 
     def argv(self) -> list[str]:
         budget = ["--max-prefill-tokens", str(self.max_prefill_tokens)] if self.max_prefill_tokens else []
+        if not self.prefix_caching:
+            budget.append("--no-enable-prefix-caching")
+        elif self.prefix_cache_memory != DEFAULT_PREFIX_CACHE_MIB:
+            budget += ["--prefix-cache-memory", f"{self.prefix_cache_memory:g}"]
         return ["--max-body-bytes", str(self.max_body_bytes), "--max-waiting", str(self.max_waiting),
                 "--request-timeout", f"{self.request_timeout:g}", "--shutdown-grace", f"{self.shutdown_grace:g}",
                 *budget]
@@ -240,13 +262,16 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     from neuronpack.runtime.http_limits import ServerLimits
     from neuronpack.runtime.loader import available_cores, load_engine
     from neuronpack.runtime.memory import limit_malloc_arenas, release_free_memory
+    from neuronpack.runtime.prefix_cache import PrefixCaching
     from neuronpack.runtime.server import create_app, run_server
 
     engine_limits = EngineLimits(max_waiting=limits.max_waiting, request_timeout=limits.request_timeout or None,
                                  max_prefill_tokens=limits.max_prefill_tokens)
     limit_malloc_arenas()  # before the server's threads exist: see runtime/memory.py
     # loaded on one thread, so only the engine's loop opens OpenMP teams (Engine.loop_threads)
-    loaded = load_engine(path, manifest=manifest, num_threads=1, reporter=reporter, limits=engine_limits)
+    caching = PrefixCaching(enabled=limits.prefix_caching, memory_mib=limits.prefix_cache_memory)
+    loaded = load_engine(path, manifest=manifest, num_threads=1, reporter=reporter, limits=engine_limits,
+                         prefix_caching=caching)
     loaded.engine.loop_threads = threads or available_cores()
     release_free_memory()  # the model's construction freed its temporary tensors
     name = loaded.served_model_name
@@ -257,6 +282,10 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     reporter.info(f"loaded {name} in {loaded.load_seconds:.1f} s (batch {engine.scheduler.batch_size}, "
                   f"max model length {engine.max_model_len}, largest prompt {engine.max_prompt_len}, "
                   f"{engine.loop_threads} compute threads)")
+    rows = engine.scheduler.rows
+    mib = rows.cache_rows * engine.model.kv_row_bytes / 2**20
+    reporter.info(f"prefix caching: {rows.cache_rows} cache rows ({mib:.0f} MiB) beyond the batch" if rows.caching
+                  else f"prefix caching off: {engine.prefix_caching_off_reason}")
     stderr.print(f"serving {name} at http://{_url_host(host)}:{port}/v1 (health: /health, metrics: /metrics)",
                  markup=False, highlight=False, soft_wrap=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:

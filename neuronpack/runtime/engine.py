@@ -13,6 +13,16 @@ takes), so they never stall the streams for longer than one longest prompt would
 step). Which sequence holds which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the
 row copies the model's cache (and an EAGLE draft's) apply.
 
+Prefix caching (``PrefixCaching``, prefix_cache.py; on unless turned off, vLLM's automatic prefix caching): a row
+a sequence gave back keeps its KV, a prompt that starts with tokens some free or cache row holds gets that prefix
+copied into its row and is prefilled from the first uncached position (``PrefillGroup.start``), and
+``/metrics`` counts the prompt tokens looked up and found. A prompt asking for prompt logprobs is prefilled whole
+(its every position's logits are needed); an EAGLE artifact does not reuse prefixes (its draft model's KV of a
+prompt is built from the target's hidden states of that prompt, which a cache hit does not compute).
+
+Chunked prefill: a prompt longer than the largest context bucket (up to ``max_model_len`` - 1 tokens) is prefilled
+by the runner in chunks of that bucket, each from the position after the previous one, in one step.
+
 Limits are checked when a request is submitted (``requests.check_request``: HTTP 400 before anything streams;
 ``max_tokens`` is clamped to what fits, like vLLM). ``max_tokens`` 0 scores the prompt only (prompt logprobs).
 Parallel sampling: ``submit_forks`` queues several requests for one prompt (n > 1); the prompt is prefilled once and
@@ -52,6 +62,7 @@ from neuronpack.runtime.admission import Admission
 from neuronpack.runtime.logprobs import TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.metrics import EngineMetrics
 from neuronpack.runtime.plan import StepPlan
+from neuronpack.runtime.prefix_cache import PrefixCaching
 from neuronpack.runtime.requests import (
     CompiledModel,
     EngineLimits,
@@ -90,11 +101,13 @@ class Engine:
         metrics: EngineMetrics | None = None,
         limits: EngineLimits | None = None,
         speculation: SpeculationConfig | None = None,
+        prefix_caching: PrefixCaching | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_model_len = min(max_model_len or model.max_seq_len, model.max_seq_len)
-        self.max_prompt_len = min(max(model.context_buckets), self.max_model_len)
+        # Longer prompts than one call takes (the largest context bucket) are prefilled in chunks.
+        self.max_prompt_len = self.max_model_len - 1
         self.global_topk = global_topk
         self.speculation = speculation
         self.speculator = (SpeculativeStep(model, speculation.proposer(model), speculation.length) if speculation
@@ -104,9 +117,15 @@ class Engine:
         self.eos_token_ids = frozenset({*model.eos_token_ids, tokenizer.eos_token_id} - {None})
         self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
         self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
-        self.scheduler: SlotScheduler[RequestState] = SlotScheduler(model.batch_size,
-                                                                    speculation.length if speculation else 0)
         self.runner = ModelRunner(model, self.speculator)
+        self.prefix_caching = prefix_caching if prefix_caching is not None else PrefixCaching()
+        self.prefix_caching_off_reason, cache_rows = self.prefix_caching.rows_for(model, self.runner.proposer)
+        if cache_rows:
+            model.reserve_rows(model.batch_size + cache_rows)  # rows that only keep prefixes (kv_rows.py)
+        self.scheduler: SlotScheduler[RequestState] = SlotScheduler(
+            model.batch_size, speculation.length if speculation else 0, cache_rows,
+            None if self.prefix_caching_off_reason else self.prefix_caching.block_size)
+        model.kv_user = self  # the KV cache is the model's: an engine that sees another user here forgets its prefixes
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -118,7 +137,7 @@ class Engine:
         # loads on one thread (no pool) and gives the loop its threads here.
         self.loop_threads: int | None = None
         self.limits = limits or EngineLimits()
-        self.max_prefill_tokens = max(1, self.limits.max_prefill_tokens or self.max_prompt_len)
+        self.max_prefill_tokens = max(1, self.limits.max_prefill_tokens or max(model.context_buckets))
         self.admission = Admission(model.batch_size, self.limits.max_waiting, self.metrics)
         self.grammars = GrammarCompiler(tokenizer.to_json_str, vocab_size=model.vocab_size,
                                         eos_token_ids=sorted(self.eos_token_ids))
@@ -207,6 +226,9 @@ class Engine:
         self._drain_inbox()
         self._expire()
         sched = self.scheduler
+        if getattr(self.model, "kv_user", self) is not self:  # another engine wrote (or reallocated) this KV cache
+            sched.rows.forget_cached()
+        self.model.kv_user = self
         if sched.idle:
             self._update_load()
             return False
@@ -286,7 +308,10 @@ class Engine:
                 continue
             self.metrics.prefill_seconds.observe(out.seconds + time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(group.prompt_ids))
+            if group.cache_query:
+                self.metrics.observe_prefix_cache(len(group.prompt_ids), group.start)
             for i, member in enumerate(seqs):
+                member.prefilled = i == 0 or not group.scoring_only  # a scoring-only group copies nothing
                 if group.scoring_only:
                     self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
                 else:
@@ -354,7 +379,7 @@ class Engine:
 
     def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
                               prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
-        self.scheduler.discard(seq)
+        self.scheduler.discard(seq, keep=reason is not FinishReason.ERROR)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
         self.admission.retire()
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,

@@ -19,6 +19,7 @@ from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter, Reporter
 from neuronpack.runtime.adapters import ServedModels
 from neuronpack.runtime.engine import Engine, EngineLimits
+from neuronpack.runtime.prefix_cache import PrefixCaching
 from neuronpack.runtime.speculation.config import SpeculationConfig
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
@@ -57,10 +58,12 @@ def load_engine(
     reporter: Reporter | None = None,
     limits: EngineLimits | None = None,
     speculation: bool = True,
+    prefix_caching: PrefixCaching | None = None,
 ) -> LoadedEngine:
     """Load a torch-framework artifact into an Engine (not started), with ``limits`` on its queue and request time.
     An artifact compiled with ``[speculation]`` speculates unless ``speculation`` is False (then it decodes one
-    token per step, exactly as an artifact without speculation). ServeError for other frameworks.
+    token per step, exactly as an artifact without speculation). ``prefix_caching``: the prefix cache's settings
+    (default: on, ``PrefixCaching()``). ServeError for other frameworks.
 
     Example: ``load_engine(path).engine.max_model_len``.
     """
@@ -89,6 +92,7 @@ def load_engine(
         global_topk=manifest.recipe.sampling.global_topk,
         limits=limits,
         speculation=SpeculationConfig.from_dict(recorded, artifact_dir) if recorded and speculation else None,
+        prefix_caching=prefix_caching,
     )
     return LoadedEngine(engine, manifest, served_model_name(manifest, artifact_dir), time.perf_counter() - started,
                         artifact_dir)

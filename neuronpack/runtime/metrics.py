@@ -3,7 +3,9 @@
 Names follow vLLM's where one exists (``num_requests_running``, ``time_to_first_token_seconds``,
 ``inter_token_latency_seconds``, and with speculation vLLM V1's ``spec_decode_num_drafts``,
 ``spec_decode_num_draft_tokens``, ``spec_decode_num_accepted_tokens``, ``spec_decode_num_accepted_tokens_per_pos``
-{position}) under a ``neuronpack_`` prefix. As in vLLM, the acceptance rate is
+{position}, and vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``, in prompt tokens) under a ``neuronpack_``
+prefix (the prefix cache's hit rate: ``rate(neuronpack_prefix_cache_hits_total) /
+rate(neuronpack_prefix_cache_queries_total)``). As in vLLM, the acceptance rate is
 ``rate(neuronpack_spec_decode_num_accepted_tokens_total) / rate(neuronpack_spec_decode_num_draft_tokens_total)`` and
 the mean acceptance length ``1 + rate(..._num_accepted_tokens_total) / rate(..._num_drafts_total)``.
 
@@ -43,8 +45,13 @@ class EngineMetrics:
                                 "(stop, length, abort, timeout, error)", ["finish_reason"], registry=r)
         self.rejected = Counter(f"{PREFIX}_requests_rejected", "Requests refused before reaching a slot, by reason "
                                 "(queue_full, shutting_down, body_too_large)", ["reason"], registry=r)
-        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens (those found in the prefix cache "
+                                     "included, as vLLM counts them)", registry=r)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=r)
+        self.prefix_cache_queries = Counter(f"{PREFIX}_prefix_cache_queries", "Prefix cache queries, in terms of "
+                                            "number of queried tokens.", registry=r)
+        self.prefix_cache_hits = Counter(f"{PREFIX}_prefix_cache_hits", "Prefix cache hits, in terms of number of "
+                                         "cached tokens.", registry=r)
         self.waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued for a free batch slot "
                              "(queue depth)", registry=r)
         self.running = Gauge(f"{PREFIX}_num_requests_running", "Requests holding a batch slot", registry=r)
@@ -86,6 +93,11 @@ class EngineMetrics:
     def observe_finish(self, finish_reason: str, seconds: float) -> None:
         self.requests.labels(finish_reason=finish_reason).inc()
         self.e2e.observe(seconds)
+
+    def observe_prefix_cache(self, queried: int, hit: int) -> None:
+        """A prompt of ``queried`` tokens was looked up in the prefix cache; its first ``hit`` were cached."""
+        self.prefix_cache_queries.inc(queried)
+        self.prefix_cache_hits.inc(hit)
 
     def observe_speculation(self, step: SpecStats) -> None:
         """Add one speculative step's counts (all its sequences together)."""

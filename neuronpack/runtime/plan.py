@@ -28,7 +28,10 @@ class PrefillGroup:
     """One prompt to prefill into ``row``; with parallel sampling its forks' rows get the prompt's KV afterwards
     (``fork_copies``, one per fork, in the order of ``fork_rows``). ``own_call``: the prompt needs every position's
     logits (prompt logprobs) and takes its own call; the others share one. ``scoring_only``: max_tokens 0, nothing
-    is sampled (and nothing copied to forks)."""
+    is sampled (and the fork copies are not applied: the forks only share the leader's prompt logprobs).
+    ``start``: the first position to prefill (prefix caching: the positions below already hold the prompt's KV,
+    copied in by the plan's moves); ``cache_query``: the prompt was looked up in the prefix cache (what the hit-rate
+    counters count)."""
 
     request_id: str
     row: int
@@ -37,6 +40,8 @@ class PrefillGroup:
     own_call: bool = False
     scoring_only: bool = False
     fork_copies: tuple[RowCopy, ...] = ()
+    start: int = 0
+    cache_query: bool = False
 
     @property
     def rows(self) -> tuple[int, ...]:

@@ -161,6 +161,7 @@ class RequestState:
     adapter: int = 0  # LoRA adapter index (0: none)
     spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
     constraint: Constraint | None = None  # the request's grammar state (constrained decoding only)
+    prefilled: bool = False  # its row holds its prompt's KV (set once its prefill succeeded)
 
     def take(self, tokens: Sequence[int]) -> tuple[str, int, FinishReason | None]:
         """Append emitted ``tokens`` one by one through the grammar and the stop rules, up to the first that ends the
@@ -187,6 +188,15 @@ class RequestState:
         return self.output.total_len - 1
 
     @property
+    def cached_tokens(self) -> list[int]:
+        """The tokens whose KV its row holds (what prefix caching keeps when it ends): the prompt, and the sampled
+        tokens but the last; nothing before its prefill succeeded."""
+        if not self.prefilled:
+            return []
+        tokens = self.output.token_ids
+        return [*self.prompt_ids, *tokens[:-1]] if tokens else list(self.prompt_ids)
+
+    @property
     def room(self) -> int:
         """Tokens the sequence may still emit (max_tokens and the model length)."""
         out = self.output
@@ -202,7 +212,8 @@ def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_
                   adapters: int = 0) -> int:
     """Validate a request against an artifact's compiled limits; return its effective max_tokens.
 
-    The prompt must fit the largest context bucket and leave room for one token below ``max_model_len``;
+    The prompt must leave room for one token below ``max_model_len`` (``max_prompt_len``: a tighter bound, if any;
+    the engine takes up to ``max_model_len - 1``, prefilling what one call does not take in chunks);
     ``max_tokens`` is clamped to what fits (``max_model_len - prompt``), like vLLM does when it is omitted, and the
     sequence ends with "length" there. Raises InvalidRequestError (HTTP 400) naming the limits.
     Example: with max_model_len 128 a 100-token prompt asking for 50 tokens gets 28.
@@ -210,13 +221,6 @@ def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_
     n = len(request.prompt_ids)
     if n == 0:
         raise InvalidRequestError("the prompt is empty", param="prompt", fix="Send at least one token")
-    if n > max_prompt_len:
-        raise InvalidRequestError(
-            f"the prompt has {n} tokens, more than the largest context bucket ({max_prompt_len} tokens) "
-            f"this artifact was compiled for (max model length {max_model_len})",
-            param="prompt",
-            fix="Shorten the prompt or recompile with a larger target.max_context_length",
-        )
     if n >= max_model_len:
         raise InvalidRequestError(
             f"the prompt has {n} tokens, leaving no room to generate below the maximum model length "
@@ -224,6 +228,9 @@ def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_
             param="prompt",
             fix="Shorten the prompt or recompile with a larger target.seq_len",
         )
+    if n > max_prompt_len:
+        raise InvalidRequestError(f"the prompt has {n} tokens, more than the {max_prompt_len} this server takes "
+                                  f"(max model length {max_model_len})", param="prompt", fix="Shorten the prompt")
     bad = [t for t in request.prompt_ids if not 0 <= t < vocab_size]
     if bad:
         raise InvalidRequestError(

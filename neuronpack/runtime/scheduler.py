@@ -10,6 +10,11 @@ Parallel sampling (``n`` > 1) shares one prefill: the first sequence of a fork g
 others (``forks``), and the group is admitted only when every member gets a row at once, so the prompt's KV can be
 copied from the leader's row into the others' right after the leader is prefilled (the plan's ``fork_copies``).
 
+Prefix caching (``prefix_caching``: on in a serving engine, kv_rows.py): a prompt without prompt logprobs takes its
+row through ``RowAllocator.allocate_cached``, and its ``PrefillGroup.start`` says from which position it is
+prefilled (the positions below hold KV of its prompt's first tokens, copied in by the plan's moves); a sequence that
+ends gives its row back with the tokens its KV covers (``cached_tokens``), unless it failed.
+
 Example::
 
     sched = SlotScheduler(batch_size=4)
@@ -50,6 +55,9 @@ class Schedulable(Protocol):
     @property
     def scoring_only(self) -> bool: ...  # max_tokens 0: the prompt is scored, nothing generated
 
+    @property
+    def cached_tokens(self) -> Sequence[int]: ...  # the tokens whose KV its row holds (prefix caching only)
+
 
 S = TypeVar("S", bound=Schedulable)
 
@@ -58,13 +66,18 @@ class SlotScheduler(Generic[S]):
     """Waiting queue + the rows of one compiled batch. ``spec_length``: speculation's draft length (0: none), the
     cap of each decode row's ``num_draft``."""
 
-    def __init__(self, batch_size: int, spec_length: int = 0) -> None:
+    def __init__(self, batch_size: int, spec_length: int = 0, cache_rows: int = 0,
+                 block_size: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.spec_length = spec_length
         self.waiting: deque[S] = deque()
-        self.rows: RowAllocator[S] = RowAllocator(batch_size)
+        self.rows: RowAllocator[S] = RowAllocator(batch_size, cache_rows, block_size)
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.rows.caching
 
     @property
     def running(self) -> list[S]:
@@ -100,18 +113,23 @@ class SlotScheduler(Generic[S]):
         groups = []
         longest = 0
         while self.waiting and len(groups) < limit and self.rows.free >= 1 + len(self.waiting[0].forks):
-            cost = (len(groups) + 1) * max(longest, len(self.waiting[0].prompt_ids))
+            head = self.waiting[0]
+            reuse = self.rows.caching and head.prompt_logprobs is None
+            uncached = len(head.prompt_ids) - (self.rows.lookup(head.prompt_ids, head.adapter) if reuse else 0)
+            cost = (len(groups) + 1) * max(longest, uncached)
             if groups and token_budget is not None and cost > token_budget:
                 break
-            longest = max(longest, len(self.waiting[0].prompt_ids))
+            longest = max(longest, uncached)
             seq = self.waiting.popleft()
-            row = self.rows.allocate(seq)
+            row, start = (self.rows.allocate_cached(seq, seq.prompt_ids, seq.adapter) if reuse
+                          else (self.rows.allocate(seq), 0))
             forks, seq.forks = seq.forks, []  # admitted: from now on the members are independent sequences
             copies = tuple(RowCopy(row, self.rows.allocate(f), len(seq.prompt_ids)) for f in forks)
             groups.append(PrefillGroup(seq.request_id, row, seq.prompt_ids, seq.adapter,
                                        own_call=seq.prompt_logprobs is not None, scoring_only=seq.scoring_only,
-                                       fork_copies=() if seq.scoring_only else copies))
-        return StepPlan(moves=moves, prefills=tuple(groups))
+                                       fork_copies=copies, start=start,
+                                       cache_query=reuse))
+        return StepPlan(moves=(*moves, *self.rows.take_copies()), prefills=tuple(groups))
 
     def schedule_decode(self) -> StepPlan:
         """Pack the running rows; one decode row per running sequence, in row order (rows 0..n-1)."""
@@ -126,14 +144,18 @@ class SlotScheduler(Generic[S]):
         return tuple(self.rows.compact(lambda s: s.next_position))
 
     # ---- ending sequences ----------------------------------------------------------------------------------------
-    def release(self, seq: S) -> None:
-        """Give a finished sequence's row back."""
-        self.rows.release(seq)
+    def release(self, seq: S, keep: bool = True) -> None:
+        """Give a finished sequence's row back; with prefix caching the row keeps its KV for later prompts unless
+        ``keep`` is False (a failed sequence: its KV may be garbage)."""
+        if self.rows.caching and keep:
+            self.rows.release(seq, seq.cached_tokens, seq.adapter)
+        else:
+            self.rows.release(seq)
 
-    def discard(self, seq: S) -> None:
+    def discard(self, seq: S, keep: bool = True) -> None:
         """Drop a sequence wherever it is (waiting or holding a row); nothing happens when it is in neither."""
         self._unqueue(lambda s: s is seq)
-        self.release(seq)
+        self.release(seq, keep)
 
     def remove(self, request_id: str) -> S | None:
         """Drop a request wherever it is (waiting or running); returns it, or None when it already finished."""

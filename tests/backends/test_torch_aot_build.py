@@ -97,6 +97,30 @@ def test_prompt_logits_score_every_position(smollm_export):
         lm.prompt_logits([1] * 65)
 
 
+def test_prefill_from_a_start_position_and_extra_cache_rows(smollm_export):
+    """``starts``: a prompt's tail prefilled after its head (prefix caching, chunks of a long prompt) is the whole
+    prompt's prefill; prompt logits too; cache rows added beyond the batch take copies and give them back."""
+    model_dir, artifact, _ = smollm_export
+    lm = load_artifact(artifact)
+    reference = load_model(model_dir, torch.bfloat16)
+    prompt = list(range(3, 103))  # 100 tokens: longer than the largest context bucket (64)
+    full = reference.forward_full(torch.tensor([prompt]))[0]
+    lm.reserve_rows(5)
+    assert lm.cache_rows == 5 and lm.kv_row_bytes == 2 * lm.num_layers * lm._cache.k[0, 0].numel() * 2
+    lm.prefill([0], [prompt[:60]])
+    lm.copy_rows([(0, 4, 60)])  # row 4: a cache row beyond the batch of 2
+    lm.copy_rows([(4, 1, 60)])
+    head_and_tail = lm.prefill([1], [prompt[60:]], starts=[60])
+    torch.testing.assert_close(head_and_tail[0], full[-1], atol=5e-2, rtol=2e-2)
+    every = torch.cat([lm.prompt_logits(prompt[:64], slot=0), lm.prompt_logits(prompt[64:], slot=0, start=64)])
+    torch.testing.assert_close(every, full, atol=5e-2, rtol=2e-2)
+    step = lm.decode(torch.tensor([9, 9]), torch.tensor([100, 100]))  # both rows hold the prompt's KV
+    after = reference.forward_full(torch.tensor([[*prompt, 9]]))[0, -1]
+    torch.testing.assert_close(step, after.expand(2, -1), atol=5e-2, rtol=2e-2)
+    with pytest.raises(BucketError, match="passes the compiled sequence length"):
+        lm.prefill([0], [[1] * 30], starts=[100])
+
+
 def test_load_errors_are_clear(smollm_export, tmp_path):
     _, artifact, _ = smollm_export
     lm = load_artifact(artifact)

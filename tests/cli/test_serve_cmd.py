@@ -76,9 +76,9 @@ def test_generate_bad_input_is_one_line(artifact, tmp_path):
     result = generate(tmp_path / "missing", "--prompt", "hi")
     assert result.exit_code == 1
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
-    long_prompt = "The quick brown fox jumps over the lazy dog. " * 20
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 40
     result = generate(artifact, "--prompt", long_prompt)
-    assert result.exit_code == 1 and "largest context bucket (64 tokens)" in result.stderr
+    assert result.exit_code == 1 and "maximum model length 128" in result.stderr
 
 
 def test_serve_without_artifact_explains_what_to_do(monkeypatch):
@@ -98,6 +98,10 @@ def test_serve_print_command_for_a_torch_artifact(artifact):
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--max-prefill-tokens", "16"])
     assert result.exit_code == 0 and "--max-prefill-tokens 16" in result.stdout
+    result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--no-enable-prefix-caching"])
+    assert result.exit_code == 0 and "--no-enable-prefix-caching" in result.stdout
+    result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--prefix-cache-memory", "64"])
+    assert result.exit_code == 0 and "--prefix-cache-memory 64" in result.stdout
 
 
 def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
@@ -127,6 +131,8 @@ def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
     assert result.exit_code == 1 and "cannot be honoured" in result.stderr and "Traceback" not in result.output
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--max-prefill-tokens", "16"])
     assert result.exit_code == 1 and "--max-prefill-tokens" in result.stderr and "Traceback" not in result.output
+    result = runner.invoke(app, ["serve", str(path), "--print-command", "--no-enable-prefix-caching"])
+    assert result.exit_code == 1 and "vLLM's own prefix caching" in result.stderr
     host = compile_model(str(tiny_llama), overrides=[*TINY_NXD, "sampling.on_device=false"],
                          out_root=tmp_path / "root").path
     result = runner.invoke(app, ["serve", str(host), "--print-command", "--structured-outputs", "--vllm-target",

@@ -159,6 +159,23 @@ def test_sequences_without_the_prompts_hidden_states_still_match(eagle_artifact)
     assert forks(spec) == expected and expected[0] == expected[1] == expected[2]
 
 
+def test_eagle_reuses_no_prefix_and_chunks_long_prompts(eagle_artifact):
+    """An EAGLE engine keeps prefix caching off (its draft's KV of a prompt comes from the target's hidden states of
+    that prompt, which a cache hit does not compute), and a prompt longer than the largest context bucket is
+    prefilled in chunks whose hidden states reach the draft as one prompt's: tokens as without speculation."""
+    from neuronpack.runtime.loader import load_engine
+
+    spec = load_engine(eagle_artifact).engine
+    plain = Engine(spec.model, spec.tokenizer)
+    assert not spec.scheduler.prefix_caching and "EAGLE" in spec.prefix_caching_off_reason
+    ids = tuple(spec.tokenizer.encode(" ".join([TEXTS[2]] * 4)))
+    assert 64 < len(ids) < 110
+    request = GenerationRequest(prompt_ids=ids, sampling=GREEDY, max_tokens=16, ignore_eos=True)
+    result = spec.generate(request)
+    assert result.token_ids == plain.generate(request).token_ids
+    assert result.speculation["num_accepted_tokens"] > 0
+
+
 def test_generate_json_reports_eagle_speculation(eagle_artifact):
     from typer.testing import CliRunner
 

@@ -79,7 +79,8 @@ def test_a_burst_during_a_stream_shares_one_prefill_within_the_token_budget(comp
     engine.step()
     assert len(engine.scheduler.running) == 1 + admitted
     if budget is None:  # the default: room for the three prompts in one call
-        assert engine.max_prefill_tokens == engine.max_prompt_len >= 3 * max(len(tok.encode(t)) for t in texts)
+        assert engine.max_prefill_tokens == max(compiled_lm.context_buckets) >= 3 * max(len(tok.encode(t))
+                                                                                         for t in texts)
     while engine.step():
         pass
     assert outputs == alone
@@ -98,9 +99,11 @@ def test_seeded_sampling_is_reproducible(engine):
 
 
 def test_limits_are_checked_up_front(engine):
-    assert engine.max_prompt_len == 64 and engine.max_model_len == 128
-    with pytest.raises(InvalidRequestError, match="65 tokens, more than the largest context bucket") as exc:
-        engine.check(GenerationRequest(prompt_ids=(5,) * 65))
+    # A prompt longer than the largest context bucket (64) is prefilled in chunks: up to max_model_len - 1 tokens.
+    assert engine.max_prompt_len == 127 and engine.max_model_len == 128
+    assert engine.check(GenerationRequest(prompt_ids=(5,) * 127)) == 1
+    with pytest.raises(InvalidRequestError, match="128 tokens, leaving no room to generate") as exc:
+        engine.check(GenerationRequest(prompt_ids=(5,) * 128))
     assert exc.value.param == "prompt" and "128" in str(exc.value)
     with pytest.raises(InvalidRequestError, match="empty"):
         engine.check(GenerationRequest(prompt_ids=()))

@@ -156,7 +156,8 @@ def test_chat_logprobs_and_n(client, server, tiny_llama):
     assert {c.choices[0].index for c in chunks if c.choices[0].delta.role == "assistant"} == {0, 1}
     streamed = [lp for c in chunks if c.choices[0].index == 0 and c.choices[0].logprobs
                 for lp in c.choices[0].logprobs.content]
-    assert [s.logprob for s in streamed] == pytest.approx([c.logprob for c in content[:3]], abs=1e-6)
+    # the same prompt again: its prefix is cached, the last position computed on its own (float32 rounding: ~1e-6)
+    assert [s.logprob for s in streamed] == pytest.approx([c.logprob for c in content[:3]], abs=1e-5)
 
 
 def test_stop_strings_tokens_and_include_stop_str_in_output(client, server):

@@ -118,13 +118,14 @@ def test_a_fork_group_takes_its_rows_at_once_and_keeps_fifo():
     assert leader.forks == [] and sched.all_sequences() == [later, first, leader, fork]
 
 
-def test_a_scoring_only_group_copies_nothing_and_prompt_logprobs_take_their_own_call():
+def test_a_scoring_only_group_keeps_its_forks_and_prompt_logprobs_take_their_own_call():
     sched = SlotScheduler(batch_size=4)
     leader, fork = Seq("leader", max_tokens=0, prompt_logprobs=2), Seq("fork", max_tokens=0, prompt_logprobs=2)
     leader.forks = [fork]
     sched.add(leader)
     (group,) = sched.schedule_prefills(limit=1).prefills
-    assert group.own_call and group.scoring_only and group.fork_copies == ()
+    # the forks' rows are named (every member gets the leader's prompt logprobs); the runner copies no KV for them
+    assert group.own_call and group.scoring_only and group.rows == (0, 1)
 
 
 def test_aborts_and_timeouts_free_rows_wherever_the_sequence_is():

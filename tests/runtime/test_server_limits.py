@@ -67,7 +67,7 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(server):
     # Just under the limit: served normally (here a 400 for the prompt's length, from the engine).
     prompt = "word " * ((MAX_BODY - 200) // 5)
     response = httpx.post(f"{server.url}/v1/completions", json={"model": NAME, "prompt": prompt}, timeout=30)
-    assert response.status_code == 400 and "largest context bucket" in response.json()["error"]["message"]
+    assert response.status_code == 400 and "maximum model length" in response.json()["error"]["message"]
 
 
 def test_the_openai_client_sees_413_as_an_api_error(server):

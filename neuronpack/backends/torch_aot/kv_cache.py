@@ -30,12 +30,10 @@ class KvCache:
     """The cache tensors and their row views."""
 
     def __init__(self, shape: tuple[int, int, int, int, int], dtype) -> None:
-        layers, batch = shape[0], shape[1]
         self.k = untouched_zeros(shape, dtype)
         self.v = untouched_zeros(shape, dtype)
-        # Per-layer views of the first n rows for every n (contiguous), built once.
-        self._views = [([self.k[i, :n] for i in range(layers)], [self.v[i, :n] for i in range(layers)])
-                       for n in range(batch + 1)]
+        # Per-layer views of the first n rows (contiguous), built once per n on first use.
+        self._views: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
     @classmethod
     def for_config(cls, config: ArtifactConfig) -> KvCache:
@@ -47,7 +45,32 @@ class KvCache:
 
     def views(self, n_rows: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-layer K and V views of rows 0..n_rows-1 (what a step over n rows reads)."""
-        return self._views[n_rows]
+        views = self._views.get(n_rows)
+        if views is None:
+            views = self._views[n_rows] = ([k[:n_rows] for k in self.k], [v[:n_rows] for v in self.v])
+        return views
+
+    def span(self, first: int, n_rows: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K and V views of rows first..first+n_rows-1 (contiguous like ``views``; a prefill into the
+        rows above the running ones reads its cached prefix through them)."""
+        if first == 0:
+            return self.views(n_rows)
+        end = first + n_rows
+        return [k[first:end] for k in self.k], [v[first:end] for v in self.v]
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row, every layer, K and V."""
+        return 2 * self.k[:, 0].numel() * self.k.element_size()
+
+    def with_rows(self, rows: int) -> KvCache:
+        """A zeroed cache like this one with ``rows`` rows (the runtime's batch rows plus its prefix-cache rows)."""
+        shape = tuple(self.k.shape)
+        return KvCache((shape[0], rows, *shape[2:]), self.k.dtype)
 
     def gathered(self, rows: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-layer K and V copies of ``rows``, in that order (a step over rows that are not packed)."""

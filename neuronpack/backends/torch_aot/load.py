@@ -118,37 +118,58 @@ class CompiledLM:
 
         return CompiledDraft(self._draft_runners, draft, self.max_verify_tokens, kernels=self.config.kernels)
 
+    @property
+    def kv_row_bytes(self) -> int:
+        """Bytes of one KV-cache row (every layer, K and V, every position)."""
+        return self._cache.row_bytes
+
+    @property
+    def cache_rows(self) -> int:
+        """Rows of the KV cache: the compiled batch's, plus any ``reserve_rows`` added (never run by a step)."""
+        return self._cache.rows
+
+    def reserve_rows(self, rows: int) -> None:
+        """Give the KV cache at least ``rows`` rows: the runtime's prefix cache keeps prefixes in the rows beyond the
+        batch, reached by ``copy_rows`` only. A larger cache starts from zeros."""
+        if rows > self._cache.rows:  # never fewer: another engine on this model may address the rows it has
+            self._cache = self._cache.with_rows(rows)
+
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                adapters: Sequence[int] | None = None) -> torch.Tensor:
+                adapters: Sequence[int] | None = None, starts: Sequence[int] | None = None) -> torch.Tensor:
         """Write each prompt's KV into its slot (positions 0..len-1) in one graph call; return float32 logits
         [len(slots), vocab] of each prompt's last token. ``adapters``: each prompt's LoRA adapter index (0 or None:
-        the base model). A prompt longer than the largest context bucket -> BucketError."""
-        return self._prefill(slots, prompts, adapters, None)[0]
+        the base model). ``starts``: each prompt's first position (prefix caching, a chunk of a long prompt): its
+        tokens go at positions start.. and attend to the slot's cached positions below. A prompt longer than the
+        largest context bucket -> BucketError."""
+        return self._prefill(slots, prompts, adapters, None, starts)[0]
 
     def prefill_hidden(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                       hidden_layers: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       hidden_layers: Sequence[int] | None = None, starts: Sequence[int] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """``prefill`` that also returns hidden states: (logits [len(slots), vocab], hidden [len(slots), longest
         prompt, hidden]), row i valid up to its prompt's length (what EAGLE drafts read): the final-normed states,
         or with ``hidden_layers`` the inputs of those layers concatenated (EAGLE-3's)."""
-        return self._prefill(slots, prompts, None, self._check.hidden_layers(hidden_layers))
+        return self._prefill(slots, prompts, None, self._check.hidden_layers(hidden_layers), starts)
 
-    def _prefill(self, slots, prompts, adapters, hidden_layers) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill(self, slots, prompts, adapters, hidden_layers, starts=None) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
-        self._check.prefill(slots, prompts)
+        self._check.prefill(slots, prompts, starts)
         with torch.inference_mode():
-            logits, hidden = self._run_prefill(slots, prompts, adapters, hidden_layers)
+            logits, hidden = self._run_prefill(slots, prompts, adapters, hidden_layers, starts)
         return logits[:, 0], hidden
 
-    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> torch.Tensor:
+    def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0, start: int = 0
+                      ) -> torch.Tensor:
         """Teacher-forced float32 logits [len(token_ids), vocab] of every position (row i scores token i+1; the last
         row is what ``prefill`` returns). One graph pass: like ``prefill`` it writes the prompt's KV into ``slot``,
-        so decoding can continue from position len(token_ids)."""
+        so decoding can continue from position len(token_ids). ``start``: the tokens' first position (a chunk of
+        a long prompt, after the chunks before it)."""
         import torch
 
-        self._check.prefill([slot], [token_ids])
+        self._check.prefill([slot], [token_ids], [start])
         with torch.inference_mode():
-            _, hidden = self._run_prefill([slot], [token_ids], [adapter])
+            _, hidden = self._run_prefill([slot], [token_ids], [adapter], starts=[start])
             return self._lm_head(hidden[0, : len(token_ids)]).float()
 
     def decode(self, tokens, positions, slots: Sequence[int] | None = None,
@@ -195,9 +216,10 @@ class CompiledLM:
 
     # -- one step over cache rows -------------------------------------------------------------------------------
     def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], adapters=None,
-                     hidden_layers=None):
+                     hidden_layers=None, starts: Sequence[int] | None = None):
         """One step for every prompt, right padded to the longest (later steps mask the padding by
-        position). The graph reads no cache (every start is 0) and the prompts' KV go to their own rows."""
+        position). From position 0 the graph reads no cache and the prompts' KV go to their own rows; from later
+        starts it is a step over the slots' rows (``_run_rows``), attending to what they hold below their start."""
         import torch
 
         width = max(len(p) for p in prompts)
@@ -205,6 +227,9 @@ class CompiledLM:
         for i, prompt in enumerate(prompts):
             tokens[i, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
         last = torch.tensor([[len(p) - 1] for p in prompts])
+        if starts is not None and any(starts):
+            return self._run_rows(list(slots), tokens, torch.tensor(list(starts), dtype=torch.long), last, adapters,
+                                  hidden_layers)
         starts = torch.zeros(len(prompts), dtype=torch.long)
         # Rows 0..n-1 are read, all masked (nothing lies below position 0); the KV goes to the prompts' own rows.
         lora = self._adapter_input(adapters, len(prompts))
@@ -220,22 +245,24 @@ class CompiledLM:
 
         n = len(slots)
         lora = self._adapter_input(adapters, n)
-        packed = sorted(slots) == list(range(n))
-        permuted = packed and slots != list(range(n))
+        first = min(slots)
+        packed = sorted(slots) == list(range(first, first + n))  # one contiguous span of rows: views, no copy
+        permuted = packed and slots != list(range(first, first + n))
         if permuted:  # packed but permuted: feed the graph in row order
-            order = torch.tensor(slots)
+            order = torch.tensor(slots) - first
             tokens = torch.empty_like(tokens).index_copy_(0, order, tokens)
             starts = torch.empty_like(starts).index_copy_(0, order, starts)
             logit_index = torch.empty_like(logit_index).index_copy_(0, order, logit_index)
             lora = tuple(torch.empty_like(a).index_copy_(0, order, a) for a in lora)
         n_past = max(1, int(starts.max()))  # cached positions any row reads (at least 1: a dimension of 0 fails)
         with torch.inference_mode():
-            caches = self._cache.views(n) if packed else self._cache.gathered(slots)
+            caches = self._cache.span(first, n) if packed else self._cache.gathered(slots)
             logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, caches, *lora,
                                                       hidden_layers=hidden_layers)
-            self._cache.store(torch.arange(n) if packed else torch.tensor(slots), starts, new_k, new_v)
+            self._cache.store(torch.arange(first, first + n) if packed else torch.tensor(slots), starts, new_k, new_v)
         if permuted:
-            return logits[slots], hidden[slots]
+            index = [s - first for s in slots]
+            return logits[index], hidden[index]
         return logits, hidden
 
     def _adapter_input(self, adapters: Sequence[int] | None, n: int) -> tuple:

@@ -39,7 +39,18 @@ class StepBounds:
         return cls(config.batch_size, config.context_encoding_buckets, config.token_generation_buckets,
                    config.seq_len, config.max_step_tokens, config.num_layers, config.adapter_names)
 
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                starts: Sequence[int] | None = None) -> None:
+        """``starts``: each prompt's first position (prefix caching, chunked prefill); every row runs the longest
+        prompt's width (right padded), so each start + that width must stay within the sequence length."""
+        if starts is not None:
+            longest = max((len(p) for p in prompts), default=0)
+            if len(starts) != len(prompts) or any(s < 0 for s in starts):
+                raise ValueError(f"prefill needs one start >= 0 per prompt, got {list(starts)}")
+            if max(starts, default=0) + longest > self.max_seq_len:
+                raise BucketError(f"prefill from position {max(starts)} of {longest} tokens passes the compiled "
+                                  f"sequence length {self.max_seq_len}", where="prefill starts",
+                                  fix="stop the sequence at max_seq_len or compile with a larger seq_len")
         if len(slots) != len(prompts) or not slots:
             raise ValueError(f"prefill needs one slot per prompt, got {len(slots)} slots and {len(prompts)} prompts")
         if len(set(slots)) != len(slots) or not all(0 <= s < self.batch_size for s in slots):
