@@ -127,10 +127,6 @@ def serve_command(
     if weights is not None and manifest.framework != "vneuron":
         raise ServeError("--weights applies to vneuron artifacts (the others carry or record their weights)",
                          where="--weights", fix="drop the option")
-    if manifest.framework == "vneuron":
-        _launch_plugin(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
-                       output_format=output_format, weights=weights, tool_call_parser=tool_call_parser)
-        return
     if manifest.framework != "torch":
         if not enable_prefix_caching or prefix_cache_memory != DEFAULT_PREFIX_CACHE_MIB:
             raise ServeError("--no-enable-prefix-caching and --prefix-cache-memory set the built-in runtime's prefix "
@@ -140,6 +136,13 @@ def serve_command(
             raise ServeError("--max-prefill-tokens sets the built-in runtime's scheduling, and this artifact is served "
                              "by vLLM", where=str(path), fix="drop the option: on Neuron the compiled buckets decide "
                                                              "what one step prefills")
+        if manifest.framework == "vneuron":
+            if vllm_target != "auto":
+                raise ServeError("a vneuron artifact is served by the SDK 2.31+ vLLM Neuron plugin only",
+                                 where="--vllm-target", fix="drop the option")
+            _launch_plugin(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
+                           output_format=output_format, weights=weights, tool_call_parser=tool_call_parser)
+            return
         _launch_vllm(path, manifest, host=host, port=port, api_key=api_key, print_only=print_command,
                      output_format=output_format, requested_target=vllm_target, tool_call_parser=tool_call_parser,
                      structured_outputs=structured_outputs)

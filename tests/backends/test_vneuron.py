@@ -275,3 +275,12 @@ def _processes_with(text: str) -> list[str]:
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             continue
     return found
+
+
+@pytest.mark.parametrize("flags", [("--vllm-target", "vllm-neuron"), ("--no-enable-prefix-caching",),
+                                   ("--max-prefill-tokens", "64")])
+def test_the_built_in_runtimes_options_and_other_targets_are_refused_for_a_vneuron_artifact(built, tmp_path, flags):
+    out = neuronpack("serve", str(built["llama"]["artifact"]), "--print-command", *flags, env=plugin_env(tmp_path))
+    assert out.returncode == 1
+    [line] = error_lines(out.stderr)
+    assert flags[0] in line or "served by vLLM" in line
