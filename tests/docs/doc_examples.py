@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,23 +37,55 @@ _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _RULE = re.compile(r"([━─═])\1+")
 
 
+_DONE = "__neuronpack_doc_step_done__"
+
+
 @dataclass
 class Workspace:
-    """Where a page's commands run: its own directory (cwd), the environment, and the session's command memo."""
+    """Where the pages' commands run: one bash process per page in the workspace directory (so a variable or `cd` of
+    one command holds for the next, as in a reader's shell), the environment, and the session's command memo."""
 
     cwd: Path
     env: dict[str, str]
-    memo: dict[tuple[str, str], subprocess.CompletedProcess] = field(default_factory=dict)
+    memo: dict[str, tuple[int, str]] = field(default_factory=dict)
+    shells: dict[str, subprocess.Popen] = field(default_factory=dict)
 
-    def run(self, command: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        """One shell command, stdout and stderr merged in order. The same command in the same directory runs once per
-        session (several pages share the first import of SmolLM2 and its compile, as a reader's shell would)."""
-        memo_key = (str(self.cwd), command)
-        if memo_key not in self.memo:
-            self.memo[memo_key] = subprocess.run(
-                ["bash", "-c", command], cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        return self.memo[memo_key]
+    def run(self, command: str, page: str = "", timeout: float = 600) -> tuple[int, str]:
+        """One command in the page's shell: (exit code, stdout and stderr merged in order). A `neuronpack` command
+        already run in the session is answered from the memo (the pages share the first import of SmolLM2 and its
+        compile, as a reader's one shell would); assignments, `cd` and `export` always run."""
+        memoisable = command.startswith("neuronpack ")
+        if memoisable and command in self.memo:
+            return self.memo[command]
+        shell = self.shells.get(page)
+        if shell is None:
+            shell = self.shells[page] = subprocess.Popen(
+                ["bash", "--noprofile", "--norc"], cwd=self.cwd, env=self.env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        # the exit code is kept for the page's next command (`echo $?`)
+        # stdin is /dev/null: the shell reads its commands from its own stdin, which a command must not consume
+        shell.stdin.write(f"{{ {command}\n}} </dev/null\n__np_rc=$?; echo; echo {_DONE} $__np_rc; (exit $__np_rc)\n")
+        shell.stdin.flush()
+        lines, deadline = [], time.monotonic() + timeout
+        while True:
+            if not select.select([shell.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError(f"`{command}` ran over {timeout} s")
+            line = shell.stdout.readline()
+            if not line:
+                raise AssertionError(f"the shell ended during `{command}`:\n{''.join(lines)}")
+            if line.startswith(_DONE):
+                break
+            lines.append(line)
+        output = "".join(lines[:-1])   # the newline echoed before the marker
+        result = (int(line.split()[1]), output)
+        if memoisable:
+            self.memo[command] = result
+        return result
+
+    def close(self) -> None:
+        for shell in self.shells.values():
+            shell.stdin.close()
+            shell.wait(timeout=30)
 
 
 def normalise(line: str) -> str:
@@ -148,27 +182,27 @@ def evaluate_console(example: Example) -> None:
     workspace: Workspace = example.namespace["workspace"]
     compare = _not_compared_reason(example) is None
     for command, shown in split_console(example.parsed):
-        result = workspace.run(command)
+        returncode, output = workspace.run(command, example.path)
         expect_error = bool(shown) and shown[0].startswith("error:")
         where = f"{example.path}:{example.line}: `{command}`"
-        if (result.returncode != 0) != expect_error:
-            raise AssertionError(f"{where} exited {result.returncode}:\n{result.stdout[-3000:]}")
+        if (returncode != 0) != expect_error:
+            raise AssertionError(f"{where} exited {returncode}:\n{output[-3000:]}")
         if not compare or not shown:
             continue
         page_json = _shown_json(shown)
         if page_json is not None:
-            problem = compare_keys(page_json, _last_json_object(result.stdout))
+            problem = compare_keys(page_json, _last_json_object(output))
         else:
-            problem = compare_text(shown, result.stdout)
+            problem = compare_text(shown, output)
         if problem:
-            raise AssertionError(f"{where}: {problem}\n--- output ---\n{result.stdout[-3000:]}")
+            raise AssertionError(f"{where}: {problem}\n--- output ---\n{output[-3000:]}")
 
 
 def evaluate_script(example: Example) -> None:
     workspace: Workspace = example.namespace["workspace"]
-    result = workspace.run(example.parsed)
-    if result.returncode != 0:
-        raise AssertionError(f"{example.path}:{example.line} exited {result.returncode}:\n{result.stdout[-3000:]}")
+    returncode, output = workspace.run(example.parsed, example.path)
+    if returncode != 0:
+        raise AssertionError(f"{example.path}:{example.line} exited {returncode}:\n{output[-3000:]}")
 
 
 def _fail_unmarked(example: Example) -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from tests.docs.doc_examples import REPO, Workspace, command_env, page_examples
 
-# Pages whose every example is run here; the others are listed in docs/... not yet (see the issue 41 report).
+# Pages whose every example runs here or is marked with the reason it cannot (the other pages: not yet covered).
 COVERED = ["README.md", "docs/compile.md", "docs/quantize.md", "docs/ci.md", "docs/eval.md", "docs/convert-eagle.md",
-           "docs/doctor.md", "docs/recipes.md", "docs/generate.md", "docs/import-gguf.md"]
+           "docs/doctor.md", "docs/recipes.md"]
 
 
 def _is_skip(example) -> bool:
@@ -35,14 +35,16 @@ _DOCUMENTS: dict[str, list] = {}
 
 
 @pytest.fixture(scope="session")
-def workspace(tmp_path_factory) -> Workspace:
+def workspace(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("docs-workspace")
     for name in ("recipes", "tests"):
         (cwd / name).symlink_to(REPO / name)
     workspace = Workspace(cwd=cwd, env=command_env(tmp_path_factory.getbasetemp() / "np-cache"))
     # the pages' own first step, run once up front so each page also runs alone (`-k docs/quantize.md`)
-    assert workspace.run(IMPORT_SMOLLM2).returncode == 0
-    return workspace
+    returncode, output = workspace.run(IMPORT_SMOLLM2)
+    assert returncode == 0, output
+    yield workspace
+    workspace.close()
 
 
 @pytest.mark.parametrize(("page", "line"), list(_cases()))
@@ -59,3 +61,17 @@ def test_doc_example(page, line, workspace, monkeypatch):
             example.evaluate()
             return
     raise AssertionError(f"{page}:{line} is no longer an example")
+
+
+def test_ci_md_shows_the_doctor_json_shape(workspace):
+    """docs/ci.md's table row for doctor names the keys `doctor --format json` gives under "framework"."""
+    import json
+    import re
+
+    row = next(line for line in (REPO / "docs/ci.md").read_text().splitlines() if line.startswith("| `neuronpack doctor`"))
+    shown = re.search(r'"framework": \{(.*?)\}, \.\.\.\}', row).group(1)
+    returncode, output = workspace.run("neuronpack doctor --format json")
+    framework = json.loads(output.splitlines()[-1])["framework"]
+    assert returncode == 0
+    assert set(re.findall(r'"(\w+)"(?!:)', re.sub(r'"effective": \{[^}]*\}', '"effective"', shown))) == set(framework)
+    assert set(framework["effective"]) == {"name", "reason"}

@@ -50,7 +50,8 @@ def test_the_distribution_name_is_this_projects():
 def test_no_install_line_names_the_other_projects_package():
     lines = list(_install_lines())
     assert any(DISTRIBUTION in arguments or arguments.strip().startswith(".") for _, arguments in lines)
-    wrong = [f"{where}: pip install {arguments.strip()}" for where, arguments in lines if "neuronpack" in _names(arguments)]
+    wrong = [f"{where}: pip install {arguments.strip()}"
+             for where, arguments in lines if "neuronpack" in _names(arguments)]
     assert not wrong, "installs PyPI's unrelated `neuronpack`, not this project:\n" + "\n".join(wrong)
 
 
