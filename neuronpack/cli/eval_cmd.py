@@ -36,8 +36,14 @@ def eval_command(
     min_top1: Annotated[
         float | None, typer.Option("--min-top1", min=0.0, max=1.0, help="override the minimum top-1 agreement")
     ] = None,
+    max_kl_mean: Annotated[
+        float | None,
+        typer.Option("--max-kl-mean", min=0.0, help="override the limit on the mean KL(reference || artifact)"),
+    ] = None,
     max_kl: Annotated[
-        float | None, typer.Option("--max-kl", min=0.0, help="override the maximum mean KL(reference || artifact)")
+        float | None,
+        typer.Option("--max-kl", min=0.0, help="override the limit on the largest KL(reference || artifact) of any "
+                     "position"),
     ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="torch intra-op threads (default: all cores)")
@@ -55,7 +61,7 @@ def eval_command(
     subject = subject_from_manifest(read_manifest(artifact), artifact, reference)
     limits = THRESHOLDS.get(subject.precision)
     if limits is not None:
-        limits = with_thresholds(limits, min_top1_agreement=min_top1, max_kl_mean=max_kl)
+        limits = with_thresholds(limits, min_top1_agreement=min_top1, max_kl_mean=max_kl_mean, max_kl=max_kl)
     if subject.framework == "torch":
         from neuronpack.runtime.loader import configure_threads
 

@@ -160,12 +160,12 @@ def generate_command(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="stop string (repeatable)")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="wrap the prompt with the model's chat template")] = False,
     lora: Annotated[
-        str | None, typer.Option("--lora", help="apply this LoRA adapter of the artifact (a name in its [lora])")
+        str | None, typer.Option("--lora", help="apply this LoRA adapter of the artifact (a name in its \\[lora])")
     ] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="torch CPU threads")] = None,
     speculation: Annotated[bool, typer.Option(
         "--speculation/--no-speculation",
-        help="speculate when the artifact was compiled with [speculation] (--no-speculation: one token per step)",
+        help="speculate when the artifact was compiled with \\[speculation] (--no-speculation: one token per step)",
     )] = True,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,

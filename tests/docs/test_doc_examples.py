@@ -68,7 +68,8 @@ def test_ci_md_shows_the_doctor_json_shape(workspace):
     import json
     import re
 
-    row = next(line for line in (REPO / "docs/ci.md").read_text().splitlines() if line.startswith("| `neuronpack doctor`"))
+    lines = (REPO / "docs/ci.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| `neuronpack doctor`"))
     shown = re.search(r'"framework": \{(.*?)\}, \.\.\.\}', row).group(1)
     returncode, output = workspace.run("neuronpack doctor --format json")
     framework = json.loads(output.splitlines()[-1])["framework"]
