@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
-import select
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class Workspace:
     env: dict[str, str]
     memo: dict[str, tuple[int, str]] = field(default_factory=dict)
     shells: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _lines: dict[str, queue.Queue] = field(default_factory=dict)
 
     def run(self, command: str, page: str = "", timeout: float = 600) -> tuple[int, str]:
         """One command in the page's shell: (exit code, stdout and stderr merged in order). A `neuronpack` command
@@ -62,16 +64,20 @@ class Workspace:
             shell = self.shells[page] = subprocess.Popen(
                 ["bash", "--noprofile", "--norc"], cwd=self.cwd, env=self.env, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+            # a thread reads the shell's output into a queue: a timeout without select() on a buffered pipe
+            self._lines[page] = queue.Queue()
+            threading.Thread(target=_pump, args=(shell.stdout, self._lines[page]), daemon=True).start()
         # the exit code is kept for the page's next command (`echo $?`)
         # stdin is /dev/null: the shell reads its commands from its own stdin, which a command must not consume
         shell.stdin.write(f"{{ {command}\n}} </dev/null\n__np_rc=$?; echo; echo {_DONE} $__np_rc; (exit $__np_rc)\n")
         shell.stdin.flush()
         lines, deadline = [], time.monotonic() + timeout
         while True:
-            if not select.select([shell.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                raise TimeoutError(f"`{command}` ran over {timeout} s")
-            line = shell.stdout.readline()
-            if not line:
+            try:
+                line = self._lines[page].get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"`{command}` ran over {timeout} s") from None
+            if line is None:
                 raise AssertionError(f"the shell ended during `{command}`:\n{''.join(lines)}")
             if line.startswith(_DONE):
                 break
@@ -86,6 +92,12 @@ class Workspace:
         for shell in self.shells.values():
             shell.stdin.close()
             shell.wait(timeout=30)
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
 
 
 def normalise(line: str) -> str:

@@ -37,7 +37,7 @@ _DOCUMENTS: dict[str, list] = {}
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("docs-workspace")
-    for name in ("recipes", "tests"):
+    for name in ("recipes", "tests", "tools"):  # the pages run from a checkout
         (cwd / name).symlink_to(REPO / name)
     workspace = Workspace(cwd=cwd, env=command_env(tmp_path_factory.getbasetemp() / "np-cache"))
     # the pages' own first step, run once up front so each page also runs alone (`-k docs/quantize.md`)
