@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from neuronpack.cli._console import LazyConsole, OutputFormat, RichReporter, cell, print_result, stderr, stdout
+from neuronpack.cli._console import (
+    LazyConsole,
+    OutputFormat,
+    RichReporter,
+    cell,
+    print_result,
+    print_table,
+    stderr,
+    stdout,
+)
 from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
 from neuronpack.cli._progress import ProgressMode
 
@@ -97,7 +106,8 @@ def print_report(data: dict[str, Any], artifact: str, console: Console | LazyCon
 
     table = Table(title=cell(f"{artifact} ({data['precision']}) vs {data['reference']}"))
     for col in ("prompt", "tokens", "top-1", "max |diff|", "mean |diff|", "mean KL", "max KL", "greedy match"):
-        table.add_column(col, justify="left" if col == "prompt" else "right")
+        # figures are never cut: only the prompt labels wrap (print_table: natural width into a pipe or a log)
+        table.add_column(col, justify="left" if col == "prompt" else "right", no_wrap=col != "prompt")
     summary = data["summary"] or {}
     rows = [*data["prompts"], {"name": "all", **summary}]
     if "vs_dequantized" in summary:  # a quantized nxd artifact: the same scores against the dequantized reference
@@ -109,7 +119,7 @@ def print_report(data: dict[str, Any], artifact: str, console: Console | LazyCon
         table.add_row(cell(p["name"] + (" (cut)" if p.get("truncated") else "")), tokens, f"{p['top1_agreement']:.4f}",
                       f"{p['max_abs_diff']:.3g}", f"{p['mean_abs_diff']:.3g}", f"{p['kl_mean']:.3g}",
                       f"{p['kl_max']:.3g}", greedy)
-    console.print(table)
+    print_table(console, table)
     limits = ", ".join(f"{k}={v}" for k, v in data["thresholds"].items() if v not in (None, False))
     verdict = "PASS" if not data["failures"] else "FAIL"
     console.print(f"{verdict} ({data['precision']} thresholds: {limits})", markup=False)
