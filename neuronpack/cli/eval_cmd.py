@@ -14,7 +14,6 @@ from neuronpack.cli._console import (
     cell,
     print_result,
     print_table,
-    stderr,
     stdout,
 )
 from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
@@ -123,7 +122,7 @@ def print_report(data: dict[str, Any], artifact: str, console: Console | LazyCon
     limits = ", ".join(f"{k}={v}" for k, v in data["thresholds"].items() if v not in (None, False))
     verdict = "PASS" if not data["failures"] else "FAIL"
     console.print(f"{verdict} ({data['precision']} thresholds: {limits})", markup=False)
-    for failure in data["failures"]:
-        stderr.print(f"  {failure}", markup=False)
+    for failure in data["failures"]:  # part of the report: with it (stdout for eval, stderr for compile)
+        console.print(f"  {failure}", markup=False)
     for note in data["plan"]:  # what a check that ran did not cover (nxd on the CPU)
         console.print(f"note: {note}", markup=False)
