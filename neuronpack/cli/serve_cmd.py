@@ -257,8 +257,8 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     reporter.info(f"loaded {name} in {loaded.load_seconds:.1f} s (batch {engine.scheduler.batch_size}, "
                   f"max model length {engine.max_model_len}, largest prompt {engine.max_prompt_len}, "
                   f"{engine.loop_threads} compute threads)")
-    stderr.print(f"serving {name} at http://{_url_host(host)}:{port}/v1 (health: /health, metrics: /metrics)",
-                 markup=False, highlight=False, soft_wrap=True)
+    # an info line like the others: --quiet leaves only warnings and errors (a supervisor's log stays empty)
+    reporter.info(f"serving {name} at http://{_url_host(host)}:{port}/v1 (health: /health, metrics: /metrics)")
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         reporter.warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
     run_server(app, host=host, port=port, log_level="warning" if quiet else "info",
