@@ -19,6 +19,8 @@ def test_compile_json_then_cache_hit_then_tools(tiny_llama, tmp_path):
     assert built["cache_hit"] is False and built["framework"] == "torch"
     assert Path(built["path"]).is_dir() and built["files"] > 3
 
+    hit = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    assert hit["cache_hit"] and all(round(v, 3) == v for v in hit["timings"].values())  # no 0.006850106999991112
     second = runner.invoke(app, args)
     assert second.exit_code == 0
     assert second.stdout.strip().splitlines()[-1] == built["path"]
