@@ -39,6 +39,7 @@ _RULE = re.compile(r"([━─═])\1+")
 
 
 _DONE = "__neuronpack_doc_step_done__"
+_MEMOISED = ("neuronpack import-gguf ", "neuronpack compile ", "neuronpack quantize ")
 
 
 @dataclass
@@ -53,10 +54,11 @@ class Workspace:
     _lines: dict[str, queue.Queue] = field(default_factory=dict)
 
     def run(self, command: str, page: str = "", timeout: float = 600) -> tuple[int, str]:
-        """One command in the page's shell: (exit code, stdout and stderr merged in order). A `neuronpack` command
-        already run in the session is answered from the memo (the pages share the first import of SmolLM2 and its
-        compile, as a reader's one shell would); assignments, `cd` and `export` always run."""
-        memoisable = command.startswith("neuronpack ")
+        """One command in the page's shell: (exit code, stdout and stderr merged in order). An import, compile or
+        quantize already run in the session is answered from the memo (the pages share the first import of SmolLM2
+        and its compile, as a reader's one shell would: the same inputs give the same result); every other command,
+        an assignment, `cd` or a check such as `verify`, always runs."""
+        memoisable = command.startswith(_MEMOISED)
         if memoisable and command in self.memo:
             return self.memo[command]
         shell = self.shells.get(page)
