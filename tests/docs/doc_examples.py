@@ -30,6 +30,8 @@ from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipP
 
 REPO = Path(__file__).resolve().parents[2]
 _NOT_COMPARED = re.compile(r'<!--\s*output:\s*not compared\s+"([^"]+)"\s*-->\s*$')
+# what differs between runs and machines, normalised away before comparing (numbers included: a figure the page
+# shows stands for the shape of the line, not its value)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z?")
 _HEX = re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,}\b")
@@ -84,7 +86,7 @@ class Workspace:
             if line.startswith(_DONE):
                 break
             lines.append(line)
-        output = "".join(lines[:-1])   # the newline echoed before the marker
+        output = "".join(lines)[:-1]  # less the newline echoed before the marker (it ends an unfinished last line)
         result = (int(line.split()[1]), output)
         if memoisable:
             self.memo[command] = result

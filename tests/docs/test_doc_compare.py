@@ -24,3 +24,16 @@ def test_a_json_object_is_compared_by_its_keys_at_every_depth_shown():
     assert "pushed" in compare_keys({"a": 1}, {"a": 1, "pushed": None})
     assert "name" in compare_keys({"framework": {"name": 1, "reason": 2}},
                                   {"framework": {"auto": "torch", "effective": {"name": 1, "reason": 2}}})
+
+
+def test_the_shell_keeps_output_without_a_final_newline_and_the_exit_code(tmp_path):
+    from tests.docs.doc_examples import Workspace
+
+    workspace = Workspace(cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    try:
+        assert workspace.run("printf abc", "p") == (0, "abc")
+        assert workspace.run("echo x; false", "p") == (1, "x\n")
+        assert workspace.run("echo $?", "p") == (0, "1\n")
+        assert workspace.run("X=5", "p") == (0, "") and workspace.run("echo $X", "p") == (0, "5\n")
+    finally:
+        workspace.close()
