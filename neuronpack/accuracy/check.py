@@ -319,7 +319,7 @@ def _load_reference(subject: Subject, vocab_size: int):
     if ref is None or not (ref / "config.json").is_file():
         raise AccuracyError("the reference checkpoint is not there", where=str(ref),
                             fix="pass --reference DIR (the Hugging Face checkpoint the artifact was compiled from)")
-    model = transformers.AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).eval()
+    model = _quiet_from_pretrained(transformers, ref, dtype=torch.float32).eval()
     if model.config.vocab_size != vocab_size:
         raise AccuracyError(f"reference vocabulary {model.config.vocab_size} differs from the artifact's "
                             f"{vocab_size}", where=str(ref), fix="pass the checkpoint the artifact was compiled from")
@@ -356,5 +356,20 @@ def _artifact_logits(lm, ids: list[int], continuation: list[int]):
 
 
 def with_thresholds(base: Thresholds, **overrides: Any) -> Thresholds:
-    """``base`` with the given limits replaced (None values are ignored): the CLI's --min-top1 / --max-kl."""
+    """``base`` with the given limits replaced (None values are ignored): the CLI's --min-top1, --max-kl-mean and
+    --max-kl."""
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _quiet_from_pretrained(transformers, ref, **kwargs):
+    """The reference model, loaded without transformers' own "Loading weights" bar: progress is the reporter's (a
+    tqdm bar in an eval log, or between the reporter's lines, is noise a reader cannot turn off)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(ref, **kwargs)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -151,7 +151,25 @@ def print_result(output_format: OutputFormat, data: Any, text: str | RenderableT
     elif isinstance(text, str):
         stdout.line(text)  # into a pipe or file (a script's $(...)) without importing rich
     elif text is not None:
-        stdout.print(text)
+        print_table(stdout, text)
+
+
+def print_table(console: LazyConsole | Console, table: RenderableType) -> None:
+    """Print a table (or any renderable) so no key or figure in it is cut. Into a pipe or a log (not a terminal,
+    ``COLUMNS`` unset) it prints at its natural width, where rich would cut it at 80 columns; on a terminal it fits the
+    window, and the tables keep their keys and figures whole by making those columns ``no_wrap`` (the label columns
+    wrap instead)."""
+    real = console.get() if isinstance(console, LazyConsole) else console
+    if not real.is_terminal:
+        from rich.console import Console
+
+        columns = os.environ.get("COLUMNS", "")  # read now: rich reads it once, when the console is made
+        width = int(columns) if columns.isdigit() else \
+            max(real.width, real.measure(table, options=real.options.update_width(1 << 16)).maximum)
+        if width != real.width:  # print's own width= cannot exceed the console's
+            real = Console(file=real.file, width=width, highlight=False, color_system=None)
+    real.print(table)
+
 
 
 def cell(value: Any) -> str:

@@ -45,6 +45,8 @@ def plain_interval() -> float:
 
 
 def human_bytes(n: float) -> str:
+    """The one size format of every command (binary units: 1 KiB = 1024 B): ``human_bytes(4162972)`` -> ``'4.0 MiB'``
+    (ls, gc, inspect, quantize, progress rates)."""
     for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= factor:
             return f"{n / factor:.1f} {unit}"

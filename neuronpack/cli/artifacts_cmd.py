@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -9,16 +10,9 @@ import typer
 
 from neuronpack.cli._console import OutputFormat, cell, print_result, stderr
 from neuronpack.cli._options import EndpointOpt, FormatOpt, RootOpt, StoreOpt
+from neuronpack.cli._progress import human_bytes
 
 ArtifactArg = Annotated[Path, typer.Argument(help="an artifact directory (neuron-compiled-artifacts/<key>)")]
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 def _age(seconds: float) -> str:
@@ -55,7 +49,7 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
 
     table = Table(title=cell(artifact), show_header=False)
     table.add_column("field", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # a long key folds onto the next line, never "2b22…"
     recipe = m.recipe
     section = recipe.to_dict()  # sections as the recipe file spells them
     rows = [
@@ -69,10 +63,10 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("batch / tp", f"{recipe.target.batch_size} / {recipe.target.tp_degree}"),
         *_bucket_rows(m),
         ("max model len", str(m.serve.max_model_len)),
-        ("quantization", str(section.get("quantization"))),
-        ("speculation", str(section.get("speculation"))),
+        ("quantization", _section_line(section.get("quantization"))),
+        ("speculation", _section_line(section.get("speculation"))),
         ("lora", _lora_line(recipe.lora)),
-        ("files", f"{len(m.files)} ({_size(m.total_size)})"),
+        ("files", f"{len(m.files)} ({human_bytes(m.total_size)})"),
         ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.timings.items())),
         ("created", str(m.created_at)),
         ("accuracy", _accuracy_line(m.accuracy)),
@@ -93,11 +87,18 @@ def _bucket_rows(m) -> list[tuple[str, str]]:
             ("token-gen buckets", ", ".join(map(str, m.buckets.token_generation)))]
 
 
+def _section_line(section: dict | None) -> str:
+    """A recipe section as the recipe file spells it (``kind = "eagle", length = 4``), "none" without one."""
+    if not section:
+        return "none"
+    return ", ".join(f"{key} = {json.dumps(value)}" for key, value in section.items() if value is not None)
+
+
 def _lora_line(lora) -> str:
     from neuronpack.checkpoint.lora import lora_path
 
     if lora is None:
-        return "None"
+        return "none"
     adapters = ", ".join(f"{a.name} ({lora_path(a.name)})" for a in lora.adapters)
     return (f"{adapters}; max_loras {lora.max_loras}, max_rank {lora.max_rank}, "
             f"{'/'.join(lora.target_modules)}")
@@ -154,12 +155,14 @@ def ls_command(
 
     table = Table(title=cell(where))
     for col in ("key", "model", "framework", "weights", "buckets (ctx | tkg)", "size", "age"):
-        table.add_column(col)
+        # the labels (model, weights) wrap; the key and the figures are never cut
+        label = col in ("model", "weights")
+        table.add_column(col, no_wrap=not label, overflow="fold", min_width=12 if label else None)
     for r in rows:
         ctx, tkg = (",".join(map(str, r["buckets"][kind])) for kind in ("context", "token_generation"))
         buckets = f"{ctx} | {tkg}"
         table.add_row(r["key"][:16], cell(r["model"]), r["framework"], cell(r["weights_precision"]["description"]),
-                      buckets, _size(r["size"]), _age(r["age_seconds"]))
+                      buckets, human_bytes(r["size"]), _age(r["age_seconds"]))
     print_result(output_format, {field: where, "artifacts": rows}, table)
 
 
@@ -199,11 +202,11 @@ def gc_command(
         rows = [(str(i.path), i.kind, i.size, i.reason) for i in items]
     freed = sum(size for _, _, size, _ in rows)
     verb = "would remove" if dry_run else "removed"
-    lines = "\n".join(f"{verb} {kind}: {path} ({_size(size)}; {reason})" for path, kind, size, reason in rows)
+    lines = "\n".join(f"{verb} {kind}: {path} ({human_bytes(size)}; {reason})" for path, kind, size, reason in rows)
     print_result(output_format, {"dry_run": dry_run, "freed_bytes": freed, "digest_cache_pruned": pruned,
                                  "removed": [{"path": path, "kind": kind, "size": size, "reason": reason}
                                              for path, kind, size, reason in rows]},
                  lines or None)
     if output_format is OutputFormat.text:
         pruned_text = f"; pruned {pruned} digest-cache entr{'y' if pruned == 1 else 'ies'}" if pruned else ""
-        stderr.print(f"{verb} {len(rows)} item(s), {_size(freed)}{pruned_text}", markup=False)
+        stderr.print(f"{verb} {len(rows)} item(s), {human_bytes(freed)}{pruned_text}", markup=False)

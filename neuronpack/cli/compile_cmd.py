@@ -100,7 +100,9 @@ def compile_command(
         "buckets": manifest["buckets"],
         "files": len(manifest["files"]),
         "size": sum(f["size"] for f in manifest["files"]),
-        "timings": result.timings if result.cache_hit else manifest.get("timings", {}),
+        # seconds to the millisecond, as the manifest records them (a hit's own timings were printed raw)
+        "timings": {k: round(v, 3) for k, v in (result.timings if result.cache_hit else
+                                                manifest.get("timings", {})).items()},
         **({"accuracy": result.accuracy} if result.accuracy else {}),
     }
     if output_format is OutputFormat.text:

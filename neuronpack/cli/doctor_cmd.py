@@ -54,7 +54,8 @@ def _text(report: dict[str, Any]) -> RenderableType:
     fw = report["framework"]
     table.add_row("auto framework", f"[bold]{cell(fw['auto'])}[/]", cell(fw["auto_reason"]))
     eff = fw["effective"]
-    table.add_row("with this env", cell(eff["name"]), cell(eff["reason"]))
+    table.add_row("with this env", f"[red]{cell('refused')}[/]" if eff["name"] is None else cell(eff["name"]),
+                  cell(eff["reason"]))
     serving = report["serving"]
     stack = ", ".join(f"{d} {v}" for d, v in serving["installed"].items() if v) or "none installed"
     if serving["pairing"]:

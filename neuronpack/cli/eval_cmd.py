@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from neuronpack.cli._console import LazyConsole, OutputFormat, RichReporter, cell, print_result, stderr, stdout
+from neuronpack.cli._console import (
+    LazyConsole,
+    OutputFormat,
+    RichReporter,
+    cell,
+    print_result,
+    print_table,
+    stdout,
+)
 from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt
 from neuronpack.cli._progress import ProgressMode
 
@@ -36,8 +44,14 @@ def eval_command(
     min_top1: Annotated[
         float | None, typer.Option("--min-top1", min=0.0, max=1.0, help="override the minimum top-1 agreement")
     ] = None,
+    max_kl_mean: Annotated[
+        float | None,
+        typer.Option("--max-kl-mean", min=0.0, help="override the limit on the mean KL(reference || artifact)"),
+    ] = None,
     max_kl: Annotated[
-        float | None, typer.Option("--max-kl", min=0.0, help="override the maximum mean KL(reference || artifact)")
+        float | None,
+        typer.Option("--max-kl", min=0.0, help="override the limit on the largest KL(reference || artifact) of any "
+                     "position"),
     ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="torch intra-op threads (default: all cores)")
@@ -55,7 +69,7 @@ def eval_command(
     subject = subject_from_manifest(read_manifest(artifact), artifact, reference)
     limits = THRESHOLDS.get(subject.precision)
     if limits is not None:
-        limits = with_thresholds(limits, min_top1_agreement=min_top1, max_kl_mean=max_kl)
+        limits = with_thresholds(limits, min_top1_agreement=min_top1, max_kl_mean=max_kl_mean, max_kl=max_kl)
     if subject.framework == "torch":
         from neuronpack.runtime.loader import configure_threads
 
@@ -91,7 +105,8 @@ def print_report(data: dict[str, Any], artifact: str, console: Console | LazyCon
 
     table = Table(title=cell(f"{artifact} ({data['precision']}) vs {data['reference']}"))
     for col in ("prompt", "tokens", "top-1", "max |diff|", "mean |diff|", "mean KL", "max KL", "greedy match"):
-        table.add_column(col, justify="left" if col == "prompt" else "right")
+        # figures are never cut: only the prompt labels wrap (print_table: natural width into a pipe or a log)
+        table.add_column(col, justify="left" if col == "prompt" else "right", no_wrap=col != "prompt")
     summary = data["summary"] or {}
     rows = [*data["prompts"], {"name": "all", **summary}]
     if "vs_dequantized" in summary:  # a quantized nxd artifact: the same scores against the dequantized reference
@@ -103,11 +118,11 @@ def print_report(data: dict[str, Any], artifact: str, console: Console | LazyCon
         table.add_row(cell(p["name"] + (" (cut)" if p.get("truncated") else "")), tokens, f"{p['top1_agreement']:.4f}",
                       f"{p['max_abs_diff']:.3g}", f"{p['mean_abs_diff']:.3g}", f"{p['kl_mean']:.3g}",
                       f"{p['kl_max']:.3g}", greedy)
-    console.print(table)
+    print_table(console, table)
     limits = ", ".join(f"{k}={v}" for k, v in data["thresholds"].items() if v not in (None, False))
     verdict = "PASS" if not data["failures"] else "FAIL"
     console.print(f"{verdict} ({data['precision']} thresholds: {limits})", markup=False)
-    for failure in data["failures"]:
-        stderr.print(f"  {failure}", markup=False)
+    for failure in data["failures"]:  # part of the report: with it (stdout for eval, stderr for compile)
+        console.print(f"  {failure}", markup=False)
     for note in data["plan"]:  # what a check that ran did not cover (nxd on the CPU)
         console.print(f"note: {note}", markup=False)

@@ -10,7 +10,7 @@ import typer
 
 from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr
 from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt, check_plain_text
-from neuronpack.cli._progress import ProgressMode
+from neuronpack.cli._progress import ProgressMode, human_bytes
 
 # Above this many quantized tensors the table shows only the worst ones (the JSON report has them all).
 FULL_TABLE_MAX = 24
@@ -90,7 +90,7 @@ def _print_table(report: dict[str, Any]) -> None:
     table.add_section()
     table.add_row("whole model", "", f"{model['relative_error']:.5f}", _snr(model["snr_db"]), style="bold")
     stderr.print(table)
-    size = f"weights {_human(model['input_bytes'])} -> {_human(model['output_bytes'])}"
+    size = f"weights {human_bytes(model['input_bytes'])} -> {human_bytes(model['output_bytes'])}"
     kept = ", ".join(report["modules_to_not_convert"]) or "none"  # printed with markup off
     stderr.print(f"{size}; left unquantized (modules_to_not_convert): {kept}", markup=False, soft_wrap=True)
     if len(shown) < len(rows):
@@ -99,10 +99,3 @@ def _print_table(report: dict[str, Any]) -> None:
 
 def _snr(value: float | None) -> str:
     return "exact" if value is None else f"{value:.1f}"
-
-
-def _human(nbytes: int) -> str:
-    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= factor:
-            return f"{nbytes / factor:.1f} {unit}"
-    return f"{nbytes} B"

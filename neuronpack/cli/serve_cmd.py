@@ -179,12 +179,12 @@ def generate_command(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="stop string (repeatable)")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="wrap the prompt with the model's chat template")] = False,
     lora: Annotated[
-        str | None, typer.Option("--lora", help="apply this LoRA adapter of the artifact (a name in its [lora])")
+        str | None, typer.Option("--lora", help="apply this LoRA adapter of the artifact (a name in its \\[lora])")
     ] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="torch CPU threads")] = None,
     speculation: Annotated[bool, typer.Option(
         "--speculation/--no-speculation",
-        help="speculate when the artifact was compiled with [speculation] (--no-speculation: one token per step)",
+        help="speculate when the artifact was compiled with \\[speculation] (--no-speculation: one token per step)",
     )] = True,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,
@@ -289,8 +289,8 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     mib = rows.cache_rows * engine.model.kv_row_bytes / 2**20
     reporter.info(f"prefix caching: {rows.cache_rows} cache rows ({mib:.0f} MiB) beyond the batch" if rows.caching
                   else f"prefix caching off: {engine.prefix_caching_off_reason}")
-    stderr.print(f"serving {name} at http://{_url_host(host)}:{port}/v1 (health: /health, metrics: /metrics)",
-                 markup=False, highlight=False, soft_wrap=True)
+    # an info line like the others: --quiet leaves only warnings and errors (a supervisor's log stays empty)
+    reporter.info(f"serving {name} at http://{_url_host(host)}:{port}/v1 (health: /health, metrics: /metrics)")
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         reporter.warn(f"listening on {host} without --api-key: anyone who can reach this port can use the model")
     run_server(app, host=host, port=port, log_level="warning" if quiet else "info",

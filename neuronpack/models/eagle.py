@@ -212,9 +212,17 @@ def _eagle3_layers(hf: dict, target_layers: int | None, hidden: int, fc_shape, p
         raise UnsupportedModelError("an EAGLE-3 draft needs its target's layer count", where=str(path),
                                     fix="load it with target_layers (the artifact's num_layers)")
     ids = target_layer_ids(hf, target_layers)
-    if len(ids) * hidden != fc_shape[-1] or not all(0 <= i < target_layers for i in ids):
+    wanted = fc_shape[-1] // hidden  # fc: [H, k*H], k target layers (3 in EAGLE-3)
+    named = ("its config's eagle_aux_hidden_state_layer_ids" if hf.get("eagle_aux_hidden_state_layer_ids")
+             else f"vLLM's default (2, L // 2, L - 3) for this {target_layers}-layer target")
+    fix = (f"set eagle_aux_hidden_state_layer_ids in the draft's config.json to {wanted} distinct layers of the "
+           f"target (0 to {target_layers - 1})")
+    if len(ids) != wanted or len(ids) * hidden != fc_shape[-1]:
         raise UnsupportedModelError(
-            f"the EAGLE-3 draft reads target layers {list(ids)} (fc takes {fc_shape[-1]} = 3 x {hidden} inputs) but "
-            f"the target has {target_layers} layers", where=f"{path}/config.json",
-            fix="set eagle_aux_hidden_state_layer_ids in the draft's config.json to three layers of the target")
+            f"the EAGLE-3 draft reads {wanted} target layers (fc takes {fc_shape[-1]} = {wanted} x {hidden} inputs) "
+            f"but {named} gives {len(ids)} distinct: {list(ids)}", where=f"{path}/config.json", fix=fix)
+    if not all(0 <= i < target_layers for i in ids):
+        raise UnsupportedModelError(
+            f"the EAGLE-3 draft reads target layers {list(ids)} ({named}) but the target has {target_layers} layers "
+            f"(0 to {target_layers - 1})", where=f"{path}/config.json", fix=fix)
     return ids

@@ -60,12 +60,13 @@ def resolve_serving_artifact(
         verify_artifact(path, check_hashes=check_hashes)
         return path
     except ArtifactError as exc:
-        problem = exc.one_line()
+        problem, problem_fix = exc.what, exc.fix  # its where is the path, said once below
     if model is None and recipe is None:
         raise ServeError(
             f"{ENV} is not a valid artifact: {problem}",
             where=str(path),
-            fix="pass --model and --recipe so neuronpack can compile it there, or point the variable at an artifact",
+            fix=(f"{problem_fix}; or " if problem_fix else "")
+            + "pass --model and --recipe so neuronpack can compile it there, or point the variable at an artifact",
         )
     reporter.warn(f"failed to load the artifact from {path} ({problem}); compiling into it")
     result = compile_model(model, recipe=recipe, overrides=overrides, dest=path, force=True, reporter=reporter)

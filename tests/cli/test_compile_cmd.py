@@ -19,6 +19,8 @@ def test_compile_json_then_cache_hit_then_tools(tiny_llama, tmp_path):
     assert built["cache_hit"] is False and built["framework"] == "torch"
     assert Path(built["path"]).is_dir() and built["files"] > 3
 
+    hit = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    assert hit["cache_hit"] and all(round(v, 3) == v for v in hit["timings"].values())  # no 0.006850106999991112
     second = runner.invoke(app, args)
     assert second.exit_code == 0
     assert second.stdout.strip().splitlines()[-1] == built["path"]
@@ -31,6 +33,20 @@ def test_compile_json_then_cache_hit_then_tools(tiny_llama, tmp_path):
 
     shown = runner.invoke(app, ["inspect", built["path"]])
     assert shown.exit_code == 0 and "16, 64" in shown.stdout and "64, 128" in shown.stdout
+    assert "None" not in shown.stdout  # no Python reprs: "quantization  none"
+    narrow = CliRunner(env={"COLUMNS": "80"})
+    for command in (["inspect", built["path"]], ["ls", "--root", str(tmp_path)]):
+        # at 80 columns a key or figure folds or a label wraps; nothing is cut to "…"
+        assert "…" not in narrow.invoke(app, command).stdout
+    # into a pipe or log (COLUMNS unset, not a terminal) tables print at their natural width: the key on one line
+    piped = CliRunner(env={"COLUMNS": None}).invoke(app, ["inspect", built["path"]])
+    assert any(built["key"] in line for line in piped.stdout.splitlines())
+    # one size format: ls and gc say the same size the same way
+    size = json.loads(listed.stdout)["artifacts"][0]["size"]
+    from neuronpack.cli._progress import human_bytes
+
+    dry_text = runner.invoke(app, ["gc", "--root", str(tmp_path), "--keep", "0", "--dry-run"])
+    assert human_bytes(size) in table.stdout and human_bytes(size) in dry_text.stdout
 
     ok = runner.invoke(app, ["verify", built["path"], "--format", "json"])
     assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True

@@ -33,6 +33,12 @@ def test_text_report_without_neuron_sdk(sdk_path):
     assert "NOT validated here: not run on hardware: no Neuron compile or load has run" in out
 
 
+def test_a_refused_framework_variable_reads_refused_not_none(sdk_path):
+    result = CliRunner().invoke(app, ["doctor"], env={**ENV, "NEURONPACK_FRAMEWORK": "bogus"})
+    assert result.exit_code == 0
+    assert re.search(r"with this env\s+│ refused ", result.stdout) and "None" not in result.stdout
+
+
 def test_json_report_names_placeholder_and_auto_choice(tmp_path, sdk_path):
     sdk_path(make_placeholder(tmp_path, "torch-neuronx", style="pypi"))
     report = _json({"NEURONPACK_FRAMEWORK": "nxd", "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"})

@@ -258,6 +258,20 @@ def test_eagle3_checkpoints_the_runtime_refuses(tmp_path, converted3):
         load_eagle_draft(converted3, torch.float32)
     with pytest.raises(UnsupportedModelError, match="eagle_aux_hidden_state_layer_ids"):
         load_eagle_draft(converted3, torch.float32, target_layers=2)  # layer 2 does not exist
+    # without the config key on a 4-layer target, vLLM's default (2, 2, 1) names two distinct layers, not three:
+    # the error says so (it used to say "reads target layers [1, 2] ... but the target has 4 layers")
+    import json
+    import shutil
+
+    default = shutil.copytree(converted3, tmp_path / "default-layers")
+    config = json.loads((default / "config.json").read_text())
+    config.pop("eagle_aux_hidden_state_layer_ids", None)
+    (default / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError) as raised:
+        load_eagle_draft(default, torch.float32, target_layers=4)
+    text = raised.value.one_line()
+    assert "vLLM's default (2, L // 2, L - 3) for this 4-layer target gives 2 distinct: [1, 2]" in text
+    assert "3 distinct layers of the target (0 to 3)" in text
 
 
 # -- the draft graphs --------------------------------------------------------------------------------------------------

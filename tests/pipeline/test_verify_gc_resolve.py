@@ -145,7 +145,8 @@ def test_resolve_errors_without_a_way_to_compile(tmp_path, monkeypatch):
     with pytest.raises(ServeError, match="no artifact to serve"):
         resolve_serving_artifact(None)
     monkeypatch.setenv("NEURON_COMPILED_ARTIFACTS", str(tmp_path / "missing"))
-    with pytest.raises(ServeError, match="is not a valid artifact"):
+    with pytest.raises(ServeError, match="is not a valid artifact") as raised:
         resolve_serving_artifact(None)
+    assert raised.value.one_line().count(str(tmp_path / "missing")) == 1  # the path once, not the inner error's too
     with pytest.raises(ArtifactError, match="does not exist"):
         resolve_serving_artifact(tmp_path / "nope")

@@ -1,0 +1,253 @@
+"""The worked examples of README.md and docs/*.md, parsed by sybil and run as tests (tests/docs/test_doc_examples.py).
+
+A page's fenced blocks are examples when their language is ``console`` (``$ `` lines are commands, the lines after one
+are the output the page shows), ``bash`` / ``sh`` (a script) or ``python`` (run, or a doctest with ``>>>``). A block
+that cannot run here carries a marker on the line before it, with its reason, which the test reports as a skip::
+
+    <!-- skip: next "needs a Neuron device" -->
+
+Shown output is compared after normalising what differs between runs and machines (keys and other hex runs, numbers,
+times, absolute paths, spacing, the width of table rules); ``...`` in a shown line matches anything. A JSON object
+shown is compared by its keys, at every depth where the page shows a dict. A block whose output is machine-specific
+says so with ``<!-- output: not compared "reason" -->`` on the line before it (the commands still run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sybil import Example, Sybil
+from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
+
+REPO = Path(__file__).resolve().parents[2]
+_NOT_COMPARED = re.compile(r'<!--\s*output:\s*not compared\s+"([^"]+)"\s*-->\s*$')
+# what differs between runs and machines, normalised away before comparing (numbers included: a figure the page
+# shows stands for the shape of the line, not its value)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z?")
+_HEX = re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,}\b")
+_PATH = re.compile(r"(?<![\w.])(?:/[^\s/\"',:()]+)+/?")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_RULE = re.compile(r"([━─═])\1+")
+
+
+_DONE = "__neuronpack_doc_step_done__"
+_MEMOISED = ("neuronpack import-gguf ", "neuronpack compile ", "neuronpack quantize ")
+
+
+@dataclass
+class Workspace:
+    """Where the pages' commands run: one bash process per page in the workspace directory (so a variable or `cd` of
+    one command holds for the next, as in a reader's shell), the environment, and the session's command memo."""
+
+    cwd: Path
+    env: dict[str, str]
+    memo: dict[str, tuple[int, str]] = field(default_factory=dict)
+    shells: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _lines: dict[str, queue.Queue] = field(default_factory=dict)
+
+    def run(self, command: str, page: str = "", timeout: float = 600) -> tuple[int, str]:
+        """One command in the page's shell: (exit code, stdout and stderr merged in order). An import, compile or
+        quantize already run in the session is answered from the memo (the pages share the first import of SmolLM2
+        and its compile, as a reader's one shell would: the same inputs give the same result); every other command,
+        an assignment, `cd` or a check such as `verify`, always runs."""
+        memoisable = command.startswith(_MEMOISED)
+        if memoisable and command in self.memo:
+            return self.memo[command]
+        shell = self.shells.get(page)
+        if shell is None:
+            shell = self.shells[page] = subprocess.Popen(
+                ["bash", "--noprofile", "--norc"], cwd=self.cwd, env=self.env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+            # a thread reads the shell's output into a queue: a timeout without select() on a buffered pipe
+            self._lines[page] = queue.Queue()
+            threading.Thread(target=_pump, args=(shell.stdout, self._lines[page]), daemon=True).start()
+        # the exit code is kept for the page's next command (`echo $?`)
+        # stdin is /dev/null: the shell reads its commands from its own stdin, which a command must not consume
+        shell.stdin.write(f"{{ {command}\n}} </dev/null\n__np_rc=$?; echo; echo {_DONE} $__np_rc; (exit $__np_rc)\n")
+        shell.stdin.flush()
+        lines, deadline = [], time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines[page].get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"`{command}` ran over {timeout} s") from None
+            if line is None:
+                raise AssertionError(f"the shell ended during `{command}`:\n{''.join(lines)}")
+            if line.startswith(_DONE):
+                break
+            lines.append(line)
+        output = "".join(lines)[:-1]  # less the newline echoed before the marker (it ends an unfinished last line)
+        result = (int(line.split()[1]), output)
+        if memoisable:
+            self.memo[command] = result
+        return result
+
+    def close(self) -> None:
+        for shell in self.shells.values():
+            shell.stdin.close()
+            shell.wait(timeout=30)
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def normalise(line: str) -> str:
+    line = _ANSI.sub("", line)
+    line = _TIMESTAMP.sub("T", line)
+    line = _HEX.sub("H", line)
+    line = _PATH.sub("P", line)
+    line = _NUMBER.sub("N", line)
+    line = _RULE.sub(r"\1", line)
+    return " ".join(line.split())
+
+
+def _line_pattern(shown: str) -> re.Pattern:
+    return re.compile(".*".join(re.escape(part) for part in normalise(shown).split("...")))
+
+
+def compare_text(shown: list[str], actual: str) -> str | None:
+    """None when every shown line (normalised) matches an actual line, in order; else what is missing."""
+    lines = [normalise(a) for a in actual.splitlines()]
+    position = 0
+    for text in shown:
+        if not text.strip():
+            continue
+        pattern = _line_pattern(text)
+        found = next((i for i in range(position, len(lines)) if pattern.fullmatch(lines[i])), None)
+        if found is None:
+            return f"the page shows {text.strip()!r} (normalised {normalise(text)!r}); not in the output"
+        position = found + 1
+    return None
+
+
+def _shown_json(shown: list[str]) -> object | None:
+    text = "\n".join(shown).strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def compare_keys(shown: object, actual: object, where: str = "") -> str | None:
+    """None when every dict the page shows has exactly the keys of the actual one, at every depth it shows."""
+    if isinstance(shown, dict):
+        if not isinstance(actual, dict):
+            return f"{where or 'the object'}: the page shows an object, the command gives {type(actual).__name__}"
+        if set(shown) != set(actual):
+            return (f"{where or 'the object'}: keys the page shows but the command does not give: "
+                    f"{sorted(set(shown) - set(actual))}; given but not shown: {sorted(set(actual) - set(shown))}")
+        for key, value in shown.items():
+            problem = compare_keys(value, actual[key], f"{where}.{key}")
+            if problem:
+                return problem
+    return None
+
+
+def _last_json_object(output: str) -> object | None:
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def split_console(source: str) -> list[tuple[str, list[str]]]:
+    """A console block as (command, the output lines shown after it); ``\\`` continues a command."""
+    steps: list[tuple[str, list[str]]] = []
+    pending: str | None = None
+    for line in source.splitlines():
+        if pending is not None:
+            pending += "\n" + line
+            if not line.endswith("\\"):
+                steps.append((pending, []))
+                pending = None
+        elif line.startswith("$ "):
+            if line.endswith("\\"):
+                pending = line[2:]
+            else:
+                steps.append((line[2:], []))
+        elif steps:
+            steps[-1][1].append(line)
+    return steps
+
+
+def _not_compared_reason(example: Example) -> str | None:
+    before = example.document.text[: example.start].rstrip("\n").rsplit("\n", 1)[-1]
+    match = _NOT_COMPARED.search(before)
+    return match.group(1) if match else None
+
+
+def evaluate_console(example: Example) -> None:
+    workspace: Workspace = example.namespace["workspace"]
+    compare = _not_compared_reason(example) is None
+    for command, shown in split_console(example.parsed):
+        returncode, output = workspace.run(command, example.path)
+        expect_error = bool(shown) and shown[0].startswith("error:")
+        where = f"{example.path}:{example.line}: `{command}`"
+        if (returncode != 0) != expect_error:
+            raise AssertionError(f"{where} exited {returncode}:\n{output[-3000:]}")
+        if not compare or not shown:
+            continue
+        page_json = _shown_json(shown)
+        if page_json is not None:
+            problem = compare_keys(page_json, _last_json_object(output))
+        else:
+            problem = compare_text(shown, output)
+        if problem:
+            raise AssertionError(f"{where}: {problem}\n--- output ---\n{output[-3000:]}")
+
+
+def evaluate_script(example: Example) -> None:
+    workspace: Workspace = example.namespace["workspace"]
+    returncode, output = workspace.run(example.parsed, example.path)
+    if returncode != 0:
+        raise AssertionError(f"{example.path}:{example.line} exited {returncode}:\n{output[-3000:]}")
+
+
+def _fail_unmarked(example: Example) -> None:
+    raise AssertionError(f"{example.path}:{example.line}: a {example.region.lexemes.get('arguments')} block is not run "
+                         "here: mark it <!-- skip: next \"reason\" --> or make it a console / python example")
+
+
+SYBIL = Sybil(parsers=[
+    SkipParser(),
+    PythonCodeBlockParser(),
+    CodeBlockParser("console", evaluate_console),
+    CodeBlockParser("bash", evaluate_script),
+    CodeBlockParser("sh", evaluate_script),
+])
+
+
+def page_examples(page: Path) -> list[Example]:
+    """The examples of one page in order (skip markers included: they must be evaluated to take effect)."""
+    return list(SYBIL.parse(page))
+
+
+def command_env(cache_dir: Path) -> dict[str, str]:
+    """What a reader's shell has after `make install`: the venv's bin on PATH, this checkout importable."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update({"NEURONPACK_CACHE_DIR": str(cache_dir), "COLUMNS": "120", "HF_HUB_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false", "NO_COLOR": "1"})
+    for name in ("NEURON_COMPILED_ARTIFACTS", "NEURONPACK_FRAMEWORK", "VLLM_NEURON_FRAMEWORK",
+                 "NEURONPACK_ARTIFACTS_ROOT", "NEURONPACK_REMOTE"):
+        env.pop(name, None)
+    return env
