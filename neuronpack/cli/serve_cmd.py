@@ -324,13 +324,11 @@ def _launch_plugin(path: Path, manifest: Manifest, *, host: str, port: int, api_
                    output_format: OutputFormat, weights: str | None, tool_call_parser: str | None) -> None:
     """A vneuron artifact: the SDK 2.31+ plugin's ``vllm serve`` with the compiled arguments (the artifact and this
     machine's versions were verified against the manifest on the way here)."""
-    from neuronpack.backends.vllm.launch import VllmCommand, run_vllm
+    from neuronpack.backends.vllm.launch import run_vllm
     from neuronpack.backends.vneuron.launch import plugin_serve_command
 
-    cmd = plugin_serve_command(path, manifest, host=host, port=port, api_key=api_key, weights=weights)
-    if tool_call_parser:
-        cmd = VllmCommand([*cmd.argv, "--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser], cmd.env,
-                          cmd.cwd, cmd.notes, cmd.target)
+    cmd = plugin_serve_command(path, manifest, host=host, port=port, api_key=api_key, weights=weights,
+                               tool_call_parser=tool_call_parser)
     if print_only:
         _show_vllm_command(cmd, cmd.notes, output_format)
         return

@@ -282,3 +282,8 @@ def test_the_built_in_runtimes_options_and_other_targets_are_refused_for_a_vneur
     assert out.returncode == 1
     [line] = error_lines(out.stderr)
     assert flags[0] in line or "served by vLLM" in line
+
+
+def test_a_tool_call_parser_is_passed_to_the_plugins_vllm(built, tmp_path):
+    argv = print_command(built["llama"]["artifact"], plugin_env(tmp_path), "--tool-call-parser", "hermes")["argv"]
+    assert argv[-3:] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]

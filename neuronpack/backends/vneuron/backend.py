@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.neuron.common import read_model_config
-from neuronpack.backends.neuron.packages import probe_package, versions_of
+from neuronpack.backends.neuron.packages import probe_package, sdk_availability, versions_of
 from neuronpack.backends.vneuron.cache import CACHE_DIR, check_packaged, package_entries
 from neuronpack.backends.vneuron.config import plugin_config, recipe_lnc, vneuron_instance
 from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
@@ -56,17 +56,14 @@ class VneuronBackend:
     def availability(self) -> Availability:
         from neuronpack.backends.neuron.support_matrix import is_new_plugin
 
-        plugin = probe_package("vllm_neuron", "vllm-neuron")
-        if not plugin.ok:
-            return Availability(False, plugin.reason)
+        available = sdk_availability("vllm_neuron")  # the plugin imports and the Neuron compiler is there
+        if not available.ok:
+            return available
+        plugin, vllm = probe_package("vllm_neuron"), probe_package("vllm")
         if not is_new_plugin(plugin.version):
             return Availability(False, f"vllm-neuron {plugin.version} is the classic NxDI plugin, not the SDK 2.31+ "
                                        "one (0.21 / 0.24)")
-        for module, dist in (("vllm", "vllm"), ("neuronxcc", "neuronx-cc")):
-            status = probe_package(module, dist)
-            if not status.ok:
-                return Availability(False, status.reason)
-        return Availability(True, plugin.reason)
+        return available if vllm.ok else Availability(False, vllm.reason)
 
     def versions(self) -> dict[str, str]:
         return versions_of(VNEURON_DISTS)

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -78,12 +79,8 @@ class PluginConfig:
                 "--additional-config", json.dumps({"neuron_config": self.neuron_config}, sort_keys=True)]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"instance": self.instance, "lnc": self.lnc, "tensor_parallel_size": self.tensor_parallel_size,
-                "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len,
-                "max_num_batched_tokens": self.max_num_batched_tokens, "block_size": self.block_size,
-                "num_gpu_blocks": self.num_gpu_blocks, "dtype": self.dtype,
-                "optimization_level": self.optimization_level, "neuron_config": self.neuron_config,
-                "compile_timeout": self.compile_timeout, "env": self.env, "vllm_flags": self.vllm_flags()}
+        """Every field, plus what both starts derive from them (``env``, ``vllm_flags``) for the manifest."""
+        return {**dataclasses.asdict(self), "env": self.env, "vllm_flags": self.vllm_flags()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PluginConfig:

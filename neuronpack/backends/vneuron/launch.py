@@ -54,9 +54,10 @@ def serve_env(artifact_dir: Path, config: PluginConfig, cache_base: Path) -> dic
 
 def plugin_serve_command(artifact_dir: Path, manifest: Manifest, *, host: str = "127.0.0.1", port: int = 8000,
                          api_key: str | None = None, python: str = sys.executable, weights: str | None = None,
-                         cache_base: Path | None = None) -> VllmCommand:
+                         cache_base: Path | None = None, tool_call_parser: str | None = None) -> VllmCommand:
     """The pod's vLLM command for a vneuron artifact. ``weights``: where vLLM reads the model here (default: what it
-    was compiled from); a local directory must be the compiled checkpoint (config and tensors)."""
+    was compiled from); a local directory must be the compiled checkpoint (config and tensors).
+    ``tool_call_parser``: vLLM's ``--enable-auto-tool-choice --tool-call-parser NAME``, passed through."""
     if manifest.framework != TARGET:
         raise ServeError(f"this is a {manifest.framework} artifact, not a vneuron one", where=str(artifact_dir),
                          fix="serve it with `neuronpack serve` without forcing the vneuron path")
@@ -70,6 +71,8 @@ def plugin_serve_command(artifact_dir: Path, manifest: Manifest, *, host: str = 
     if api_key:
         argv += ["--api-key", api_key]
     argv += config.vllm_flags()
+    if tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     base = cache_base or default_cache_base(manifest.key)
     notes.append(f"the plugin's local cache root is {plugin_cache_root(base)}; every graph is fetched from the "
                  "artifact, and a missing one stops the server at start (VLLM_NEURON_ASSERT_CACHE_HIT)")
@@ -80,13 +83,11 @@ def _weights(artifact_dir: Path, manifest: Manifest, weights: str | None) -> tup
     """(--model, --revision, notes): a local checkpoint (checked against the compiled one) or a hub id."""
     from neuronpack.checkpoint.hub import split_hub_id
 
-    local = [Path(w).expanduser().absolute() for w in (weights, manifest.model.path) if w]
-    if weights is None and manifest.model.path and not Path(manifest.model.path).is_dir():
-        local = []  # the build box's path is not on this machine: try the recipe's hub id
-    for path in local[:1]:
-        if path.is_dir():
-            check_weights(path, manifest)
-            return str(path), None, []
+    given = weights or manifest.model.path  # the build box's path, when it is on this machine too
+    if given and Path(given).expanduser().is_dir():
+        path = Path(given).expanduser().absolute()
+        check_weights(path, manifest)
+        return str(path), None, []
     hub = split_hub_id(weights or manifest.serve.model_source or "")
     if hub is None:
         raise ServeError("the checkpoint this artifact was compiled from is not on this machine",
