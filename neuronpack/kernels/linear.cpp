@@ -13,7 +13,8 @@
 // Threads (torch's OpenMP team) split the weight rows.
 // Measured in docs/portable-backend.md (bench/linears.py).
 //
-// More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs. Built for torch's CPU
+// More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs; for int8 weights and
+// float32 x, int8_gemm.cpp's integer GEMMs. Built for torch's CPU
 // capability by neuronpack/kernels/__init__.py; registered as torch.ops.neuronpack.linear / linear_int8.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -485,12 +486,32 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& weight, const std::o
 #endif
 }
 
+// More rows than the kernel takes, float32 x against a plain int8 [N, K] weight: int8_gemm.cpp's integer GEMMs.
+// (bfloat16 x keeps at::linear: its bfloat16 GEMM runs as fast, at bfloat16's precision, which x already has.)
+bool many_int8_rows(const at::Tensor& x, const at::Tensor& weight) {
+  const int64_t K = x.size(-1);
+  return x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == at::kFloat &&
+         weight.scalar_type() == at::kChar && weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == K &&
+         K > 0 && x.numel() / K > kMaxRows;
+}
+
 // Weight-only int8: (x @ weight.T) * scale + bias in float32, then x's dtype. scale: [N, 1], [N] or [1].
 at::Tensor linear_int8(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& scale,
                        const std::optional<at::Tensor>& bias) {
   const int64_t N = weight.size(0);
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (many_int8_rows(x_in, weight) && (!has_bias || bias->scalar_type() == at::kFloat)) {
+    // a prefill: integer GEMMs (int8_gemm.cpp), unless x holds an inf or a NaN
+    const at::Tensor x = x_in.contiguous();
+    const at::Tensor s = scale.to(at::kFloat).contiguous();
+    const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
+    at::Tensor y = at::empty(out_sizes(x, N), x.options());
+    if (int8_gemm(x.data_ptr<float>(), x.numel() / x.size(-1), x.size(-1), weight, s.data_ptr<float>(), s.numel(),
+                  has_bias ? b.data_ptr<float>() : nullptr, y.data_ptr<float>()))
+      return y;
+  }
   if (!kernel_applies(x_in, weight) || weight.scalar_type() != at::kChar ||
-      (bias.has_value() && bias->defined() && bias->scalar_type() != x_in.scalar_type())) {
+      (has_bias && bias->scalar_type() != x_in.scalar_type())) {
     // int8 values are exact in any float dtype: only the matmul's accumulation rounds
     at::Tensor y = at::linear(x_in.reshape({-1, x_in.size(-1)}), weight.to(x_in.scalar_type())).to(at::kFloat);
     y = y.mul_(scale.reshape({1, -1}).to(at::kFloat));

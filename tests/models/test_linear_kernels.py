@@ -36,11 +36,17 @@ def _int8_error_ok(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, scale: tor
                    ref: torch.Tensor, dot_products: str, float_error: float = 1e-5) -> bool:
     """Whether y is ``ref`` to within float rounding (``float_error`` of ``magnitude``) plus, where 2-16 rows of x go
     through int8_rows.cpp (dot products on a CPU with AVX512_VNNI), the rounding of each row of x to int16:
-    max|x[m]| * 2^-16 per element, times sum|w[n]| * scale[n]."""
+    max|x[m]| * 2^-16 per element, times sum|w[n]| * scale[n]; more float32 rows (int8_gemm.cpp's two int8 rows per
+    row of x) to max|x[m]| / 64516."""
     bound = float_error * magnitude
     rows = x.reshape(-1, x.shape[-1])
+    step = None
     if dot_products != "widening" and 2 <= rows.shape[0] <= 16 and torch.backends.cpu.get_cpu_capability() != "AVX2":
-        x_step = rows.float().abs().amax(-1, keepdim=True) * 2.0 ** -16
+        step = 2.0 ** -16
+    if rows.shape[0] > 16 and x.dtype == torch.float32:  # int8_gemm.cpp: two int8 rows per row of x
+        step = 1 / 64516
+    if step is not None:
+        x_step = rows.float().abs().amax(-1, keepdim=True) * step
         bound = bound + x_step * (w.float().abs().sum(-1) * scale.reshape(-1)).reshape(1, -1) * 1.001
     return bool(((y.float() - ref).abs() <= bound.reshape(ref.shape)).all())
 
@@ -186,6 +192,63 @@ def test_int8_rows_round_x_to_int16_per_row(dot_products, k):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("k", [1, 63, 576, 1536])
+def test_int8_many_rows_run_integer_gemms(k):
+    """More than 16 float32 rows (a prefill) against int8 weights: torch's integer GEMM on two int8 rows per row of
+    x (int8_gemm.cpp), each row to within max|x[m]| / 64516 per element whatever the other rows hold, per-tensor and
+    per-channel scales, a bias, over threads; zeros give zeros; a row holding an inf or a NaN makes the call take the
+    float path (NaN where the float reference has it)."""
+    gen = torch.Generator().manual_seed(k)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for rows in (17, 41, 100):
+            for n, per_tensor in ((1, False), (7, True), (64, False)):
+                w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+                scale = torch.rand(1 if per_tensor else n, 1, generator=gen) / 50
+                b = torch.randn(n, generator=gen)
+                x = torch.randn(rows, k, generator=gen)
+                x[0] *= 1e4
+                x[1] *= 1e-6
+                x[-1, k // 2] = 500.0
+                ref = (x.double() @ w.double().T * scale.double().reshape(1, -1) + b.double()).float()
+                magnitude = (x.abs() @ w.float().abs().T) * scale.reshape(1, -1) + b.abs()
+                y = torch.ops.neuronpack.linear_int8(x, w, scale, b)
+                assert y.shape == (rows, n) and y.dtype == torch.float32
+                assert _int8_error_ok(y, x, w, scale, magnitude, ref, "dot products")
+                assert (torch.ops.neuronpack.linear_int8(torch.zeros(rows, k), w, scale) == 0).all()
+        x = torch.randn(20, k, generator=gen)
+        x[2, k - 1] = float("nan")
+        x[3, 0] = float("inf")
+        y = torch.ops.neuronpack.linear_int8(x, w, scale)
+        ref = (x @ w.float().T) * scale.reshape(1, -1)
+        assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_int8_many_rows_keep_two_int8_digits_of_x():
+    """The integer path is the one taken, and it keeps what two int8 digits of a row hold: x = [1, 1e-3, 1e-7]
+    against w = [127, 127, 127] loses the 1e-7 (below 1 / 64516 of the row's largest value), float32 keeps it."""
+    x = torch.tensor([[1.0, 1e-3, 1e-7]]).repeat(17, 1)
+    w = torch.full((1, 3), 127, dtype=torch.int8)
+    y = torch.ops.neuronpack.linear_int8(x, w, torch.ones(1, 1))
+    torch.testing.assert_close(y, torch.full((17, 1), 127 * (1 + 1e-3)), rtol=1e-7, atol=0)
+    few = torch.ops.neuronpack.linear_int8(x[:1], w, torch.ones(1, 1))  # one row: float32 (int8_row.cpp)
+    torch.testing.assert_close(few, torch.full((1, 1), 127 * (1 + 1e-3 + 1e-7)), rtol=1e-7, atol=0)
+
+
+def test_int8_many_rows_of_a_very_long_k_take_the_float_path():
+    """Past 131072 products an int32 sum could overflow: the float path runs (float32's rounding)."""
+    k = 131073
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(17, k, generator=gen)
+    w = torch.full((2, k), 127, dtype=torch.int8)
+    y = torch.ops.neuronpack.linear_int8(x, w, torch.ones(2, 1))
+    ref = x.double() @ w.double().T
+    assert _relative_error(y, ref.float(), x.abs() @ w.float().abs().T) < 1e-5
+
+
 def test_leading_dims_threads_and_large_shapes():
     """[b, T, in] inputs, SmolLM2-sized weights, and two threads splitting the weight rows give F.linear's result."""
     gen = torch.Generator().manual_seed(0)
@@ -230,7 +293,8 @@ def test_model_on_kernels_matches_transformers(make_checkpoint, dtype):
 
 def test_int8_model_on_kernels_matches_its_reference(make_checkpoint):
     """3 rows: float32's rounding on the widening kernel; with the int16 rows of x (int8_rows.cpp) each layer's
-    inputs carry 2^-16 of their largest element more, which the logits show as ~1e-4 of their range."""
+    inputs carry 2^-16 of their largest element more, which the logits show as ~1e-4 of their range; so do a
+    prefill's 40 rows (int8_gemm.cpp)."""
     from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
 
     path = make_checkpoint("llama")
@@ -250,6 +314,14 @@ def test_int8_model_on_kernels_matches_its_reference(make_checkpoint):
         int16 = model.forward_full(tokens)
         torch.testing.assert_close(int16, reference, atol=2e-3, rtol=1e-3)
         assert torch.equal(int16.argmax(-1), reference.argmax(-1))
+        # a prefill of 40 tokens: int8_gemm.cpp's two int8 rows per row of x, the same precision
+        prompt = torch.randint(0, 384, (1, 40), generator=torch.Generator().manual_seed(3))
+        prefill = model.forward_full(prompt)
+        for m in model.modules():
+            m.kernel = False
+        prefill_reference = model.forward_full(prompt)
+        torch.testing.assert_close(prefill, prefill_reference, atol=2e-3, rtol=1e-3)
+        assert torch.equal(prefill.argmax(-1), prefill_reference.argmax(-1))
 
 
 def test_the_library_is_built_once_per_machine():

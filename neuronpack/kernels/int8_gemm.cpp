@@ -1,0 +1,101 @@
+// Many rows of float32 x (a prefill) against int8 weights (NxD Inference's weight-only format) as integer GEMMs:
+// torch's at::_int_mm (oneDNN's int8 matmul, AVX512_VNNI / AMX where the CPU has them) multiplies 4 int8 pairs per
+// lane where a float32 GEMM multiplies 1, so it runs ~4x float32's rate (SmolLM2's layer shapes, 1 thread, Zen 4:
+// ~380 against ~95 GOP/s, bench/linears.py); the old path also converted every weight to float32 on each call.
+//
+// Precision: each row of x is written as two int8 rows, x[m] ~ s1 * q1 + s2 * q2: q1 = round(x[m] / s1) with
+// s1 = max|x[m]| / 127, and q2 the same of the remainder x[m] - s1 * q1 (at most s1 / 2, so s2 <= s1 / 254). Each
+// element then carries an error of at most max|x[m]| / 64516 (~2^-16), the bound of int8_rows.cpp's int16 rounding
+// for 2-16 rows: a prompt's KV comes out as its decode steps' would. One int8 row alone (vLLM's W8A8 per-token)
+// raises SmolLM2's mean KL to the float model ten times over; two cost one GEMM of 2M rows, ~2x float32's rate.
+// The integer sums are exact (int32: |q| * |w| <= 127 * 127 per product, kMaxK products).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "int8_row.h"
+
+namespace {
+
+// Below 2^31 / 127^2 products per sum the int32 sums cannot overflow.
+constexpr int64_t kMaxK = 131072;
+
+// Round to the nearest integer (ties to even) for |v| < 2^22, in plain arithmetic the compiler vectorises
+// (std::nearbyint is a library call per element here). The reductions below are ``omp simd`` so that they vectorise
+// without -ffast-math.
+inline float round_even(float v) {
+  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+// q [2M, K]: the rows of q1 then those of q2; s1, s2 [M]. False if x holds an inf or a NaN.
+bool split_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* s1, float* s2) {
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> rest(K);
+    for (int64_t m = begin; m < end; ++m) {
+      const float* row = x + m * K;
+      float top = 0.f, probe = 0.f;
+#pragma omp simd reduction(max : top) reduction(+ : probe)
+      for (int64_t k = 0; k < K; ++k) {
+        top = std::max(top, std::fabs(row[k]));
+        probe += row[k] * 0.f;  // an inf or a NaN makes it a NaN
+      }
+      if (probe != 0.f) {
+        finite = false;
+        return;
+      }
+      const float a = top / 127.f, inv_a = top > 0.f ? 127.f / top : 0.f;
+      int8_t* q1 = q + m * K;
+      float far = 0.f;
+#pragma omp simd reduction(max : far)
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = round_even(row[k] * inv_a);  // |v| <= 127
+        q1[k] = static_cast<int8_t>(v);
+        rest[k] = row[k] - v * a;
+        far = std::max(far, std::fabs(rest[k]));
+      }
+      const float b = far / 127.f, inv_b = far > 0.f ? 127.f / far : 0.f;
+      int8_t* q2 = q + (M + m) * K;
+      for (int64_t k = 0; k < K; ++k) q2[k] = static_cast<int8_t>(round_even(rest[k] * inv_b));
+      s1[m] = a;
+      s2[m] = b;
+    }
+  });
+  return finite;
+}
+
+}  // namespace
+
+bool int8_gemm(const float* x, int64_t M, int64_t K, const at::Tensor& weight, const float* scale, int64_t scale_n,
+               const float* bias, float* out) {
+  // K = 1: torch 2.13's at::_int_mm gives wrong sums for the [1, N] view weight.t() is then (strides 1, 1)
+  if (K > kMaxK || K < 2) return false;
+  const int64_t N = weight.size(0);
+  at::Tensor q = at::empty({2 * M, K}, at::TensorOptions().dtype(at::kChar));
+  std::vector<float> s1(M), s2(M);
+  if (!split_rows(x, M, K, q.data_ptr<int8_t>(), s1.data(), s2.data())) return false;
+  const at::Tensor sums = at::_int_mm(q, weight.t());  // [2M, N] int32, exact
+  const int32_t* acc = sums.data_ptr<int32_t>();
+  at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const int32_t* a1 = acc + m * N;
+      const int32_t* a2 = acc + (M + m) * N;
+      const float u = s1[m], v = s2[m];
+      float* y = out + m * N;
+      if (scale_n == 1) {
+        for (int64_t n = 0; n < N; ++n) y[n] = (static_cast<float>(a1[n]) * u + static_cast<float>(a2[n]) * v) * scale[0];
+      } else {
+        for (int64_t n = 0; n < N; ++n) y[n] = (static_cast<float>(a1[n]) * u + static_cast<float>(a2[n]) * v) * scale[n];
+      }
+      if (bias)
+        for (int64_t n = 0; n < N; ++n) y[n] += bias[n];
+    }
+  });
+  return true;
+}
