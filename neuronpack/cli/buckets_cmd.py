@@ -55,8 +55,8 @@ def buckets_command(
 
     table = Table(title=f"bucket plan (seq_len {plan.seq_len}, max_context_length {plan.max_context_length})")
     table.add_column("kind")
-    table.add_column("buckets")
-    table.add_column("graphs", justify="right")
+    table.add_column("buckets", overflow="fold")  # wraps between buckets; a bucket size is never cut
+    table.add_column("graphs", justify="right", no_wrap=True)
     table.add_row("context encoding", ", ".join(map(str, plan.context)), str(len(plan.context)))
     table.add_row("token generation", ", ".join(map(str, plan.token_generation)), str(len(plan.token_generation)))
     print_result(output_format, plan.to_dict(), table)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, stderr
+from neuronpack.cli._console import OutputFormat, RichReporter, cell, print_result, print_table, stderr
 from neuronpack.cli._options import FormatOpt, ProgressOpt, QuietOpt, check_plain_text
 from neuronpack.cli._progress import ProgressMode, human_bytes
 
@@ -79,17 +79,17 @@ def _print_table(report: dict[str, Any]) -> None:
     if len(shown) < len(rows):
         title += f", {len(shown)} worst shown"
     table = Table(title=title, title_justify="left")
-    table.add_column("tensor")
-    table.add_column("shape", justify="right")
-    table.add_column("rel. error", justify="right")
-    table.add_column("SNR dB", justify="right")
+    # a long tensor name (an MoE expert's) folds onto the next line; the figures are never cut
+    table.add_column("tensor", overflow="fold")
+    for name in ("shape", "rel. error", "SNR dB"):
+        table.add_column(name, justify="right", no_wrap=True)
     for row in shown:
         table.add_row(cell(row["name"]), "x".join(map(str, row["shape"])), f"{row['relative_error']:.5f}",
                       _snr(row["snr_db"]))
     model = report["model"]
     table.add_section()
     table.add_row("whole model", "", f"{model['relative_error']:.5f}", _snr(model["snr_db"]), style="bold")
-    stderr.print(table)
+    print_table(stderr, table)
     size = f"weights {human_bytes(model['input_bytes'])} -> {human_bytes(model['output_bytes'])}"
     kept = ", ".join(report["modules_to_not_convert"]) or "none"  # printed with markup off
     stderr.print(f"{size}; left unquantized (modules_to_not_convert): {kept}", markup=False, soft_wrap=True)

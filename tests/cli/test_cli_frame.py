@@ -65,6 +65,24 @@ def test_buckets_table_and_json():
                                          "max_context_length": 512, "seq_len": 1024}
 
 
+def test_buckets_at_80_columns_wraps_between_buckets_never_inside_one():
+    args = ["buckets", "--seq-len", "1048576", "--max-context-length", "1048576"]
+    table = CliRunner(env={"COLUMNS": "80"}).invoke(app, args)
+    plan = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    assert table.exit_code == 0 and "…" not in table.stdout
+    lines = [line for line in table.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert max(map(len, lines)) <= 80 and len(lines) > 7  # the bucket lists wrapped
+    rows: list[list[str]] = []  # kind, buckets, graphs; a wrapped row's lines joined
+    for line in lines:
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells and cells[0]:
+            rows.append(cells)
+        elif cells:
+            rows[-1][1] += " " + cells[1]
+    for (kind, buckets, graphs), key in zip(rows, ("context", "token_generation"), strict=True):
+        assert [int(b) for b in buckets.split(", ")] == plan[key] and int(graphs) == len(plan[key]), kind
+
+
 def test_user_error_is_one_line_exit_1_no_traceback():
     result = runner.invoke(app, ["buckets", "--seq-len", "100", "--context", "200"])
     assert result.exit_code == 1

@@ -75,3 +75,20 @@ def test_doctor_does_not_import_torch():
             "r = CliRunner().invoke(app, ['doctor', '--format', 'json']); print(r.exit_code)")
     out, torch_imported = run_fresh(code)
     assert out == "0" and not torch_imported
+
+
+def test_at_80_columns_no_item_or_version_is_cut(nxd_sdk):
+    """With the stand-in SDK installed (versions in the state column) and a long variable set, at 80 columns."""
+    env = {"COLUMNS": "80", "NEURONPACK_ARTIFACTS_ROOT": "/srv/neuronpack/a/deep/artifacts/root/on/a/shared/volume"}
+    result = CliRunner().invoke(app, ["doctor"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    table = [line for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert max(map(len, table)) <= 80
+    states = {cells[0]: cells[1] for line in table
+              if len(cells := [c.strip() for c in line.split("│")[1:-1]]) == 3 and cells[0]}
+    report = _json(env)
+    for pkg in report["packages"]:
+        assert states[pkg["dist"]] == (f"ok {pkg['version']}" if pkg["state"] == "ok" else pkg["state"])
+    assert states["python"] == report["python"]["version"] and states["torch"] == report["torch"]
+    assert states["$NEURONPACK_ARTIFACTS_ROOT"] == "set"

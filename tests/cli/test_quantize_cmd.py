@@ -119,3 +119,51 @@ def test_nonfinite_checkpoint_is_one_line_exit_1_and_leaves_nothing(run, tiny_ll
                      f"cannot represent it ({bad}). the checkpoint is corrupt (a diverged run or a bad conversion); "
                      "repair or re-export the weights"]
     assert "Traceback" not in result.output and list(out.parent.iterdir()) == []
+
+
+
+def _moe_checkpoint(tiny_llama, out):
+    """tiny_llama with its MLPs named as a Mixtral checkpoint names them on disk (block_sparse_moe.experts.E.w1/w2/w3,
+    two experts): the longest Linear names of a model NxDI serves."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_llama, out)
+    tensors = load_file(out / "model.safetensors")
+    expert_name = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+    for name in [n for n in tensors if ".mlp." in n]:
+        layer, proj = name.removesuffix(".weight").split(".mlp.")
+        weight = tensors.pop(name)
+        for expert in range(2):
+            tensors[f"{layer}.block_sparse_moe.experts.{expert}.{expert_name[proj]}.weight"] = weight.clone()
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The body rows of a rich table as cell texts, a label folded over several lines joined back."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if not cells:
+            continue
+        if rows and not any(cells[1:]):  # the rest of a folded label
+            rows[-1][0] += cells[0]
+        else:
+            rows.append(cells)
+    return rows
+
+
+def test_at_80_columns_no_tensor_name_or_figure_is_cut(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    moe = _moe_checkpoint(tiny_llama, tmp_path / "moe")
+    result = CliRunner().invoke(app, ["quantize", str(moe), "--out", str(tmp_path / "q"), "--dtype", "int8"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stderr  # rich cut "model.layers.1.block_sparse_moe.experts.0.w…" here
+    assert max(len(line) for line in result.stderr.splitlines() if line[:1] in "┏┃┡│├└") <= 80
+    report = json.loads((tmp_path / "q" / "quantization_report.json").read_text())
+    shown = {row[0]: row[1:] for row in _table_rows(result.stderr)}
+    for tensor in report["tensors"]:
+        assert shown[tensor["name"]] == ["x".join(map(str, tensor["shape"])), f"{tensor['relative_error']:.5f}",
+                                         f"{tensor['snr_db']:.1f}"]

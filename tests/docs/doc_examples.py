@@ -94,6 +94,7 @@ class Workspace:
 
     def close(self) -> None:
         for shell in self.shells.values():
+            shell.stdin.write("kill $(jobs -p) 2>/dev/null\n")  # a server the page started and, failing, did not stop
             shell.stdin.close()
             shell.wait(timeout=30)
 
@@ -199,7 +200,7 @@ def evaluate_console(example: Example) -> None:
     compare = _not_compared_reason(example) is None
     for command, shown in split_console(example.parsed):
         returncode, output = workspace.run(command, example.path)
-        expect_error = bool(shown) and shown[0].startswith("error:")
+        expect_error = any(text.startswith("error:") for text in shown)  # after the info lines a failure prints
         where = f"{example.path}:{example.line}: `{command}`"
         if (returncode != 0) != expect_error:
             raise AssertionError(f"{where} exited {returncode}:\n{output[-3000:]}")

@@ -17,6 +17,7 @@ from tests.docs.doc_examples import REPO, Workspace, command_env, page_examples
 # Pages whose every example runs here or is marked with the reason it cannot (the other pages: not yet covered).
 COVERED = ["README.md", "docs/compile.md", "docs/quantize.md", "docs/ci.md", "docs/eval.md", "docs/convert-eagle.md",
            "docs/doctor.md", "docs/recipes.md", "docs/artifacts.md", "docs/buckets.md", "docs/checkpoints.md"]
+COVERED += [f"docs/{name}.md" for name in ("portable-backend", "architecture", "neuron", "import-gguf", "remote")]
 
 
 def _is_skip(example) -> bool:

@@ -103,8 +103,10 @@ def plan_remote_gc(transport: Transport, *, keep: int | None = None,
 
 def _item(item: RemoteKey, kind: str, reason: str) -> RemoteGcItem:
     manifest = [o.path for o in item.objects if o.path.endswith(f"/{MANIFEST_NAME}")]
-    rest = [o.path for o in item.objects if o.path not in manifest]
-    return RemoteGcItem(item.key, kind, sum(o.size for o in item.objects), reason, manifest + rest)
+    rest = [o for o in item.objects if o.path not in manifest]
+    # an artifact's size is its files' (as ls and a local gc count it, the manifest aside); unfinished: every object
+    size = sum(o.size for o in (rest if kind == "artifact" else item.objects))
+    return RemoteGcItem(item.key, kind, size, reason, manifest + [o.path for o in rest])
 
 
 def run_remote_gc(transport: Transport, items: list[RemoteGcItem]) -> None:
