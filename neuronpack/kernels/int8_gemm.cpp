@@ -1,7 +1,8 @@
 // Many rows of float32 x (a prefill) against int8 weights (NxD Inference's weight-only format) as integer GEMMs:
 // torch's at::_int_mm (oneDNN's int8 matmul, AVX512_VNNI / AMX where the CPU has them) multiplies 4 int8 pairs per
 // lane where a float32 GEMM multiplies 1, so it runs ~4x float32's rate (SmolLM2's layer shapes, 1 thread, Zen 4:
-// ~380 against ~95 GOP/s, bench/linears.py); the old path also converted every weight to float32 on each call.
+// ~380 against ~95 GOP/s); the old path also converted every weight to float32 on each call. The prefill's time to
+// first token against llama.cpp's: bench/peers.py, docs/portable-backend.md.
 //
 // Precision: each row of x is written as two int8 rows, x[m] ~ s1 * q1 + s2 * q2: q1 = round(x[m] / s1) with
 // s1 = max|x[m]| / 127, and q2 the same of the remainder x[m] - s1 * q1 (at most s1 / 2, so s2 <= s1 / 254). Each
