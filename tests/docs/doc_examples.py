@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -67,7 +68,7 @@ class Workspace:
         if shell is None:
             shell = self.shells[page] = subprocess.Popen(
                 ["bash", "--noprofile", "--norc"], cwd=self.cwd, env=self.env, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
             # a thread reads the shell's output into a queue: a timeout without select() on a buffered pipe
             self._lines[page] = queue.Queue()
             threading.Thread(target=_pump, args=(shell.stdout, self._lines[page]), daemon=True).start()
@@ -94,8 +95,7 @@ class Workspace:
 
     def close(self) -> None:
         for shell in self.shells.values():
-            shell.stdin.close()
-            shell.wait(timeout=30)
+            end_page_shell(shell)
 
 
 def _pump(stream, lines: queue.Queue) -> None:
@@ -169,17 +169,18 @@ def _last_json_object(output: str) -> object | None:
 
 
 def split_console(source: str) -> list[tuple[str, list[str]]]:
-    """A console block as (command, the output lines shown after it); ``\\`` continues a command."""
+    """A console block as (command, the output lines shown after it); ``\\`` or an open quote continues a command
+    on the next line, as in a reader's shell."""
     steps: list[tuple[str, list[str]]] = []
     pending: str | None = None
     for line in source.splitlines():
         if pending is not None:
             pending += "\n" + line
-            if not line.endswith("\\"):
+            if not line.endswith("\\") and not unclosed_quote(pending):
                 steps.append((pending, []))
                 pending = None
         elif line.startswith("$ "):
-            if line.endswith("\\"):
+            if line.endswith("\\") or unclosed_quote(line[2:]):
                 pending = line[2:]
             else:
                 steps.append((line[2:], []))
@@ -207,7 +208,8 @@ def evaluate_console(example: Example) -> None:
             continue
         page_json = _shown_json(shown)
         if page_json is not None:
-            problem = compare_keys(page_json, _last_json_object(output))
+            actual = _last_json_object(output)
+            problem = compare_keys(page_json, actual) or compare_figures(page_json, actual)
         else:
             problem = compare_text(shown, output)
         if problem:
@@ -251,3 +253,84 @@ def command_env(cache_dir: Path) -> dict[str, str]:
                  "NEURONPACK_ARTIFACTS_ROOT", "NEURONPACK_REMOTE"):
         env.pop(name, None)
     return env
+
+
+
+def end_page_shell(shell: subprocess.Popen, grace: float = 30) -> None:
+    """End a page's shell and whatever it left running (a server it started in the background and did not stop, e.g.
+    after a failed step): the shell leads its own process group, which its background jobs stay in, so SIGTERM to
+    the group reaches them (a server drains and exits 0), and SIGKILL after ``grace`` seconds."""
+    try:
+        shell.stdin.close()
+    except BrokenPipeError:
+        pass
+    try:
+        shell.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # stuck in a command (an unfinished quote, a hung step)
+        pass
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(shell.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            shell.poll()  # reaps the shell itself: a zombie leader would keep the group alive
+            try:
+                os.killpg(shell.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+
+FIGURE_DECIMALS = 4  # what every command rounds a figure to at most (timings, ratios), unless the page shows more
+
+
+def _decimals(value: float) -> int | None:
+    text = repr(value)
+    return None if "e" in text or "." not in text else len(text.split(".")[1].rstrip("0"))
+
+
+def compare_figures(shown: object, actual: object, where: str = "") -> str | None:
+    """None when no float of the output has more than FIGURE_DECIMALS decimals where the page shows a figure
+    rounded to at most that many: an unrounded figure such as ``2.6666666666666665`` is a finding, whatever its
+    value."""
+    if isinstance(shown, dict) and isinstance(actual, dict):
+        pairs = [(f"{where}.{key}", shown[key], actual[key]) for key in shown if key in actual]
+    elif isinstance(shown, list) and isinstance(actual, list):
+        pairs = [(f"{where}[{i}]", a, b) for i, (a, b) in enumerate(zip(shown, actual, strict=False))]
+    elif isinstance(shown, (int, float)) and isinstance(actual, float) and not isinstance(shown, bool):
+        # a page that shows more decimals shows a value sent at full precision (an API's logprob)
+        rounded = (_decimals(float(shown)) or 0) <= FIGURE_DECIMALS
+        digits = _decimals(actual)
+        if rounded and digits is not None and digits > FIGURE_DECIMALS:
+            return f"{where or 'the figure'}: {actual!r} is printed unrounded (the page shows {shown!r})"
+        return None
+    else:
+        return None
+    return next((problem for w, a, b in pairs if (problem := compare_figures(a, b, w))), None)
+
+
+def unclosed_quote(command: str) -> bool:
+    """Whether a shell command ends inside a quote (bash then reads on): '...' escapes nothing, "..." and bare words
+    take a backslash escape, and a ``#`` starting a word comments out the rest of the line."""
+    quote, escaped, comment = None, False, False
+    previous = " "
+    for char in command:
+        if comment:
+            comment = char != "\n"
+        elif escaped:
+            escaped = False
+        elif quote == "'":
+            quote = None if char == "'" else quote
+        elif char == "\\":
+            escaped = True
+        elif quote == '"':
+            quote = None if char == '"' else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and previous.isspace():
+            comment = True
+        previous = char
+    return quote is not None

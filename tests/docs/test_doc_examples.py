@@ -17,6 +17,7 @@ from tests.docs.doc_examples import REPO, Workspace, command_env, page_examples
 # Pages whose every example runs here or is marked with the reason it cannot (the other pages: not yet covered).
 COVERED = ["README.md", "docs/compile.md", "docs/quantize.md", "docs/ci.md", "docs/eval.md", "docs/convert-eagle.md",
            "docs/doctor.md", "docs/recipes.md", "docs/artifacts.md", "docs/buckets.md", "docs/checkpoints.md"]
+COVERED += ["docs/serve.md", "docs/generate.md", "docs/speculation.md", "docs/lora.md", "docs/reliability.md"]
 
 
 def _is_skip(example) -> bool:
@@ -37,7 +38,7 @@ _DOCUMENTS: dict[str, list] = {}
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("docs-workspace")
-    for name in ("recipes", "tests", "tools"):  # the pages run from a checkout
+    for name in ("recipes", "tests", "tools", "bench"):  # the pages run from a checkout
         (cwd / name).symlink_to(REPO / name)
     workspace = Workspace(cwd=cwd, env=command_env(tmp_path_factory.getbasetemp() / "np-cache"))
     # the pages' own first step, run once up front so each page also runs alone (`-k docs/quantize.md`)
