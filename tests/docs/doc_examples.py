@@ -265,7 +265,7 @@ def end_page_shell(shell: subprocess.Popen, grace: float = 30) -> None:
     except BrokenPipeError:
         pass
     try:
-        shell.wait(timeout=5)
+        shell.wait(timeout=2)
     except subprocess.TimeoutExpired:  # stuck in a command (an unfinished quote, a hung step)
         pass
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
