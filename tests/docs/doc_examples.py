@@ -9,11 +9,15 @@ that cannot run here carries a marker on the line before it, with its reason, wh
 Shown output is compared after normalising what differs between runs and machines (keys and other hex runs, numbers,
 times, absolute paths, spacing, the width of table rules); ``...`` in a shown line matches anything. A JSON object
 shown is compared by its keys, at every depth where the page shows a dict. A block whose output is machine-specific
-says so with ``<!-- output: not compared "reason" -->`` on the line before it (the commands still run).
+says so with ``<!-- output: not compared "reason" -->`` on the line before it (the commands still run). A console
+block of output only, right after a Python example, is what that example prints. A page's server runs in the
+background of its shell and is stopped by the page; what a page leaves running ends with the session.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import queue
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sybil import Example, Sybil
+from sybil.evaluators.python import PythonEvaluator
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,6 +47,7 @@ _RULE = re.compile(r"([━─═])\1+")
 
 
 _DONE = "__neuronpack_doc_step_done__"
+_PRINTED = "__neuronpack_python_printed__"
 _MEMOISED = ("neuronpack import-gguf ", "neuronpack compile ", "neuronpack quantize ")
 
 
@@ -198,7 +204,10 @@ def _not_compared_reason(example: Example) -> str | None:
 def evaluate_console(example: Example) -> None:
     workspace: Workspace = example.namespace["workspace"]
     compare = _not_compared_reason(example) is None
-    for command, shown in split_console(example.parsed):
+    steps = split_console(example.parsed)
+    if not steps and compare:  # output only: what the Python example just before it prints
+        return compare_printed(example)
+    for command, shown in steps:
         returncode, output = workspace.run(command, example.path)
         expect_error = bool(shown) and shown[0].startswith("error:")
         where = f"{example.path}:{example.line}: `{command}`"
@@ -228,9 +237,25 @@ def _fail_unmarked(example: Example) -> None:
                          "here: mark it <!-- skip: next \"reason\" --> or make it a console / python example")
 
 
+class PrintingPythonEvaluator(PythonEvaluator):
+    """Runs a Python example and keeps what it printed, for the output-only console block that may follow it."""
+
+    def __call__(self, example: Example) -> None:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            super().__call__(example)
+        example.namespace[_PRINTED] = (example.end, printed.getvalue())
+
+
+class PrintingPythonParser(PythonCodeBlockParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.codeblock_parser = self.codeblock_parser_class("python", PrintingPythonEvaluator())
+
+
 SYBIL = Sybil(parsers=[
     SkipParser(),
-    PythonCodeBlockParser(),
+    PrintingPythonParser(),
     CodeBlockParser("console", evaluate_console),
     CodeBlockParser("bash", evaluate_script),
     CodeBlockParser("sh", evaluate_script),
@@ -334,3 +359,14 @@ def unclosed_quote(command: str) -> bool:
             comment = True
         previous = char
     return quote is not None
+
+
+def compare_printed(example: Example) -> None:
+    """A console block of output only, right after a Python example (prose between them, no other block), shows what
+    that example printed: compared as a command's output is. Anywhere else it is an illustration, not compared."""
+    end, printed = example.namespace.get(_PRINTED, (None, ""))
+    if end is None or "```" in example.document.text[end:example.start]:
+        return
+    problem = compare_text(example.parsed.splitlines(), printed)
+    if problem:
+        raise AssertionError(f"{example.path}:{example.line}: {problem}\n--- printed ---\n{printed[-3000:]}")

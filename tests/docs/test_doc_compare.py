@@ -84,3 +84,21 @@ def test_closing_the_workspace_ends_what_a_page_left_running(tmp_path):
     for group in groups:
         with pytest.raises(ProcessLookupError):
             os.killpg(group, 0)
+
+
+def test_an_output_block_after_a_python_example_is_what_it_prints(tmp_path):
+    """serve.md shows what its client examples print in an output-only console block after each."""
+    import pytest
+
+    from tests.docs.doc_examples import page_examples
+
+    def run(shown: str) -> None:
+        page = tmp_path / "page.md"
+        page.write_text(f'```python\nprint("Paris | stop", 2 + 6)\n```\n\nIt prints:\n\n```console\n{shown}\n```\n')
+        for example in page_examples(page):
+            example.namespace["workspace"] = None
+            example.evaluate()
+
+    run("Paris | stop 8")
+    with pytest.raises(AssertionError, match="Lyon"):
+        run("Lyon | stop 8")
