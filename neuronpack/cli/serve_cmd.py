@@ -197,8 +197,9 @@ def generate_command(
 
     reporter = RichReporter(quiet=quiet)
     path = resolve_serving_artifact(artifact_dir, reporter=reporter)
+    _check_adapter(path, lora)  # before loading: an unknown name is refused in a moment, not after the load
     loaded = load_engine(path, num_threads=threads, reporter=reporter, speculation=speculation)
-    adapter = _adapter_slot(loaded, lora, path)
+    adapter = loaded.served_models().adapter_slot(lora) if lora is not None else 0
     tokenizer = loaded.engine.tokenizer
     ids = tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat else tokenizer.encode(prompt)
     request = GenerationRequest(
@@ -213,8 +214,9 @@ def generate_command(
     data = {"text": result.text, "tokens": result.token_ids, "finish_reason": result.finish_reason,
             "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
             "model": lora or loaded.served_model_name, "timings": timings}
-    if result.speculation is not None:
-        data["speculation"] = {"kind": loaded.engine.speculation.kind, **result.speculation}
+    if result.speculation is not None:  # its ratios rounded as the timings are
+        data["speculation"] = {"kind": loaded.engine.speculation.kind,
+                               **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.speculation.items()}}
     print_result(output_format, data, result.text)
     if output_format is OutputFormat.json:
         return
@@ -225,18 +227,17 @@ def generate_command(
                   f"{result.timings['tokens_per_s']:.1f} tokens/s{accepted}, load {loaded.load_seconds:.1f} s]")
 
 
-def _adapter_slot(loaded, lora: str | None, path: Path) -> int:
-    """--lora NAME -> the engine's adapter index (0: none)."""
+def _check_adapter(path: Path, lora: str | None) -> None:
+    """--lora NAME must name one of the artifact's adapters (its manifest's LoRA modules)."""
     if lora is None:
-        return 0
-    served = loaded.served_models()
-    slot = served.adapter_slot(lora)
-    if slot is None:
-        names = list(served.adapter_names)
+        return
+    from neuronpack.artifacts.manifest import read_manifest
+
+    names = [module.name for module in read_manifest(path).serve.lora_modules]
+    if lora not in names:
         raise ServeError(f"no LoRA adapter {lora!r} in this artifact", where=str(path),
                          fix=f"pass one of: {', '.join(names)}" if names else
                          "this artifact was compiled without [lora] (see docs/lora.md)")
-    return slot
 
 
 class _ServeLimits(NamedTuple):
@@ -284,7 +285,7 @@ def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_ke
     engine = loaded.engine
     reporter.info(f"loaded {name} in {loaded.load_seconds:.1f} s (batch {engine.scheduler.batch_size}, "
                   f"max model length {engine.max_model_len}, largest prompt {engine.max_prompt_len}, "
-                  f"{engine.loop_threads} compute threads)")
+                  f"{engine.loop_threads} compute thread{'' if engine.loop_threads == 1 else 's'})")
     rows = engine.scheduler.rows
     mib = rows.cache_rows * engine.model.kv_row_bytes / 2**20
     reporter.info(f"prefix caching: {rows.cache_rows} cache rows ({mib:.0f} MiB) beyond the batch" if rows.caching

@@ -9,15 +9,20 @@ that cannot run here carries a marker on the line before it, with its reason, wh
 Shown output is compared after normalising what differs between runs and machines (keys and other hex runs, numbers,
 times, absolute paths, spacing, the width of table rules); ``...`` in a shown line matches anything. A JSON object
 shown is compared by its keys, at every depth where the page shows a dict. A block whose output is machine-specific
-says so with ``<!-- output: not compared "reason" -->`` on the line before it (the commands still run).
+says so with ``<!-- output: not compared "reason" -->`` on the line before it (the commands still run). A console
+block of output only, right after a Python example, is what that example prints. A page's server runs in the
+background of its shell and is stopped by the page; what a page leaves running ends with the session.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sybil import Example, Sybil
+from sybil.evaluators.python import PythonEvaluator
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +47,7 @@ _RULE = re.compile(r"([━─═])\1+")
 
 
 _DONE = "__neuronpack_doc_step_done__"
+_PRINTED = "__neuronpack_python_printed__"
 _MEMOISED = ("neuronpack import-gguf ", "neuronpack compile ", "neuronpack quantize ")
 
 
@@ -67,7 +74,7 @@ class Workspace:
         if shell is None:
             shell = self.shells[page] = subprocess.Popen(
                 ["bash", "--noprofile", "--norc"], cwd=self.cwd, env=self.env, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
             # a thread reads the shell's output into a queue: a timeout without select() on a buffered pipe
             self._lines[page] = queue.Queue()
             threading.Thread(target=_pump, args=(shell.stdout, self._lines[page]), daemon=True).start()
@@ -94,9 +101,7 @@ class Workspace:
 
     def close(self) -> None:
         for shell in self.shells.values():
-            shell.stdin.write("kill $(jobs -p) 2>/dev/null\n")  # a server the page started and, failing, did not stop
-            shell.stdin.close()
-            shell.wait(timeout=30)
+            end_page_shell(shell)
 
 
 def _pump(stream, lines: queue.Queue) -> None:
@@ -170,17 +175,18 @@ def _last_json_object(output: str) -> object | None:
 
 
 def split_console(source: str) -> list[tuple[str, list[str]]]:
-    """A console block as (command, the output lines shown after it); ``\\`` continues a command."""
+    """A console block as (command, the output lines shown after it); ``\\`` or an open quote continues a command
+    on the next line, as in a reader's shell."""
     steps: list[tuple[str, list[str]]] = []
     pending: str | None = None
     for line in source.splitlines():
         if pending is not None:
             pending += "\n" + line
-            if not line.endswith("\\"):
+            if not line.endswith("\\") and not unclosed_quote(pending):
                 steps.append((pending, []))
                 pending = None
         elif line.startswith("$ "):
-            if line.endswith("\\"):
+            if line.endswith("\\") or unclosed_quote(line[2:]):
                 pending = line[2:]
             else:
                 steps.append((line[2:], []))
@@ -198,7 +204,10 @@ def _not_compared_reason(example: Example) -> str | None:
 def evaluate_console(example: Example) -> None:
     workspace: Workspace = example.namespace["workspace"]
     compare = _not_compared_reason(example) is None
-    for command, shown in split_console(example.parsed):
+    steps = split_console(example.parsed)
+    if not steps and compare:  # output only: what the Python example just before it prints
+        return compare_printed(example)
+    for command, shown in steps:
         returncode, output = workspace.run(command, example.path)
         expect_error = any(text.startswith("error:") for text in shown)  # after the info lines a failure prints
         where = f"{example.path}:{example.line}: `{command}`"
@@ -208,7 +217,8 @@ def evaluate_console(example: Example) -> None:
             continue
         page_json = _shown_json(shown)
         if page_json is not None:
-            problem = compare_keys(page_json, _last_json_object(output))
+            actual = _last_json_object(output)
+            problem = compare_keys(page_json, actual) or compare_figures(page_json, actual)
         else:
             problem = compare_text(shown, output)
         if problem:
@@ -227,9 +237,25 @@ def _fail_unmarked(example: Example) -> None:
                          "here: mark it <!-- skip: next \"reason\" --> or make it a console / python example")
 
 
+class PrintingPythonEvaluator(PythonEvaluator):
+    """Runs a Python example and keeps what it printed, for the output-only console block that may follow it."""
+
+    def __call__(self, example: Example) -> None:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            super().__call__(example)
+        example.namespace[_PRINTED] = (example.end, printed.getvalue())
+
+
+class PrintingPythonParser(PythonCodeBlockParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.codeblock_parser = self.codeblock_parser_class("python", PrintingPythonEvaluator())
+
+
 SYBIL = Sybil(parsers=[
     SkipParser(),
-    PythonCodeBlockParser(),
+    PrintingPythonParser(),
     CodeBlockParser("console", evaluate_console),
     CodeBlockParser("bash", evaluate_script),
     CodeBlockParser("sh", evaluate_script),
@@ -252,3 +278,95 @@ def command_env(cache_dir: Path) -> dict[str, str]:
                  "NEURONPACK_ARTIFACTS_ROOT", "NEURONPACK_REMOTE"):
         env.pop(name, None)
     return env
+
+
+
+def end_page_shell(shell: subprocess.Popen, grace: float = 30) -> None:
+    """End a page's shell and whatever it left running (a server it started in the background and did not stop, e.g.
+    after a failed step): the shell leads its own process group, which its background jobs stay in, so SIGTERM to
+    the group reaches them (a server drains and exits 0), and SIGKILL after ``grace`` seconds."""
+    try:
+        shell.stdin.close()
+    except BrokenPipeError:
+        pass
+    try:
+        shell.wait(timeout=2)
+    except subprocess.TimeoutExpired:  # stuck in a command (an unfinished quote, a hung step)
+        pass
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(shell.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            shell.poll()  # reaps the shell itself: a zombie leader would keep the group alive
+            try:
+                os.killpg(shell.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+
+FIGURE_DECIMALS = 4  # what every command rounds a figure to at most (timings, ratios), unless the page shows more
+
+
+def _decimals(value: float) -> int | None:
+    text = repr(value)
+    return None if "e" in text or "." not in text else len(text.split(".")[1].rstrip("0"))
+
+
+def compare_figures(shown: object, actual: object, where: str = "") -> str | None:
+    """None when no float of the output has more than FIGURE_DECIMALS decimals where the page shows a figure
+    rounded to at most that many: an unrounded figure such as ``2.6666666666666665`` is a finding, whatever its
+    value."""
+    if isinstance(shown, dict) and isinstance(actual, dict):
+        pairs = [(f"{where}.{key}", shown[key], actual[key]) for key in shown if key in actual]
+    elif isinstance(shown, list) and isinstance(actual, list):
+        pairs = [(f"{where}[{i}]", a, b) for i, (a, b) in enumerate(zip(shown, actual, strict=False))]
+    elif isinstance(shown, (int, float)) and isinstance(actual, float) and not isinstance(shown, bool):
+        # a page that shows more decimals shows a value sent at full precision (an API's logprob)
+        rounded = (_decimals(float(shown)) or 0) <= FIGURE_DECIMALS
+        digits = _decimals(actual)
+        if rounded and digits is not None and digits > FIGURE_DECIMALS:
+            return f"{where or 'the figure'}: {actual!r} is printed unrounded (the page shows {shown!r})"
+        return None
+    else:
+        return None
+    return next((problem for w, a, b in pairs if (problem := compare_figures(a, b, w))), None)
+
+
+def unclosed_quote(command: str) -> bool:
+    """Whether a shell command ends inside a quote (bash then reads on): '...' escapes nothing, "..." and bare words
+    take a backslash escape, and a ``#`` starting a word comments out the rest of the line."""
+    quote, escaped, comment = None, False, False
+    previous = " "
+    for char in command:
+        if comment:
+            comment = char != "\n"
+        elif escaped:
+            escaped = False
+        elif quote == "'":
+            quote = None if char == "'" else quote
+        elif char == "\\":
+            escaped = True
+        elif quote == '"':
+            quote = None if char == '"' else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and previous.isspace():
+            comment = True
+        previous = char
+    return quote is not None
+
+
+def compare_printed(example: Example) -> None:
+    """A console block of output only, right after a Python example (prose between them, no other block), shows what
+    that example printed: compared as a command's output is. Anywhere else it is an illustration, not compared."""
+    end, printed = example.namespace.get(_PRINTED, (None, ""))
+    if end is None or "```" in example.document.text[end:example.start]:
+        return
+    problem = compare_text(example.parsed.splitlines(), printed)
+    if problem:
+        raise AssertionError(f"{example.path}:{example.line}: {problem}\n--- printed ---\n{printed[-3000:]}")

@@ -73,8 +73,9 @@ def test_generate_lora_flag(lora_artifact, references):
     data = json.loads(result.stdout)
     assert data["tokens"] == greedy_reference(references["sql"], tok.encode(PROMPT), 8, tok.eos_token_id)
     assert data["model"] == "sql"
-    bad = runner.invoke(app, ["generate", str(art), "--prompt", PROMPT, "--lora", "nope", "--quiet"])
+    bad = runner.invoke(app, ["generate", str(art), "--prompt", PROMPT, "--lora", "nope"])
     assert bad.exit_code == 1 and "no LoRA adapter 'nope'" in bad.output and "sql, chat" in bad.output
+    assert "load weights" not in bad.output  # refused from the manifest, before the model is loaded
 
 
 def test_inspect_lists_the_adapters(lora_artifact):
