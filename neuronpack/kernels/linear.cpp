@@ -13,11 +13,13 @@
 // Threads (torch's OpenMP team) split the weight rows.
 // Measured in docs/portable-backend.md (bench/linears.py).
 //
-// More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs; for int8 weights and
-// float32 x, int8_gemm.cpp's integer GEMMs. Built for torch's CPU
+// More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs; up to 256 float32 rows
+// oneDNN's matmul (many_float_rows); int8 weights against float32 x, int8_gemm.cpp's integer GEMMs. Built for torch's CPU
 // capability by neuronpack/kernels/__init__.py; registered as torch.ops.neuronpack.linear / linear_int8.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -35,6 +37,7 @@ using namespace neuronpack_simd;
 #endif
 
 constexpr int64_t kMaxRows = 16;  // up to this many rows of x: the kernel below; more: at::linear
+constexpr int64_t kOneDnnMaxRows = 256;  // float32: up to this many rows oneDNN's matmul (many_float_rows)
 constexpr int kChunk = 8;         // rows of x dotted with a weight row at a time (accumulators in registers)
 // Prefetch (into L2) the weight bytes this far ahead of the row being read. With many rows of x a row takes long
 // enough that the hardware prefetcher falls behind (8 rows: 1.8x slower from DRAM than from L3 without this; with
@@ -458,10 +461,28 @@ void finish(const float* acc, int64_t M, int64_t N, const float* scale, int64_t 
 }
 #endif
 
+// float32 rows past the kernel's, up to kOneDnnMaxRows (a short prefill): oneDNN's matmul on the plain weight,
+// torch's own op (the one its compiler calls for CPU linears), where MKL's sgemm (at::linear) runs ~8% slower on
+// weights read from memory (SmolLM2's layer shapes, 41 rows, 1 thread, Zen 4: 74.6 against 69.2 GFLOP/s; its
+// 41-token prefill 122 against 136 ms, 128 tokens 308 against 335 ms). At 494 rows the prefill ran slower on it
+// (1744 against 1453 ms) though the same linears alone did not: MKL from kOneDnnMaxRows up.
+at::Tensor many_float_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  static const auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  if (!op.has_value()) return at::linear(x, weight, bias);
+  torch::jit::Stack stack{x, weight, bias.has_value() ? c10::IValue(*bias) : c10::IValue(), std::string("none"),
+                          c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+  op->callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  if (!kernel_applies(x_in, weight) || weight.scalar_type() != x_in.scalar_type() ||
-      (bias.has_value() && bias->defined() && bias->scalar_type() != x_in.scalar_type()))
-    return at::linear(x_in, weight, bias);
+  const bool same_dtypes = weight.scalar_type() == x_in.scalar_type() &&
+                           !(bias.has_value() && bias->defined() && bias->scalar_type() != x_in.scalar_type());
+  if (same_dtypes && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu() && weight.device().is_cpu() &&
+      weight.dim() == 2 && weight.is_contiguous() && x_in.size(-1) == weight.size(1) && x_in.size(-1) > 0 &&
+      x_in.numel() / x_in.size(-1) > kMaxRows && x_in.numel() / x_in.size(-1) <= kOneDnnMaxRows)
+    return many_float_rows(x_in, weight, bias);
+  if (!kernel_applies(x_in, weight) || !same_dtypes) return at::linear(x_in, weight, bias);
 #ifdef NEURONPACK_AVX512
   const at::Tensor x = x_in.is_contiguous() ? x_in : x_in.contiguous();
   const int64_t N = weight.size(0), K = weight.size(1), M = x.numel() / K;

@@ -250,16 +250,20 @@ def test_int8_many_rows_of_a_very_long_k_take_the_float_path():
 
 
 def test_leading_dims_threads_and_large_shapes():
-    """[b, T, in] inputs, SmolLM2-sized weights, and two threads splitting the weight rows give F.linear's result."""
+    """[b, T, in] inputs, SmolLM2-sized weights, and two threads splitting the weight rows give F.linear's result; so
+    do a prefill's rows (17-256: oneDNN's matmul, more: at::linear's), with a bias."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(1536, 576, generator=gen) * 0.02
     threads = torch.get_num_threads()
     try:
         for n_threads in (1, 2):
             torch.set_num_threads(n_threads)
-            for shape in ((1, 1, 576), (4, 1, 576), (2, 3, 576), (3, 20, 576)):
+            for shape in ((1, 1, 576), (4, 1, 576), (2, 3, 576), (3, 20, 576), (1, 41, 576), (2, 150, 576)):
                 x = torch.randn(*shape, generator=gen)
                 torch.testing.assert_close(torch.ops.neuronpack.linear(x, w), F.linear(x, w), atol=1e-5, rtol=1e-4)
+                b = torch.randn(1536, generator=gen)
+                torch.testing.assert_close(torch.ops.neuronpack.linear(x, w, b), F.linear(x, w, b), atol=1e-5,
+                                           rtol=1e-4)
     finally:
         torch.set_num_threads(threads)
 
