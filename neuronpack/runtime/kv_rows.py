@@ -103,6 +103,11 @@ class RowAllocator(Generic[K]):
                 return row
         return None
 
+    @property
+    def cache_rows_in_use(self) -> int:
+        """Cache rows (beyond the batch) that keep a prefix: what the prefix cache's memory budget pays for."""
+        return 0 if self._index is None else sum(1 for e in self._index.entries() if e.row >= self.size)
+
     def cached_rows(self) -> dict[int, int]:
         """Row -> positions of cached prefix it keeps (free batch rows and cache rows)."""
         return {} if self._index is None else {e.row: len(e.tokens) for e in self._index.entries()}
