@@ -200,7 +200,8 @@ def shared_prefix_main(args) -> None:
               "load_avg_1min_at_end": os.getloadavg()[0], "rows": rows,
               "goal": "TTFT p50 <= llama-server's (prompt cache on), aggregate tokens/s >= 1.5x (issue 39)"}
     print_shared_table(result)
-    print(f"saved {save_results(args.out, result)} and {plot_shared(result, args.out)}")
+    path = save_results("peers-serve-prefix" if args.out is None else args.out, result)
+    print(f"saved {path} and {plot_shared(result, path.stem)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -219,7 +220,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="8 clients sharing a ~400-token system prompt, neuronpack's prefix cache off and on")
     args = parser.parse_args(argv)
     if args.shared_prefix:
-        args.out = args.out or "peers-serve-prefix"
         return shared_prefix_main(args)
     args.out = args.out or "peers-serve"
     rows = []
