@@ -13,11 +13,11 @@ Prefix caching (vLLM's automatic prefix caching, over rows instead of blocks): a
 tokens it holds (``release(owner, tokens, salt)``; the salt is the LoRA adapter, which changes every position's KV).
 ``allocate_cached`` gives a new sequence the lowest free row and, when a free row or a cache row holds KV of a
 prefix of its prompt (found by chained block hashes, prefix_cache.py), the copy of that prefix into its row (none
-when it is the same row, nor when the row itself holds all but less than one block of the longest match: it is
-reused in place): the sequence is then prefilled from the first uncached position. Before a free row that
-holds a prefix is overwritten (a new owner, a compaction move), its prefix is saved into one of ``cache_rows`` extra
-rows (indices size..size+cache_rows-1, never run by a step) unless a cache row already covers it, evicting the least
-recently used cache row, or dropped when it is the least recently used itself. Memory stays bounded by
+when it is the same row, nor when that row itself holds as long a match: it is reused in place): the sequence is
+then prefilled from the first uncached position. Before a free row that holds a prefix is overwritten (a new owner,
+a compaction move), its prefix is saved into one of ``cache_rows`` extra rows (indices size..size+cache_rows-1,
+never run by a step) unless a cache row already covers it, evicting the least recently used cache row, or dropped
+when it is the least recently used itself. Memory stays bounded by
 size + cache_rows rows whatever is cached.
 
 Nothing else tracks rows: the model's KV cache is addressed by row and only applies the copies it is given; the
@@ -134,9 +134,10 @@ class RowAllocator(Generic[K]):
             return self._take(owner, row), 0
         src, length = match
         if src != row and (own := index.longest_match(tokens[: len(tokens) - 1], salt, (row,))) is not None \
-                and own[1] > length - index.block_size:
-            # The row it takes holds all but less than a block of the best match (prompts sharing a system prompt,
-            # each free row holding it): reuse it in place rather than copy the best over it.
+                and own[1] >= length:
+            # The row it takes holds as much of the prompt as the best match (prompts sharing a system prompt, each
+            # free row holding it): reuse it in place rather than copy an equal prefix over it. One token less is
+            # not enough: prefilling a token costs more than copying a row's prefix.
             src, length = own
         index.touch(src)
         if src == row:  # the prefix is in the row itself; what it holds beyond the match is saved (if worth it)
