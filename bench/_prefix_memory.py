@@ -19,14 +19,18 @@ CONCURRENCY = 8
 
 
 def poll_usage(port: int, stop: threading.Event, samples: list[float]) -> None:
-    """Read ``neuronpack_prefix_cache_usage_bytes`` from /metrics until ``stop``."""
+    """Read ``neuronpack_prefix_cache_usage_bytes`` from /metrics until ``stop`` (a read that times out on a busy
+    machine is skipped)."""
     import httpx
 
     from neuronpack.runtime.metrics import metric_value
 
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         while not stop.is_set():
-            samples.append(metric_value(client.get("/metrics").text, "neuronpack_prefix_cache_usage_bytes"))
+            try:
+                samples.append(metric_value(client.get("/metrics").text, "neuronpack_prefix_cache_usage_bytes"))
+            except httpx.TimeoutException:
+                continue
             time.sleep(POLL_SECONDS)
 
 
