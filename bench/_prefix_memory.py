@@ -19,8 +19,7 @@ CONCURRENCY = 8
 
 
 def poll_usage(port: int, stop: threading.Event, samples: list[float]) -> None:
-    """Read ``neuronpack_prefix_cache_usage_bytes`` from /metrics until ``stop`` (a read that times out on a busy
-    machine is skipped)."""
+    """Read ``neuronpack_prefix_cache_usage_bytes`` from /metrics until ``stop`` (a read that fails is skipped)."""
     import httpx
 
     from neuronpack.runtime.metrics import metric_value
@@ -29,7 +28,7 @@ def poll_usage(port: int, stop: threading.Event, samples: list[float]) -> None:
         while not stop.is_set():
             try:
                 samples.append(metric_value(client.get("/metrics").text, "neuronpack_prefix_cache_usage_bytes"))
-            except httpx.TimeoutException:
+            except httpx.TransportError:  # a timeout on a busy machine, a kept-alive connection closed
                 continue
             time.sleep(POLL_SECONDS)
 

@@ -321,6 +321,8 @@ def plot_shared(r: dict, name: str) -> Path:
         ax.bar_label(bars, fmt="%.0f", fontsize=8)
         ax.set_xticks(range(len(values)), labels, fontsize=7)
         ax.set_ylabel(f"{label} (median, bars: min-max)")
+        if key == "ttft_p50_s":
+            ax.set_yscale("log")
     fig.suptitle(f"8 clients, shared ~{r['system_prompt_tokens']}-token system prompt: neuronpack serve vs "
                  f"llama-server (SmolLM2-135M)", fontsize=10)
     fig.tight_layout()
