@@ -18,7 +18,7 @@ POLL_SECONDS = 0.02
 CONCURRENCY = 8
 
 
-def poll_usage(port: int, stop: threading.Event, samples: list[float]) -> None:
+def poll_usage(port: int, stop: threading.Event, samples: list[tuple[float, float]]) -> None:
     """Read ``neuronpack_prefix_cache_usage_bytes`` from /metrics until ``stop`` (a read that fails is skipped)."""
     import httpx
 
@@ -27,9 +27,10 @@ def poll_usage(port: int, stop: threading.Event, samples: list[float]) -> None:
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         while not stop.is_set():
             try:
-                samples.append(metric_value(client.get("/metrics").text, "neuronpack_prefix_cache_usage_bytes"))
+                usage = metric_value(client.get("/metrics").text, "neuronpack_prefix_cache_usage_bytes")
             except httpx.TransportError:  # a timeout on a busy machine, a kept-alive connection closed
                 continue
+            samples.append((time.perf_counter(), usage))
             time.sleep(POLL_SECONDS)
 
 
@@ -46,7 +47,7 @@ def prefix_cache_main(args) -> None:
     serve_args = ["--quiet", "--served-model-name", "smollm2", "--prefix-cache-memory", str(args.prefix_cache_memory),
                   *(["--threads", str(args.threads)] if args.threads else [])]
     proc, _ = start_serve_process(args.artifact, port, serve_args)
-    samples: list[float] = []
+    samples: list[tuple[float, float]] = []  # (time, bytes in use)
     stop = threading.Event()
     try:
         idle = status(proc.pid)
@@ -65,37 +66,44 @@ def prefix_cache_main(args) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     budget = metric_value(text, "neuronpack_prefix_cache_budget_bytes")
+    series = [(round(t - started, 3), usage) for t, usage in samples]
+    peak = max((usage for _, usage in series), default=0.0)
     queries = metric_value(text, "neuronpack_prefix_cache_queries_total")
     hits = metric_value(text, "neuronpack_prefix_cache_hits_total")
     result = {"artifact": str(args.artifact), "prefix_cache_memory_mib": args.prefix_cache_memory,
               "prefixes": args.prefixes, "passes": args.passes, "requests": len(rounds) * CONCURRENCY,
               "concurrency": CONCURRENCY, "max_tokens": args.max_tokens, "seconds": round(seconds, 1),
-              "budget_bytes": budget, "usage_max_bytes": max(samples, default=0.0), "usage_samples": len(samples),
-              "usage_within_budget": max(samples, default=0.0) <= budget,
+              "budget_bytes": budget, "usage_max_bytes": peak, "usage_samples": len(series),
+              "usage_within_budget": peak <= budget, "usage_series": _changes(series),
               "usage_at_end_bytes": metric_value(text, "neuronpack_prefix_cache_usage_bytes"),
               "prefix_cache_queries": queries, "prefix_cache_hits": hits,
               "ttft_p50_s_median": sorted(r["ttft_p50_s"] for r in rounds)[len(rounds) // 2],
               "idle": idle, "after": after, "loadavg": os.getloadavg()}
     print(f"prefix cache budget {budget / MiB:.1f} MiB; bytes in use: max {result['usage_max_bytes'] / MiB:.1f} MiB "
-          f"over {len(samples)} samples (within budget: {result['usage_within_budget']}), "
+          f"over {len(series)} samples (within budget: {result['usage_within_budget']}), "
           f"{result['usage_at_end_bytes'] / MiB:.1f} MiB at the end; {result['requests']} requests, {args.prefixes} "
           f"system prompts x {args.passes} passes in {seconds:.0f} s; hits {hits:.0f} of {queries:.0f} prompt tokens; "
           f"VmRSS {idle['VmRSS'] / MiB:.0f} -> {after['VmRSS'] / MiB:.0f} MiB (HWM {after['VmHWM'] / MiB:.0f})")
     path = save_results("serve_memory_prefix" if args.name is None else args.name, result)
-    print(f"saved {path} and {plot(path.stem, samples, budget)}")
+    print(f"saved {path} and {plot(path.stem, series, budget)}")
 
 
-def plot(name: str, samples: list[float], budget: float) -> Path:
+def _changes(series: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The samples where the value changed (and the last one): what the JSON keeps of the series."""
+    return [s for i, s in enumerate(series) if i in (0, len(series) - 1) or s[1] != series[i - 1][1]]
+
+
+def plot(name: str, series: list[tuple[float, float]], budget: float) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot([i * POLL_SECONDS for i in range(len(samples))], [s / MiB for s in samples], color="#4a7ab5",
+    ax.step([t for t, _ in series], [u / MiB for _, u in series], where="post", color="#4a7ab5",
             label="neuronpack_prefix_cache_usage_bytes")
     ax.axhline(budget / MiB, color="red", linestyle="--", label="budget (--prefix-cache-memory)")
-    ax.set_xlabel("sample (every ~20 ms of the load)")
+    ax.set_xlabel("seconds into the load (/metrics read every 20 ms or as fast as the server answers)")
     ax.set_ylabel("MiB")
     ax.set_ylim(0, budget / MiB * 1.3 or 1)
     ax.set_title("prefix cache bytes in use under an evicting shared-prefix load", fontsize=9)

@@ -221,7 +221,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.shared_prefix:
         return shared_prefix_main(args)
-    args.out = args.out or "peers-serve"
     rows = []
     threads_list = [int(t) for t in args.threads.split(",")]
     for dtype in args.precisions.split(","):
@@ -239,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
               "slots": SLOTS, "load_avg_1min_at_end": os.getloadavg()[0], "rows": rows,
               "goal": "neuronpack >= 1.5x llama-server aggregate at 8 concurrent requests (issue 30)"}
     print_table(result)
-    print(f"saved {save_results(args.out, result)} and {plot(result, args.out)}")
+    path = save_results("peers-serve" if args.out is None else args.out, result)
+    print(f"saved {path} and {plot(result, path.stem)}")
 
 
 def print_table(r: dict) -> None:
