@@ -114,18 +114,22 @@ def measure_pair(start_ours, start_theirs, max_tokens: int, rounds: int) -> list
             stop_server(proc)
 
 
-def _round(port: int, concurrency: int, max_tokens: int, side: str, attempts: int = 3) -> dict:
-    """One load round, run again (up to ``attempts`` in all) when a connection dropped: llama-server sometimes closes
-    a kept-alive connection without a response ("Server disconnected without sending a response"; it logs no
-    error). Which side dropped goes to stderr."""
+def _round(port: int, concurrency: int, max_tokens: int, side: str) -> dict:
+    return _again_when_dropped(lambda: load_round(port, concurrency, 2 * concurrency, max_tokens), port, side)
+
+
+def _again_when_dropped(round_, port: int, side: str, attempts: int = 3) -> dict:
+    """``asyncio.run(round_())``, run again (up to ``attempts`` in all) when a connection dropped: llama-server
+    sometimes closes a kept-alive connection without a response ("Server disconnected without sending a response";
+    it logs no error). Which side dropped goes to stderr."""
     import openai
 
     for _ in range(attempts - 1):
         try:
-            return asyncio.run(load_round(port, concurrency, 2 * concurrency, max_tokens))
+            return asyncio.run(round_())
         except openai.APIConnectionError as exc:
             print(f"{side} (port {port}) dropped a connection ({exc}); running the round again", file=sys.stderr)
-    return asyncio.run(load_round(port, concurrency, 2 * concurrency, max_tokens))
+    return asyncio.run(round_())
 
 
 def _median_round(results: list[dict]) -> dict:
@@ -148,13 +152,16 @@ def measure_shared_prefix(starts: list, system: str, max_tokens: int, rounds: in
         for start in starts:
             port = free_port()
             servers.append((start(port)[0], port))
-        for (_, port), body in zip(servers, extra, strict=True):
-            asyncio.run(chat_round(port, SLOTS, system, QUESTIONS[:SLOTS], max_tokens, body))  # warm-up
+        for (_, port), body, name in zip(servers, extra, SHARED_SIDES, strict=True):  # warm-up
+            _again_when_dropped(lambda p=port, b=body: chat_round(p, SLOTS, system, QUESTIONS[:SLOTS], max_tokens, b),
+                                port, name)
         results: list[list[dict]] = [[] for _ in servers]
         for i in range(rounds):
             for side in [(i + k) % len(servers) for k in range(len(servers))]:
-                results[side].append(asyncio.run(chat_round(servers[side][1], SLOTS, system, QUESTIONS, max_tokens,
-                                                            extra[side])))
+                port = servers[side][1]
+                results[side].append(_again_when_dropped(
+                    lambda p=port, b=extra[side]: chat_round(p, SLOTS, system, QUESTIONS, max_tokens, b),
+                    port, SHARED_SIDES[side]))
         metrics = httpx.get(f"http://127.0.0.1:{servers[1][1]}/metrics").text
     finally:
         for proc, _ in servers:
