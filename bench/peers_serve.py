@@ -11,6 +11,17 @@ alternate between them; figures: the median round's aggregate generated tokens/s
 median per-pair ratio of neuronpack's aggregate to llama-server's, with its spread. Output: a table on stdout,
 docs/bench/peers-serve.json and .png (``--out`` names them).
 
+``--shared-prefix`` (issue 39): a chat application's load instead. 8 concurrent clients send streamed greedy chat
+requests (``--max-tokens`` each, ``ignore_eos``) that share one ~400-token system prompt and differ in a short user
+message (16 questions per round), to three servers up side by side: neuronpack with prefix caching off (every prompt
+prefilled whole: the "before"), neuronpack with it on (the default: the "after"), and llama-server with its prompt
+cache on (``cache_prompt``, its default, also sent with every request; ``-np 8`` slots of SHARED_SEQ_LEN tokens
+each). neuronpack serves a batch-8 float32 artifact with context bucket 512 and SHARED_SEQ_LEN positions
+(``--precisions`` picks others). Each server gets one untimed round first (llama-server's slots and neuronpack's rows
+see the system prompt once), then ``--rounds`` rounds, the order of the three rotating; figures: each side's median
+TTFT p50 and aggregate tokens/s over the rounds (with min-max), and the median per-round ratios to llama-server.
+Output: docs/bench/peers-serve-prefix.json and .png. Targets: TTFT p50 <= llama-server's, tokens/s >= 1.5x.
+
 llama-server is not on PyPI as a binary: build it from the llama.cpp tree the llama-cpp-python sdist vendors
 (the same llama.cpp as bench/peers.py's), e.g.
 
@@ -42,19 +53,23 @@ from _common import (  # noqa: E402
     start_http_server,
     start_serve_process,
 )
+from _shared_prefix import QUESTIONS, chat_round, system_prompt  # noqa: E402
 from serve import load_round, stop_server  # noqa: E402
 
 PRECISIONS = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0"}  # neuronpack dtype -> GGUF of equal bytes
 CONCURRENCY = (1, 4, 8)
 SLOTS, SEQ_LEN, MAX_CONTEXT = 8, 256, 64
+# --shared-prefix: a ~400-token system prompt + a question + max_tokens fit in SHARED_SEQ_LEN positions per row / slot.
+SHARED_SEQ_LEN, SHARED_CONTEXT, SYSTEM_TOKENS = 576, 512, 400
 
 
-def compiled_artifact(model: Path, dtype: str, out_root: Path) -> Path:
-    """``neuronpack compile`` of the CPU recipe as a batch-8 artifact (one context bucket of MAX_CONTEXT, one
-    generation bucket of SEQ_LEN) of ``dtype`` ("int8": int8 weights per channel, the head too, float32 compute);
+def compiled_artifact(model: Path, dtype: str, out_root: Path, seq_len: int = SEQ_LEN,
+                      max_context: int = MAX_CONTEXT) -> Path:
+    """``neuronpack compile`` of the CPU recipe as a batch-8 artifact (one context bucket of ``max_context``, one
+    generation bucket of ``seq_len``) of ``dtype`` ("int8": int8 weights per channel, the head too, float32 compute);
     a cache hit when built before."""
-    sets = [f"target.batch_size={SLOTS}", f"target.seq_len={SEQ_LEN}", f"target.max_context_length={MAX_CONTEXT}",
-            f"buckets.context=[{MAX_CONTEXT}]", f"buckets.token_generation=[{SEQ_LEN}]",
+    sets = [f"target.batch_size={SLOTS}", f"target.seq_len={seq_len}", f"target.max_context_length={max_context}",
+            f"buckets.context=[{max_context}]", f"buckets.token_generation=[{seq_len}]",
             f"model.dtype={'float32' if dtype == 'int8' else dtype}"]
     if dtype == "int8":
         sets += ["quantization.dtype=int8", "quantization.include_lm_head=true"]
@@ -63,10 +78,11 @@ def compiled_artifact(model: Path, dtype: str, out_root: Path) -> Path:
     return Path(subprocess.run(argv, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
 
 
-def start_llama_server(binary: Path, gguf: Path, port: int, threads: int) -> tuple:
-    """``llama-server`` with 8 slots of SEQ_LEN tokens each, continuous batching; (process, seconds to /health)."""
+def start_llama_server(binary: Path, gguf: Path, port: int, threads: int, seq_len: int = SEQ_LEN) -> tuple:
+    """``llama-server`` with 8 slots of ``seq_len`` tokens each, continuous batching; (process, seconds to
+    /health)."""
     return start_http_server([str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                              "-np", str(SLOTS), "-c", str(SLOTS * SEQ_LEN), "--cont-batching", "-t", str(threads),
+                              "-np", str(SLOTS), "-c", str(SLOTS * seq_len), "--cont-batching", "-t", str(threads),
                               "-tb", str(threads), "--alias", "smollm2", "--no-webui"], port)
 
 
@@ -98,22 +114,101 @@ def measure_pair(start_ours, start_theirs, max_tokens: int, rounds: int) -> list
             stop_server(proc)
 
 
-def _round(port: int, concurrency: int, max_tokens: int, side: str, attempts: int = 3) -> dict:
-    """One load round, run again (up to ``attempts`` in all) when a connection dropped: llama-server sometimes closes
-    a kept-alive connection without a response ("Server disconnected without sending a response"; it logs no
-    error). Which side dropped goes to stderr."""
+def _round(port: int, concurrency: int, max_tokens: int, side: str) -> dict:
+    return _again_when_dropped(lambda: load_round(port, concurrency, 2 * concurrency, max_tokens), port, side)
+
+
+def _again_when_dropped(round_, port: int, side: str, attempts: int = 3) -> dict:
+    """``asyncio.run(round_())``, run again (up to ``attempts`` in all) when a connection dropped: llama-server
+    sometimes closes a kept-alive connection without a response ("Server disconnected without sending a response";
+    it logs no error). Which side dropped goes to stderr."""
     import openai
 
     for _ in range(attempts - 1):
         try:
-            return asyncio.run(load_round(port, concurrency, 2 * concurrency, max_tokens))
+            return asyncio.run(round_())
         except openai.APIConnectionError as exc:
             print(f"{side} (port {port}) dropped a connection ({exc}); running the round again", file=sys.stderr)
-    return asyncio.run(load_round(port, concurrency, 2 * concurrency, max_tokens))
+    return asyncio.run(round_())
 
 
 def _median_round(results: list[dict]) -> dict:
     return sorted(results, key=lambda r: r["tokens_per_s"])[len(results) // 2]
+
+
+SHARED_SIDES = ("neuronpack, prefix cache off", "neuronpack, prefix cache on", "llama-server, cache_prompt on")
+
+
+def measure_shared_prefix(starts: list, system: str, max_tokens: int, rounds: int) -> dict:
+    """The three servers of ``--shared-prefix`` (SHARED_SIDES, started by ``starts``) up side by side; one untimed
+    round each, then ``rounds`` rounds of 8 concurrent clients over the 16 questions, the order of the sides
+    rotating. Per side: every round, the median TTFT p50 and tokens/s with their min-max; per neuronpack side the
+    median per-round ratios to llama-server's; the cache-on server's prefix cache counters."""
+    import httpx
+
+    extra = ({}, {}, {"cache_prompt": True})  # llama-server's default, sent anyway: the comparison needs it on
+    servers = []
+    try:
+        for start in starts:
+            port = free_port()
+            servers.append((start(port)[0], port))
+        for (_, port), body, name in zip(servers, extra, SHARED_SIDES, strict=True):  # warm-up
+            _again_when_dropped(lambda p=port, b=body: chat_round(p, SLOTS, system, QUESTIONS[:SLOTS], max_tokens, b),
+                                port, name)
+        results: list[list[dict]] = [[] for _ in servers]
+        for i in range(rounds):
+            for side in [(i + k) % len(servers) for k in range(len(servers))]:
+                port = servers[side][1]
+                results[side].append(_again_when_dropped(
+                    lambda p=port, b=extra[side]: chat_round(p, SLOTS, system, QUESTIONS, max_tokens, b),
+                    port, SHARED_SIDES[side]))
+        metrics = httpx.get(f"http://127.0.0.1:{servers[1][1]}/metrics").text
+    finally:
+        for proc, _ in servers:
+            stop_server(proc)
+    theirs = results[-1]
+    sides = []
+    for name, ours in zip(SHARED_SIDES, results, strict=True):
+        side = {"side": name, "rounds": ours}
+        for key in ("ttft_p50_s", "tokens_per_s"):
+            values = sorted(r[key] for r in ours)
+            side[key] = {"median": statistics.median(values), "min": values[0], "max": values[-1]}
+        if ours is not theirs:
+            side["ttft_vs_llama_server"] = statistics.median(
+                a["ttft_p50_s"] / b["ttft_p50_s"] for a, b in zip(ours, theirs, strict=True))
+            side["throughput_vs_llama_server"] = statistics.median(
+                a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(ours, theirs, strict=True))
+        sides.append(side)
+    counters = [line for line in metrics.splitlines() if line.startswith("neuronpack_prefix_cache")]
+    return {"sides": sides, "prefix_cache_metrics": counters}
+
+
+def shared_prefix_main(args) -> None:
+    """``--shared-prefix``: one row per precision and thread count of the three sides (``measure_shared_prefix``)."""
+    system = system_prompt(args.model, SYSTEM_TOKENS)
+    rows = []
+    for dtype in args.precisions.split(","):
+        gguf = args.gguf_dir / f"SmolLM2-135M-Instruct-{PRECISIONS[dtype]}.gguf"
+        artifact = compiled_artifact(args.model, dtype, args.work, SHARED_SEQ_LEN, SHARED_CONTEXT)
+        for threads in [int(t) for t in args.threads.split(",")]:
+            print(f"{dtype}, {threads} threads, shared prefix: neuronpack serve (cache off, on), llama-server",
+                  file=sys.stderr)
+            serve_args = ["--threads", str(threads), "--served-model-name", "smollm2", "--quiet"]
+            starts = [lambda port, a=artifact, s=serve_args: start_serve_process(
+                          a, port, [*s, "--no-enable-prefix-caching"]),
+                      lambda port, a=artifact, s=serve_args: start_serve_process(a, port, s),
+                      lambda port, g=gguf, t=threads: start_llama_server(args.llama_server, g, port, t,
+                                                                         SHARED_SEQ_LEN)]
+            rows.append({"precision": dtype, "gguf": PRECISIONS[dtype], "threads": threads,
+                         **measure_shared_prefix(starts, system, args.max_tokens, args.rounds)})
+    result = {"model": "SmolLM2-135M-Instruct", "max_tokens": args.max_tokens, "slots": SLOTS,
+              "concurrency": SLOTS, "requests_per_round": len(QUESTIONS), "rounds": args.rounds,
+              "system_prompt_tokens": SYSTEM_TOKENS, "seq_len": SHARED_SEQ_LEN,
+              "load_avg_1min_at_end": os.getloadavg()[0], "rows": rows,
+              "goal": "TTFT p50 <= llama-server's (prompt cache on), aggregate tokens/s >= 1.5x (issue 39)"}
+    print_shared_table(result)
+    path = save_results("peers-serve-prefix" if args.out is None else args.out, result)
+    print(f"saved {path} and {plot_shared(result, path.stem)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,8 +221,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds per concurrency (median reported)")
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-peers-serve")
-    parser.add_argument("--out", default="peers-serve", help="name of the JSON / PNG in docs/bench/")
+    parser.add_argument("--out", default=None, help="name of the JSON / PNG in docs/bench/ (default: peers-serve, "
+                        "with --shared-prefix peers-serve-prefix)")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="8 clients sharing a ~400-token system prompt, neuronpack's prefix cache off and on")
     args = parser.parse_args(argv)
+    if args.shared_prefix:
+        return shared_prefix_main(args)
     rows = []
     threads_list = [int(t) for t in args.threads.split(",")]
     for dtype in args.precisions.split(","):
@@ -145,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
               "slots": SLOTS, "load_avg_1min_at_end": os.getloadavg()[0], "rows": rows,
               "goal": "neuronpack >= 1.5x llama-server aggregate at 8 concurrent requests (issue 30)"}
     print_table(result)
-    print(f"saved {save_results(args.out, result)} and {plot(result, args.out)}")
+    path = save_results("peers-serve" if args.out is None else args.out, result)
+    print(f"saved {path} and {plot(result, path.stem)}")
 
 
 def print_table(r: dict) -> None:
@@ -179,6 +280,58 @@ def plot(r: dict, name: str) -> Path:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_ylabel("neuronpack / llama-server aggregate tok/s")
     ax.set_title(f"serve vs llama-server, SmolLM2-135M, threads {r['threads']}")
+    fig.tight_layout()
+    path = OUT_DIR / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_shared_table(r: dict) -> None:
+    print(f"\n{'precision':<10}{'thr':>4}  {'side':<32}{'TTFT p50 ms (min-max)':>24}{'tok/s (min-max)':>22}"
+          f"{'TTFT / llama':>14}{'tok/s / llama':>15}")
+    for row in r["rows"]:
+        for side in row["sides"]:
+            t, v = side["ttft_p50_s"], side["tokens_per_s"]
+            ratios = (f"{side['ttft_vs_llama_server']:>14.2f}{side['throughput_vs_llama_server']:>15.2f}"
+                      if "ttft_vs_llama_server" in side else "")
+            print(f"{row['gguf']:<10}{row['threads']:>4}  {side['side']:<32}"
+                  f"{t['median'] * 1000:>9.0f} ({t['min'] * 1000:.0f}-{t['max'] * 1000:.0f}){'':>5}"
+                  f"{v['median']:>9.1f} ({v['min']:.0f}-{v['max']:.0f}){'':>3}{ratios}")
+        print(f"  {'; '.join(row['prefix_cache_metrics'])}")
+    print(f"{r['concurrency']} concurrent clients, {r['requests_per_round']} requests of {r['max_tokens']} tokens per "
+          f"round, a ~{r['system_prompt_tokens']}-token shared system prompt, median of {r['rounds']} rounds; load "
+          f"average at the end {r['load_avg_1min_at_end']:.1f} on {os.cpu_count()} cores")
+
+
+def plot_shared(r: dict, name: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    colors = ["#999999", "#4a7ab5", "#c07a3a"]
+    for ax, key, label in zip(axes, ("ttft_p50_s", "tokens_per_s"), ("TTFT p50, ms", "aggregate tokens/s"),
+                              strict=True):
+        labels, values, low, high, fill = [], [], [], [], []
+        for row in r["rows"]:
+            for i, side in enumerate(row["sides"]):
+                scale = 1000 if key == "ttft_p50_s" else 1
+                m = side[key]
+                labels.append(f"{side['side'].replace(', ', chr(10))}\n{row['gguf']} {row['threads']}t")
+                values.append(m["median"] * scale)
+                low.append((m["median"] - m["min"]) * scale)
+                high.append((m["max"] - m["median"]) * scale)
+                fill.append(colors[i])
+        bars = ax.bar(range(len(values)), values, yerr=[low, high], capsize=3, color=fill)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        ax.set_xticks(range(len(values)), labels, fontsize=7)
+        ax.set_ylabel(f"{label} (median, bars: min-max)")
+        if key == "ttft_p50_s":
+            ax.set_yscale("log")
+    fig.suptitle(f"8 clients, shared ~{r['system_prompt_tokens']}-token system prompt: neuronpack serve vs "
+                 f"llama-server (SmolLM2-135M)", fontsize=10)
     fig.tight_layout()
     path = OUT_DIR / f"{name}.png"
     fig.savefig(path, dpi=110)

@@ -9,6 +9,16 @@ environments (e.g. ``MALLOC_ARENA_MAX=2``) to see where memory goes.
     .venv/bin/python bench/serve_memory.py ARTIFACT [--streams 32] [--max-tokens 64] [--variants default,arena2]
 
 Target: VmRSS after the load <= weights + KV cache + 300 MB. Output: table, docs/bench/serve_memory.json + .png.
+
+``--prefix-cache-memory MIB`` (issue 39: the prefix cache's bytes never exceed its budget) measures the prefix cache
+instead: the server gets that budget (a small one: a few KV-cache rows), and 8 concurrent clients send chat requests
+whose system prompts (~400 tokens) come from ``--prefixes`` groups that share nothing (more than the batch's rows
+and the budget's rows together, so cached prefixes are evicted all the time), the groups in turn, ``--passes``
+times over. A thread reads ``/metrics`` every 20 ms during the load: the maximum of
+``neuronpack_prefix_cache_usage_bytes`` against ``neuronpack_prefix_cache_budget_bytes``, the prefix cache's hits,
+and VmRSS / VmHWM before and after. Output: docs/bench/serve_memory_prefix.json + .png.
+
+    .venv/bin/python bench/serve_memory.py ARTIFACT --prefix-cache-memory 64 --model .demo/SmolLM2-135M-Instruct
 """
 
 from __future__ import annotations
@@ -128,9 +138,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--variants", default="default")
     parser.add_argument("--before-commit", default=None, help="also measure this commit's code (e.g. main)")
-    parser.add_argument("--name", default="serve_memory", help="result file name in docs/bench/")
+    parser.add_argument("--name", default=None, help="result file name in docs/bench/ (default: serve_memory, with "
+                        "--prefix-cache-memory serve_memory_prefix)")
+    parser.add_argument("--prefix-cache-memory", type=float, default=None, help="MiB: measure the prefix cache")
+    parser.add_argument("--model", type=Path, help="the artifact's HF checkpoint (its tokenizer sizes the prompts)")
+    parser.add_argument("--prefixes", type=int, default=16, help="system prompts that share nothing")
+    parser.add_argument("--passes", type=int, default=3, help="times over every group of system prompts")
     args = parser.parse_args()
     args.artifact = args.artifact.resolve()
+    if args.prefix_cache_memory is not None:
+        from _prefix_memory import prefix_cache_main
+
+        return prefix_cache_main(args)
+    args.name = args.name or "serve_memory"
     budget = artifact_budget(args.artifact)
     load = {"before": os.getloadavg()}
     sides = {"after": None}

@@ -125,6 +125,9 @@ class Engine:
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(
             model.batch_size, speculation.length if speculation else 0, cache_rows,
             None if self.prefix_caching_off_reason else self.prefix_caching.block_size)
+        self._row_bytes = getattr(model, "kv_row_bytes", 0) if cache_rows else 0
+        if not self.prefix_caching_off_reason:
+            self.metrics.prefix_cache_budget.set(self.prefix_caching.memory_mib * 2**20)
         model.kv_user = self  # the KV cache is the model's: an engine that sees another user here forgets its prefixes
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -397,3 +400,4 @@ class Engine:
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
+        self.metrics.prefix_cache_usage.set(self.scheduler.rows.cache_rows_in_use * self._row_bytes)

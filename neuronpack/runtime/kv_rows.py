@@ -13,10 +13,11 @@ Prefix caching (vLLM's automatic prefix caching, over rows instead of blocks): a
 tokens it holds (``release(owner, tokens, salt)``; the salt is the LoRA adapter, which changes every position's KV).
 ``allocate_cached`` gives a new sequence the lowest free row and, when a free row or a cache row holds KV of a
 prefix of its prompt (found by chained block hashes, prefix_cache.py), the copy of that prefix into its row (none
-when it is the same row): the sequence is then prefilled from the first uncached position. Before a free row that
-holds a prefix is overwritten (a new owner, a compaction move), its prefix is saved into one of ``cache_rows`` extra
-rows (indices size..size+cache_rows-1, never run by a step) unless a cache row already covers it, evicting the least
-recently used cache row, or dropped when it is the least recently used itself. Memory stays bounded by
+when it is the same row, nor when that row itself holds as long a match: it is reused in place): the sequence is
+then prefilled from the first uncached position. Before a free row that holds a prefix is overwritten (a new owner,
+a compaction move), its prefix is saved into one of ``cache_rows`` extra rows (indices size..size+cache_rows-1,
+never run by a step) unless a cache row already covers it, evicting the least recently used cache row, or dropped
+when it is the least recently used itself. Memory stays bounded by
 size + cache_rows rows whatever is cached.
 
 Nothing else tracks rows: the model's KV cache is addressed by row and only applies the copies it is given; the
@@ -103,6 +104,11 @@ class RowAllocator(Generic[K]):
                 return row
         return None
 
+    @property
+    def cache_rows_in_use(self) -> int:
+        """Cache rows (beyond the batch) that keep a prefix: what the prefix cache's memory budget pays for."""
+        return 0 if self._index is None else sum(1 for e in self._index.entries() if e.row >= self.size)
+
     def cached_rows(self) -> dict[int, int]:
         """Row -> positions of cached prefix it keeps (free batch rows and cache rows)."""
         return {} if self._index is None else {e.row: len(e.tokens) for e in self._index.entries()}
@@ -127,6 +133,12 @@ class RowAllocator(Generic[K]):
         if match is None or index is None:
             return self._take(owner, row), 0
         src, length = match
+        if src != row and (own := index.longest_match(tokens[: len(tokens) - 1], salt, (row,))) is not None \
+                and own[1] >= length:
+            # The row it takes holds as much of the prompt as the best match (prompts sharing a system prompt, each
+            # free row holding it): reuse it in place rather than copy an equal prefix over it. One token less is
+            # not enough: prefilling a token costs more than copying a row's prefix.
+            src, length = own
         index.touch(src)
         if src == row:  # the prefix is in the row itself; what it holds beyond the match is saved (if worth it)
             entry = index.entry(row)

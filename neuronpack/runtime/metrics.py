@@ -5,7 +5,10 @@ Names follow vLLM's where one exists (``num_requests_running``, ``time_to_first_
 ``spec_decode_num_draft_tokens``, ``spec_decode_num_accepted_tokens``, ``spec_decode_num_accepted_tokens_per_pos``
 {position}, and vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``, in prompt tokens) under a ``neuronpack_``
 prefix (the prefix cache's hit rate: ``rate(neuronpack_prefix_cache_hits_total) /
-rate(neuronpack_prefix_cache_queries_total)``). As in vLLM, the acceptance rate is
+rate(neuronpack_prefix_cache_queries_total)``; what it holds: ``neuronpack_prefix_cache_usage_bytes``, the
+KV-cache rows beyond the batch that keep a prefix, never above ``neuronpack_prefix_cache_budget_bytes``, the
+``--prefix-cache-memory`` budget; the batch's free rows keep prefixes too, at no extra cost). As in vLLM, the
+acceptance rate is
 ``rate(neuronpack_spec_decode_num_accepted_tokens_total) / rate(neuronpack_spec_decode_num_draft_tokens_total)`` and
 the mean acceptance length ``1 + rate(..._num_accepted_tokens_total) / rate(..._num_drafts_total)``.
 
@@ -52,6 +55,10 @@ class EngineMetrics:
                                             "number of queried tokens.", registry=r)
         self.prefix_cache_hits = Counter(f"{PREFIX}_prefix_cache_hits", "Prefix cache hits, in terms of number of "
                                          "cached tokens.", registry=r)
+        self.prefix_cache_usage = Gauge(f"{PREFIX}_prefix_cache_usage_bytes", "Bytes of the KV-cache rows beyond "
+                                        "the batch that hold a cached prefix (whole rows)", registry=r)
+        self.prefix_cache_budget = Gauge(f"{PREFIX}_prefix_cache_budget_bytes", "The prefix cache's memory "
+                                         "budget (--prefix-cache-memory; 0 when prefix caching is off)", registry=r)
         self.waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued for a free batch slot "
                              "(queue depth)", registry=r)
         self.running = Gauge(f"{PREFIX}_num_requests_running", "Requests holding a batch slot", registry=r)

@@ -49,6 +49,21 @@ def test_a_released_row_is_reused_in_place_or_copied():
     assert rows.cached_rows() == {} and rows.take_copies() == []
 
 
+def test_a_row_holding_as_long_a_match_is_reused_in_place():
+    """Every free row holds the same system prompt (0..7) and its own question: a new question takes the lowest free
+    row in place when it holds as much of the prompt as any other row, else the longest match is copied in."""
+    rows: RowAllocator[str] = RowAllocator(3, block_size=4)
+    for owner in "abc":
+        rows.allocate(owner)
+    rows.release("b", tokens=[*range(8), 30, 31, 32, 33, 34, 35], salt=0)
+    rows.release("a", tokens=[*range(8), 20, 21, 22], salt=0)
+    rows.release("c", tokens=[*range(8), 40, 41], salt=0)  # used last: the first of equal matches
+    assert rows.allocate_cached("d", [*range(8), 50, 9], salt=0) == (0, 8)  # 8 in every row: row 0 in place
+    assert rows.take_copies() == []
+    assert rows.allocate_cached("e", [*range(8), 40, 9], salt=0) == (1, 9)  # row 2 holds one token more: copied
+    assert rows.take_copies() == [RowCopy(2, 1, 9)]
+
+
 def test_a_prefix_in_a_higher_row_is_copied_into_the_lowest_free_row():
     rows: RowAllocator[str] = RowAllocator(3, block_size=4)
     for owner in "abc":

@@ -55,6 +55,30 @@ def test_a_shared_prefix_is_reused_and_the_tokens_are_transformers(cached, tiny_
     assert cached.scheduler.idle and cached.scheduler.free_rows == 4
 
 
+def test_the_prefix_caches_bytes_never_exceed_its_budget(compiled_lm, artifact_tokenizer):
+    """Waves of 4 prompts (the batch), each wave with 4 prefixes of its own: every wave's rows push the previous
+    wave's prefixes into the 2 cache rows the budget buys, evicting older ones. After every step the usage gauge is
+    whole cache rows within the budget; it fills the budget, and the newest prefixes are the ones found again."""
+    row_bytes = compiled_lm.kv_row_bytes
+    budget = 2.5 * row_bytes
+    engine = Engine(compiled_lm, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=budget / 2**20))
+    prefixes = [[random.Random(seed).randrange(3, 380) for _ in range(33)] for seed in range(16)]
+    usage = []
+    for wave in range(4):
+        for prefix in prefixes[4 * wave: 4 * wave + 4]:
+            engine.submit(request([*prefix, 1], 4), lambda out: None)
+        while engine.step():
+            text = engine.metrics.render().decode()
+            usage.append(metric_value(text, "neuronpack_prefix_cache_usage_bytes"))
+            assert metric_value(text, "neuronpack_prefix_cache_budget_bytes") == budget
+    assert max(usage) == 2 * row_bytes and all(u % row_bytes == 0 and u <= budget for u in usage)
+    hits = counters(engine)[1]
+    engine.generate(request([*prefixes[0], 2], 1))  # the first wave's prefixes were evicted long ago
+    assert counters(engine)[1] == hits
+    engine.generate(request([*prefixes[15], 2], 1))  # the last wave's are in the batch's free rows
+    assert counters(engine)[1] == hits + 33
+
+
 def test_cache_off_reuses_nothing(compiled_lm, artifact_tokenizer):
     plain = Engine(compiled_lm, artifact_tokenizer, prefix_caching=OFF)
     plain.generate(request([*PREFIX, 1]))
