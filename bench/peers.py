@@ -63,7 +63,8 @@ small windows facing away from the sea, and each street was given a drain that r
 Penrose spent the rest of her life maintaining the stair and the drains, and when she died the town put her clay
 model in a glass case in the new chapel, where children are still taken to pour a cup of water over it and watch
 where it goes. The bell from the old chapel hangs above the quay, and it is rung once every year on the night of
-the storm, for as long as it takes a family to climb from the water to the top of the stair. The people of Elmsmouth say that a town which forgets where the
+the storm, for as long as it takes a family to climb from the water to the top of the stair.\
+ The people of Elmsmouth say that a town which forgets where the
 water goes will learn it again."""
 LONG = [{"role": "user", "content": f"Read this passage and summarise it in three sentences.\n\n{PASSAGE}"}]
 PROMPTS = {"short": SHORT, "long": LONG}
