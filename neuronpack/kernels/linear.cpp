@@ -14,8 +14,8 @@
 // Measured in docs/portable-backend.md (bench/linears.py).
 //
 // More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs; up to 256 float32 rows
-// oneDNN's matmul (many_float_rows); int8 weights against float32 x, int8_gemm.cpp's integer GEMMs. Built for torch's CPU
-// capability by neuronpack/kernels/__init__.py; registered as torch.ops.neuronpack.linear / linear_int8.
+// oneDNN's matmul (many_float_rows); int8 weights against float32 x, int8_gemm.cpp's integer GEMMs. Built for
+// torch's CPU capability by neuronpack/kernels/__init__.py; registered as torch.ops.neuronpack.linear / linear_int8.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -469,7 +469,8 @@ void finish(const float* acc, int64_t M, int64_t N, const float* scale, int64_t 
 at::Tensor many_float_rows(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   static const auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
   if (!op.has_value()) return at::linear(x, weight, bias);
-  torch::jit::Stack stack{x, weight, bias.has_value() ? c10::IValue(*bias) : c10::IValue(), std::string("none"),
+  const bool has_bias = bias.has_value() && bias->defined();
+  torch::jit::Stack stack{x.contiguous(), weight, has_bias ? c10::IValue(*bias) : c10::IValue(), std::string("none"),
                           c10::List<std::optional<at::Scalar>>(), c10::IValue()};
   op->callBoxed(&stack);
   return stack[0].toTensor();

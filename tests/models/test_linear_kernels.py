@@ -270,8 +270,13 @@ def test_leading_dims_threads_and_large_shapes():
 
 def test_non_contiguous_input_and_mismatched_dtypes_fall_back():
     w = torch.randn(32, 64)
-    x = torch.randn(64, 3).T  # [3, 64], not contiguous
-    torch.testing.assert_close(torch.ops.neuronpack.linear(x, w), F.linear(x, w), atol=1e-5, rtol=1e-4)
+    for rows in (3, 40):  # the kernel's rows, a prefill's (oneDNN's matmul)
+        x = torch.randn(64, rows).T  # [rows, 64], not contiguous
+        torch.testing.assert_close(torch.ops.neuronpack.linear(x, w), F.linear(x, w), atol=1e-5, rtol=1e-4)
+        q = torch.randint(-127, 128, (32, 64), dtype=torch.int8)
+        ref = F.linear(x, q.float()) * 0.01
+        torch.testing.assert_close(torch.ops.neuronpack.linear_int8(x, q, torch.full((32, 1), 0.01)), ref,
+                                   atol=1e-3, rtol=1e-4)
     xb = torch.randn(2, 64).bfloat16()  # bfloat16 activations, float32 weight: at::linear decides (and refuses)
     with pytest.raises(RuntimeError):
         torch.ops.neuronpack.linear(xb, w)
