@@ -509,7 +509,8 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& weight, const std::o
 }
 
 // More rows than the kernel takes, float32 x against a plain int8 [N, K] weight: int8_gemm.cpp's integer GEMMs.
-// (bfloat16 x keeps at::linear: its bfloat16 GEMM runs as fast, at bfloat16's precision, which x already has.)
+// (bfloat16 x keeps at::linear: its bfloat16 GEMM runs about as fast, ~200 against ~185 GOP/s on SmolLM2's shapes
+// with the weights in cache, at bfloat16's precision, which x already has.)
 bool many_int8_rows(const at::Tensor& x, const at::Tensor& weight) {
   const int64_t K = x.size(-1);
   return x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == at::kFloat &&
