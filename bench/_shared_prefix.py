@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SYSTEM = ("You are the support assistant of a company that builds compilers for machine learning models. Answer "
@@ -31,19 +32,24 @@ def chat_ids(tokenizer, system: str, question: str) -> list[int]:
                                               return_dict=True)["input_ids"])
 
 
+def grow_system(prompt_tokens: Callable[[str], int], tokens: int) -> str:
+    """SYSTEM repeated, then cut by words, until ``prompt_tokens(system)`` (the length of a chat prompt of it and
+    the first question, by whichever tokenizer the caller runs) is about ``tokens``."""
+    system = SYSTEM
+    while prompt_tokens(system) < tokens:
+        system += SYSTEM
+    words = system.split(" ")
+    while prompt_tokens(" ".join(words)) > tokens:
+        words.pop()
+    return " ".join(words)
+
+
 def system_prompt(model_dir: Path, tokens: int) -> str:
-    """SYSTEM repeated, then cut by words, until a chat prompt of it and the first question has about ``tokens``
-    tokens (the checkpoint's tokenizer and chat template)."""
+    """``grow_system`` with the checkpoint's tokenizer and chat template."""
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    system = SYSTEM
-    while len(chat_ids(tokenizer, system, QUESTIONS[0])) < tokens:
-        system += SYSTEM
-    words = system.split(" ")
-    while len(chat_ids(tokenizer, " ".join(words), QUESTIONS[0])) > tokens:
-        words.pop()
-    return " ".join(words)
+    return grow_system(lambda system: len(chat_ids(tokenizer, system, QUESTIONS[0])), tokens)
 
 
 async def _one(client, system: str, question: str, max_tokens: int, extra_body: dict) -> tuple[float, int, float]:

@@ -24,12 +24,7 @@ from pathlib import Path
 
 import torch
 from _common import OUT_DIR, ROOT, save_results
-
-SYSTEM = ("You are the support assistant of a company that builds compilers for machine learning models. Answer "
-          "in plain words, in at most three sentences, and say so when you do not know. The product turns a model "
-          "checkpoint and a recipe into a compiled artifact that a server loads without compiling again; the recipe "
-          "names the target machine, the batch size, the sequence length and the buckets of prompt lengths. ")
-QUESTIONS = ["What does a recipe name?", "Why compile before serving?"]
+from _shared_prefix import QUESTIONS, grow_system
 
 
 def compile_demo(model: Path, work: Path) -> Path:
@@ -47,16 +42,10 @@ def chat_ids(tokenizer, system: str, question: str) -> list[int]:
 def prompts(tokenizer, target: int) -> dict[str, list[int]]:
     """The system prompt repeated (then cut by words) until a chat prompt has about ``target`` tokens; the two
     questions; a long one of about 1,000 tokens (the demo artifact takes up to 1023)."""
-    def grown(length: int) -> str:
-        system = SYSTEM
-        while len(chat_ids(tokenizer, system, QUESTIONS[0])) < length:
-            system += SYSTEM
-        words = system.split(" ")
-        while len(chat_ids(tokenizer, " ".join(words), QUESTIONS[0])) > length:
-            words.pop()
-        return " ".join(words)
+    def prompt_tokens(system: str) -> int:
+        return len(chat_ids(tokenizer, system, QUESTIONS[0]))
 
-    system, long_system = grown(target), grown(1000)
+    system, long_system = grow_system(prompt_tokens, target), grow_system(prompt_tokens, 1000)
     return {"first": chat_ids(tokenizer, system, QUESTIONS[0]), "second": chat_ids(tokenizer, system, QUESTIONS[1]),
             "long": chat_ids(tokenizer, long_system, QUESTIONS[0])}
 
