@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from serve import timed_stream
+
 SYSTEM = ("You are the support assistant of a company that builds compilers for machine learning models. Answer "
           "in plain words, in at most three sentences, and say so when you do not know. The product turns a model "
           "checkpoint and a recipe into a compiled artifact that a server loads without compiling again; the recipe "
@@ -53,22 +55,13 @@ def system_prompt(model_dir: Path, tokens: int) -> str:
 
 
 async def _one(client, system: str, question: str, max_tokens: int, extra_body: dict) -> tuple[float, int, float]:
-    """(TTFT, completion tokens, end time) of one streamed chat completion (usage when reported, else the chunks
-    that carried text)."""
+    """bench/serve.py's ``timed_stream`` of one streamed chat completion."""
     t0 = time.perf_counter()
-    ttft, tokens, chunks = None, 0, 0
     stream = await client.chat.completions.create(
         model="smollm2", messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
         max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True},
         extra_body={"ignore_eos": True, **extra_body})
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            chunks += 1
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-        if chunk.usage:
-            tokens = chunk.usage.completion_tokens
-    return ttft or 0.0, tokens or chunks, time.perf_counter()
+    return await timed_stream(stream, t0, lambda choice: choice.delta.content)
 
 
 async def chat_round(port: int, concurrency: int, system: str, questions: list[str], max_tokens: int,

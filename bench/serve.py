@@ -107,22 +107,27 @@ def stop_server(proc) -> None:
     proc.communicate(timeout=60)
 
 
-async def _one(client, prompt: str, max_tokens: int, model: str) -> tuple[float, int, float]:
-    """(TTFT, completion tokens, end time) of one streamed completion: the usage the server reports, else the
-    chunks that carried text (a server that streams one token per chunk)."""
-    t0 = time.perf_counter()
+async def timed_stream(stream, t0: float, text) -> tuple[float, int, float]:
+    """(TTFT from ``t0``, completion tokens, end time) of a streamed OpenAI response: the usage the server reports,
+    else the chunks that carried text (``text(choice)``; a server that streams one token per chunk)."""
     ttft, tokens, chunks = None, 0, 0
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True})
     async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
+        if chunk.choices and text(chunk.choices[0]):
             chunks += 1
             if ttft is None:
                 ttft = time.perf_counter() - t0
         if chunk.usage:
             tokens = chunk.usage.completion_tokens
     return ttft or 0.0, tokens or chunks, time.perf_counter()
+
+
+async def _one(client, prompt: str, max_tokens: int, model: str) -> tuple[float, int, float]:
+    """``timed_stream`` of one streamed completion."""
+    t0 = time.perf_counter()
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
+    return await timed_stream(stream, t0, lambda choice: choice.text)
 
 
 async def load_round(port: int, concurrency: int, n_requests: int, max_tokens: int, model: str = "smollm2") -> dict:
