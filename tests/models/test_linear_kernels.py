@@ -156,6 +156,28 @@ def test_rows_longer_than_l1_holds_run_in_blocks(dot_products, rows, k):
     assert _int8_error_ok(torch.ops.neuronpack.linear_int8(x, q, scale), x, q, scale, magnitude, ref, dot_products)
 
 
+def _mixed_magnitude_rows(rows: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """x [rows, k]: a row of huge values, a row of tiny ones, an outlier in the last row."""
+    x = torch.randn(rows, k, generator=gen)
+    x[0] *= 1e4
+    x[1] *= 1e-6
+    x[-1, k // 2] = 500.0
+    return x
+
+
+def _non_finite_rows_give_float_nans(rows: int, w: torch.Tensor, scale: torch.Tensor, gen: torch.Generator):
+    """A NaN in row 2 and an inf in row 3 of ``rows`` rows make linear_int8 take its float path: NaN exactly where
+    the float reference has it. Returns (x, y, reference)."""
+    k = w.shape[1]
+    x = torch.randn(rows, k, generator=gen)
+    x[2, k - 1] = float("nan")
+    x[3, 0] = float("inf")
+    y = torch.ops.neuronpack.linear_int8(x, w, scale)
+    ref = (x @ w.float().T) * scale.reshape(1, -1)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    return x, y, ref
+
+
 @pytest.mark.parametrize("k", [1, 63, 576, 9000])
 def test_int8_rows_round_x_to_int16_per_row(dot_products, k):
     """2-16 rows of x on AVX512_VNNI (int8_rows.cpp): each row rounded to int16 with a scale of its own, so a row of
@@ -170,22 +192,14 @@ def test_int8_rows_round_x_to_int16_per_row(dot_products, k):
             for n in (1, 2, 7, 64):
                 w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
                 scale = torch.rand(n, 1, generator=gen) / 50
-                x = torch.randn(rows, k, generator=gen)
-                x[0] *= 1e4
-                x[1] *= 1e-6
-                x[-1, k // 2] = 500.0  # an outlier in the last row
+                x = _mixed_magnitude_rows(rows, k, gen)
                 ref = (x.double() @ w.double().T * scale.double().reshape(1, -1)).float()
                 magnitude = (x.abs() @ w.float().abs().T) * scale.reshape(1, -1)
                 y = torch.ops.neuronpack.linear_int8(x, w, scale)
                 assert _int8_error_ok(y, x, w, scale, magnitude, ref, dot_products)
                 zero = torch.ops.neuronpack.linear_int8(torch.zeros(rows, k), w, scale)
                 assert (zero == 0).all()
-        x = torch.randn(4, k, generator=gen)
-        x[2, k - 1] = float("nan")
-        x[3, 0] = float("inf")
-        y = torch.ops.neuronpack.linear_int8(x, w, scale)
-        ref = (x @ w.float().T) * scale.reshape(1, -1)
-        assert torch.equal(torch.isnan(y), torch.isnan(ref))
+        x, y, ref = _non_finite_rows_give_float_nans(4, w, scale, gen)
         magnitude = (x[:2].abs() @ w.float().abs().T) * scale.reshape(1, -1)
         assert _relative_error(y[:2], ref[:2], magnitude) < 1e-5  # the float kernel: float32's rounding
     finally:
@@ -207,22 +221,14 @@ def test_int8_many_rows_run_integer_gemms(k):
                 w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
                 scale = torch.rand(1 if per_tensor else n, 1, generator=gen) / 50
                 b = torch.randn(n, generator=gen)
-                x = torch.randn(rows, k, generator=gen)
-                x[0] *= 1e4
-                x[1] *= 1e-6
-                x[-1, k // 2] = 500.0
+                x = _mixed_magnitude_rows(rows, k, gen)
                 ref = (x.double() @ w.double().T * scale.double().reshape(1, -1) + b.double()).float()
                 magnitude = (x.abs() @ w.float().abs().T) * scale.reshape(1, -1) + b.abs()
                 y = torch.ops.neuronpack.linear_int8(x, w, scale, b)
                 assert y.shape == (rows, n) and y.dtype == torch.float32
                 assert _int8_error_ok(y, x, w, scale, magnitude, ref, "dot products")
                 assert (torch.ops.neuronpack.linear_int8(torch.zeros(rows, k), w, scale) == 0).all()
-        x = torch.randn(20, k, generator=gen)
-        x[2, k - 1] = float("nan")
-        x[3, 0] = float("inf")
-        y = torch.ops.neuronpack.linear_int8(x, w, scale)
-        ref = (x @ w.float().T) * scale.reshape(1, -1)
-        assert torch.equal(torch.isnan(y), torch.isnan(ref))
+        _non_finite_rows_give_float_nans(20, w, scale, gen)
     finally:
         torch.set_num_threads(threads)
 
