@@ -133,3 +133,24 @@ def make_tiny_checkpoint(
     gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
     (out / "generation_config.json").write_text(json.dumps(gen))
     return out
+
+
+def fine_tune_copy(src: Path, out: Path, *, scale: float = 1.01, seed: int = 1) -> Path:
+    """A "fine-tune" of the checkpoint ``src`` in ``out``: every floating tensor's values changed (multiplied by
+    ``scale`` and nudged by seeded noise), names / dtypes / shapes, config and tokenizer as they are."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    shutil.copytree(src, out)
+    gen = torch.Generator().manual_seed(seed)
+    for path in sorted(out.glob("*.safetensors")):
+        tensors = load_file(path)
+        for name, t in tensors.items():
+            if t.is_floating_point():
+                noise = torch.randn(t.shape, generator=gen) * 0.01
+                tensors[name] = (t.float() * scale + noise).to(t.dtype).contiguous()
+        save_file(tensors, path, metadata={"format": "pt"})
+    return out

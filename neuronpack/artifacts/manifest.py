@@ -102,6 +102,10 @@ class Manifest(_Frozen):
     created_by: dict[str, Any] = {}
     # `compile --check-accuracy` figures (neuronpack.accuracy's report): results, not key inputs; None = not checked
     accuracy: dict[str, Any] | None = None
+    # the graph key (artifacts/graph_key.py) and where the compiled graphs came from: {"key", "code", "seconds" (the
+    # compile they cost where first built), "from" (the donor: key, source, files, bytes; None when built here)};
+    # None for artifacts built before graph keys
+    graphs: dict[str, Any] | None = None
 
     @property
     def total_size(self) -> int:
@@ -109,8 +113,9 @@ class Manifest(_Frozen):
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as it is written to disk (JSON types, the on-disk key names)."""
-        unchecked = {"accuracy"} if self.accuracy is None else None  # unchecked builds keep the older JSON shape
-        return self.model_dump(mode="json", by_alias=True, exclude=unchecked)
+        # unchecked builds (and artifacts from before graph keys) keep the older JSON shape
+        absent = {name for name in ("accuracy", "graphs") if getattr(self, name) is None}
+        return self.model_dump(mode="json", by_alias=True, exclude=absent or None)
 
     def with_serve(self, **hints: Any) -> Manifest:
         """A copy with some serve hints replaced (e.g. ``served_model_name`` from the command line)."""
@@ -140,6 +145,7 @@ def build_manifest(
     timings: dict[str, float],
     extras: dict[str, Any],
     root: Path,
+    graphs: dict[str, Any] | None = None,
 ) -> Manifest:
     return Manifest(
         schema_version=MANIFEST_SCHEMA,
@@ -159,6 +165,7 @@ def build_manifest(
         files=tuple(file_entries(root)),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         created_by={"host": os.uname().nodename, "pid": os.getpid()},
+        graphs=graphs,
     )
 
 

@@ -53,6 +53,10 @@ def compile_command(
     ] = False,
     remote: RemoteOpt = None,
     push: Annotated[bool, typer.Option("--push", help="publish the artifact to --remote after the build")] = False,
+    no_reuse: Annotated[
+        bool, typer.Option("--no-reuse", help="compile every graph, even when an artifact with the same graph key "
+                           "(same shapes, config, recipe and toolchain) could give its compiled graphs")
+    ] = False,
     endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
     progress: ProgressOpt = ProgressMode.auto,
@@ -80,6 +84,7 @@ def compile_command(
         reporter=reporter,
         remote=transport,
         push=push,
+        reuse=not no_reuse,
     )
     if dry_run:
         payload = {"dry_run": True, "framework": result.framework, "framework_reason": result.framework_reason,
@@ -104,6 +109,7 @@ def compile_command(
         "timings": {k: round(v, 3) for k, v in (result.timings if result.cache_hit else
                                                 manifest.get("timings", {})).items()},
         **({"accuracy": result.accuracy} if result.accuracy else {}),
+        "graphs_from": result.graphs_from,
     }
     if output_format is OutputFormat.text:
         if result.pushed is not None:
@@ -112,15 +118,19 @@ def compile_command(
             reporter.info(f"remote hit: pulled {result.key[:16]} in {result.timings.get('pull', 0.0):.1f} s")
         elif result.cache_hit:
             reporter.info(f"cache hit: {result.key[:16]} (built {manifest.get('created_at') or '?'})")
+        elif (donor := result.graphs_from) is not None:
+            reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s with the compiled "
+                          f"graphs of {donor['key'][:16]} ({donor['files']} files; "
+                          f"{donor['compile_seconds_saved']:.1f} s of compile saved)")
         else:
             reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
         if result.accuracy:
-            from neuronpack.cli.eval_cmd import print_report
+            from neuronpack.cli._accuracy_report import print_report
 
             print_report(result.accuracy, str(result.path), console=stderr)  # stdout stays the path alone
     print_result(output_format, summary, str(result.path))
     if result.accuracy:
-        from neuronpack.cli.eval_cmd import exit_code
+        from neuronpack.cli._accuracy_report import exit_code
 
         if exit_code(result.accuracy):
             raise typer.Exit(exit_code(result.accuracy))

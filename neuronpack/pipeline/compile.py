@@ -18,16 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.artifacts.manifest_json import MANIFEST_NAME, complete_manifest_json
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
-from neuronpack.backends.select import NEURON_FRAMEWORKS
-from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
+from neuronpack.errors import ArtifactError, BackendUnavailableError, BuildError, NeuronpackError
 from neuronpack.fsutil import disk_full, remove_tree
 from neuronpack.pipeline.inputs import resolve_inputs
 from neuronpack.pipeline.plan import BuildPlan, plan_build
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
+    from neuronpack.artifacts.donors import Donor
     from neuronpack.artifacts.manifest import Manifest
     from neuronpack.artifacts.remote import Transport
+    from neuronpack.backends.base import GraphDonor
 
 # A cache hit imports only what it runs: the remote store, derived checkpoints (quantize, EAGLE) and the backends'
 # build code are imported inside the functions that use them; the recipe comes from the memo (recipe_memo) and the
@@ -49,6 +50,7 @@ class CompileResult:
     remote_hit: bool = False  # pulled from the remote store instead of building
     in_remote: bool | None = None  # --dry-run with a remote store: is the key there?
     pushed: dict[str, Any] | None = None  # --push: what push_artifact did
+    graphs_from: dict[str, Any] | None = None  # a build that took a donor's graphs: the donor, seconds saved
     typed_manifest: Manifest | None = field(default=None, repr=False, compare=False)  # `manifest`, once read
 
     @property
@@ -75,6 +77,7 @@ def compile_model(
     reporter: Reporter | None = None,
     remote: Transport | None = None,
     push: bool = False,
+    reuse: bool = True,
 ) -> CompileResult:
     """Compile MODEL with a recipe into ``<root>/neuron-compiled-artifacts/<key>/`` (or exactly ``dest``), or return
     the existing artifact for the same key. With ``remote``, a key missing locally is looked up there first (one
@@ -84,7 +87,11 @@ def compile_model(
     ``check_accuracy``: a new build is compared with the checkpoint (``neuronpack.accuracy``) in staging, before
     the manifest is written, and the figures are recorded in it under ``accuracy`` (results, not key inputs; a
     failing check still publishes: the caller decides, by ``result.accuracy["status"]``). A hit (local or pulled)
-    returns the recorded figures, or runs the check on the artifact without modifying it."""
+    returns the recorded figures, or runs the check on the artifact without modifying it.
+
+    ``reuse``: on a miss, an artifact with the same graph key (same shapes, config, recipe, toolchain; other weight
+    values), in the local store or else in ``remote``, donates its compiled graphs and only what depends on the
+    weights is built (``CompileResult.graphs_from``); False compiles every graph."""
     reporter = reporter or NullReporter()
     if push and remote is None:
         from neuronpack.artifacts.remote import REMOTE_ENV
@@ -92,7 +99,8 @@ def compile_model(
         raise NeuronpackError("--push needs a remote store", where="--push",
                               fix=f"pass --remote s3://bucket/prefix (or set {REMOTE_ENV})")
     result = _compile(model, recipe=recipe, overrides=overrides, framework=framework, out_root=out_root, dest=dest,
-                      force=force, dry_run=dry_run, reporter=reporter, remote=remote, check_accuracy=check_accuracy)
+                      force=force, dry_run=dry_run, reporter=reporter, remote=remote, check_accuracy=check_accuracy,
+                      reuse=reuse)
     if push and not dry_run and not result.remote_hit:
         from neuronpack.artifacts.remote.push import push_artifact
 
@@ -105,7 +113,7 @@ def compile_model(
 
 def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str], framework: str | None,
              out_root: Path | None, dest: Path | None, force: bool, dry_run: bool, reporter: Reporter,
-             remote: Transport | None, check_accuracy: bool) -> CompileResult:
+             remote: Transport | None, check_accuracy: bool, reuse: bool) -> CompileResult:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     inputs = resolve_inputs(model, recipe_path=recipe, overrides=overrides, framework=framework, reporter=reporter)
@@ -141,7 +149,8 @@ def _compile(model: str | None, *, recipe: Path | None, overrides: Sequence[str]
                   on_wait=lambda: reporter.info("another build of this key is running; waiting for it")):
         if not force and (data := complete_manifest_json(final, plan.key)) is not None:
             return _hit(plan, timings, data, check_accuracy, reporter)
-        return _build(plan, timings, reporter, replace=final.exists(), check_accuracy=check_accuracy)
+        donor = _find_donor(plan, remote, reporter) if reuse else None
+        return _build(plan, timings, reporter, replace=final.exists(), check_accuracy=check_accuracy, donor=donor)
 
 
 def _hit(plan: BuildPlan, timings: dict[str, float], data: dict[str, Any], check_accuracy: bool, reporter: Reporter,
@@ -170,6 +179,63 @@ def _pull_hit(remote: Transport, plan: BuildPlan, timings: dict[str, float], rep
     return manifest
 
 
+def _find_donor(plan: BuildPlan, remote: Transport | None, reporter: Reporter) -> Donor | None:
+    """An artifact of this build's graph key, in the store it publishes to, else in ``remote``; None when there is
+    none or the backend cannot take one here."""
+    from neuronpack.artifacts.donors import find_local_donor
+
+    backend = plan.inputs.backend
+    problem = backend.graph_reuse_problem()
+    if problem is not None:
+        reporter.info(f"graph reuse off: {problem}")
+        return None
+    graph_key = plan.graph_key
+    donor = find_local_donor([plan.dest.parent], graph_key, backend.graph_files, exclude=plan.key)
+    if donor is None and remote is not None:
+        from neuronpack.artifacts.remote.graph_index import find_remote_donor
+
+        donor = find_remote_donor(remote, graph_key, backend.graph_files, exclude=plan.key)
+    if donor is None:
+        reporter.info(f"graph key {graph_key[:16]}: no artifact has it yet, compiling its graphs")
+    else:
+        reporter.info(f"graph key {graph_key[:16]}: reusing the compiled graphs of {donor.key[:16]} "
+                      f"({donor.source}); only the weights are built")
+    return donor
+
+
+def _install_donor(donor: Donor, staging: Path, reporter: Reporter) -> GraphDonor | None:
+    """The donor's graph files into ``staging``; None (staging emptied again) when one no longer matches its
+    manifest: the build then compiles its own graphs."""
+    from neuronpack.artifacts.donors import install_donor_files
+    from neuronpack.backends.base import GraphDonor
+
+    try:
+        install_donor_files(donor, staging, reporter)
+    except ArtifactError as exc:
+        reporter.warn(f"not reusing {donor.key[:16]}: {exc.one_line()}")
+        for path in list(staging.iterdir()):
+            remove_tree(path) if path.is_dir() else path.unlink()
+        return None
+    return GraphDonor(key=donor.key, files=tuple(f["path"] for f in donor.files))
+
+
+def _graphs_section(plan: BuildPlan, donor: Donor | None, extras: dict[str, Any], build_seconds: float):
+    """The manifest's ``graphs``: the graph key, and the compile the graphs cost where first built (a donor's
+    figure carries over), with the donor when there is one."""
+    seconds = donor.seconds if donor else extras.get("graph_seconds", build_seconds)
+    return {"key": plan.graph_key, "code": plan.graph_key_inputs["code"], "seconds": round(float(seconds), 3),
+            "from": donor.record() if donor else None}
+
+
+def _check_donor_files(manifest: Manifest, donor: Donor) -> None:
+    """The build left the donor's graph files as they were (they may be hard links into the donor)."""
+    built = {f.path: f.sha256 for f in manifest.files}
+    for entry in donor.files:
+        if built.get(entry["path"]) != entry["sha256"]:
+            raise BuildError(f"the build changed the donor's graph file {entry['path']}", where=donor.source,
+                             fix="run `neuronpack verify` on the donor, and compile with --no-reuse")
+
+
 def _accuracy(manifest: Manifest, artifact_dir: Path, reporter: Reporter) -> dict[str, Any]:
     from neuronpack.accuracy import check_accuracy, subject_from_manifest
 
@@ -191,23 +257,29 @@ def _accuracy_before_compile(plan: BuildPlan, config: dict[str, Any], staging: P
 
 
 def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, replace: bool,
-           check_accuracy: bool) -> CompileResult:
+           check_accuracy: bool, donor: Donor | None = None) -> CompileResult:
     from neuronpack.artifacts.manifest import build_manifest, write_manifest
     from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
 
     inputs, key, final = plan.inputs, plan.key, plan.dest
     staging = new_staging(final.parent, key)
     try:
+        graph_donor = None
+        if donor is not None:
+            t0 = time.perf_counter()
+            graph_donor = _install_donor(donor, staging, reporter)
+            donor = donor if graph_donor else None
+            timings["graphs_reused"] = time.perf_counter() - t0
         if plan.prequantize:
             t0 = time.perf_counter()
             ensure_quantized(plan.model_dir, inputs.model_dir, inputs.recipe.quantization, reporter)
             timings["quantize"] = time.perf_counter() - t0
         if plan.convert_draft:
             ensure_eagle_draft(plan.draft_dir, inputs.draft_dir, inputs.model_dir, reporter)
-        request = plan.request(staging, reporter)
+        request = plan.request(staging, reporter, graph_donor)
         config = inputs.backend.compile_config(request)
         before = None
-        if check_accuracy and inputs.backend.name == "nxd":  # NxDI's CPU run: a bad checkpoint fails before neuronx-cc
+        if check_accuracy and inputs.backend.checks_accuracy_before_compile:  # a bad checkpoint fails before neuronx-cc
             t0 = time.perf_counter()
             before = _accuracy_before_compile(plan, config, staging, reporter)
             timings["accuracy"] = time.perf_counter() - t0
@@ -226,8 +298,11 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             timings=timings,
             extras={**extras, "framework_reason": inputs.framework_reason},
             root=staging,
+            graphs=_graphs_section(plan, donor, extras, timings["build"]),
         )
         timings["manifest"] = time.perf_counter() - t0
+        if donor is not None:
+            _check_donor_files(manifest, donor)
         if before is not None:
             manifest = manifest.model_copy(update={"accuracy": {**before, "recorded": True}})
         elif check_accuracy:  # after the file list, before the manifest exists: the check writes nothing here
@@ -237,7 +312,7 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             manifest = manifest.model_copy(update={"accuracy": accuracy})
         manifest = manifest.model_copy(update={"timings": {k: round(v, 3) for k, v in timings.items()}})
         write_manifest(staging, manifest)  # last: only now can the directory load as valid
-        publish(staging, final, replace=replace, read_only=inputs.backend.name in NEURON_FRAMEWORKS)
+        publish(staging, final, replace=replace, read_only=inputs.backend.publishes_read_only)
     except NeuronpackError as exc:
         remove_tree(staging)
         record_failure(final.parent, key, exc.one_line(), traceback.format_exc())
@@ -254,5 +329,8 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
         raise BuildError(f"{inputs.framework} build failed: {type(exc).__name__}: {exc}",
                          where=str(log) if log else str(final.parent),
                          fix="read the log; rerun with NEURONPACK_DEBUG=1 for a traceback") from exc
+    graphs_from = None
+    if donor is not None:
+        graphs_from = {**donor.record(), "compile_seconds_saved": round(donor.seconds, 3)}
     return CompileResult(final, key, False, inputs.framework, inputs.framework_reason, manifest.to_json(), config,
-                         timings, accuracy=manifest.accuracy, typed_manifest=manifest)
+                         timings, accuracy=manifest.accuracy, typed_manifest=manifest, graphs_from=graphs_from)

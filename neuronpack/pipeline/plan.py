@@ -10,12 +10,13 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.artifacts.key import compute_key, key_inputs, toolchain_versions
 from neuronpack.artifacts.store import artifacts_root
-from neuronpack.backends.base import BuildRequest
+from neuronpack.backends.base import BuildRequest, GraphDonor
 from neuronpack.pipeline.inputs import ResolvedInputs
 from neuronpack.progress import Reporter
 from neuronpack.recipe_memo import full_recipe
@@ -36,17 +37,34 @@ class BuildPlan:
     prequantize: bool  # offline quantization into model_dir runs before the build
     convert_draft: bool  # EAGLE conversion into draft_dir runs before the build
 
+    @cached_property
+    def graph_key_inputs(self) -> dict[str, Any]:
+        """The graph key's inputs (artifacts/graph_key.py): worked out on a miss only, never for a cache hit."""
+        from neuronpack.artifacts.graph_key import code_digest, graph_key_inputs
+
+        i = self.inputs
+        adapters = {a.name: Path(i.lora_dirs.get(a.name) or a.path) for a in i.recipe.lora.adapters} if i.recipe.lora \
+            else {}
+        return graph_key_inputs(self.key_inputs, code=code_digest(i.framework), lora_dirs=adapters,
+                                ignore=i.backend.graph_key_ignores)
+
+    @property
+    def graph_key(self) -> str:
+        from neuronpack.artifacts.graph_key import compute_graph_key
+
+        return compute_graph_key(self.graph_key_inputs)
+
     def for_build(self) -> BuildPlan:
         """This plan with the recipe fully validated (``recipe_memo.full_recipe``): what a build or --dry-run runs
         on. Keying and the cache-hit check work on the memo's view alone."""
         recipe = full_recipe(self.inputs.recipe)
         return self if recipe is self.inputs.recipe else replace(self, inputs=replace(self.inputs, recipe=recipe))
 
-    def request(self, staging: Path, reporter: Reporter) -> BuildRequest:
+    def request(self, staging: Path, reporter: Reporter, donor: GraphDonor | None = None) -> BuildRequest:
         i = self.inputs
         return BuildRequest(model_dir=self.model_dir, recipe=i.recipe, plan=i.plan, staging=staging,
                             reporter=reporter, draft_dir=self.draft_dir, source_model_dir=i.model_dir,
-                            lora_dirs=i.lora_dirs)
+                            lora_dirs=i.lora_dirs, donor=donor)
 
     def compile_config(self, reporter: Reporter) -> dict[str, Any]:
         """The configuration the backend compiles with (the same for --dry-run and the build)."""

@@ -119,7 +119,7 @@ def test_build_calls_the_sdk_like_vllm_and_writes_the_layout(tiny_llama, tmp_pat
     extras = NxdBackend().build(_request(recipe, tiny_llama, staging))
     assert extras["nxd"]["platform_target"] == "inf2"
     events = [event for event, _ in nxd_sdk.CALLS]
-    assert events == ["NeuronConfig", "load_pretrained_config", "model_init", "compile"]
+    assert events == ["NeuronConfig", "load_pretrained_config", "model_init", "compile", "shard_weights"]
     compile_call = nxd_sdk.events("compile")[0]
     assert compile_call["platform_target"] == "inf2"
     assert compile_call["path"] == str(staging) + "/"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.artifacts.manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest
+from neuronpack.artifacts.remote.graph_index import index_path
 from neuronpack.artifacts.remote.pull import remote_manifest_path
 from neuronpack.artifacts.remote.transport import Transport, run_parallel
 from neuronpack.artifacts.verify import check_files, check_key
@@ -66,6 +67,7 @@ def push_artifact(artifact_dir: Path, transport: Transport, *, reporter: Reporte
                           time.perf_counter() - t0)
 
     if transport.stat(remote_manifest_path(key)) is not None:
+        _index_graphs(transport, manifest)
         return result(False, "already in the store")
     with _lease(transport, key, reporter) as lease:
         if lease is None:
@@ -75,7 +77,15 @@ def push_artifact(artifact_dir: Path, transport: Transport, *, reporter: Reporte
         data = (Path(artifact_dir) / MANIFEST_NAME).read_bytes()
         if transport.write(remote_manifest_path(key), data, if_absent=True) is None:
             return result(False, "pushed by a concurrent push")
+    _index_graphs(transport, manifest)
     return result(True, "uploaded")
+
+
+def _index_graphs(transport: Transport, manifest: Manifest) -> None:
+    """The key under its graph key in the store's graph index (donors.py), after the commit: a build elsewhere with
+    the same graph key finds it there and downloads only its graph files."""
+    if manifest.graphs and isinstance(manifest.graphs.get("key"), str):
+        transport.write(index_path(manifest.graphs["key"], manifest.key), manifest.key.encode())
 
 
 def _upload_files(root: Path, transport: Transport, key: str, manifest: Manifest, reporter: Reporter,

@@ -55,6 +55,9 @@ class NxdBackend:
 
     name = "nxd"
     quantizes_on_load = False
+    publishes_read_only = True
+    checks_accuracy_before_compile = True  # NxDI's CPU run judges the checkpoint before neuronx-cc runs
+    graph_key_ignores = ()  # sampling is compiled on device; every recipe field can reach the traced model
 
     def availability(self) -> Availability:
         return sdk_availability("neuronx_distributed_inference")
@@ -119,14 +122,33 @@ class NxdBackend:
         copy_lora_adapters(request)
         # lora_ckpt_paths are relative to the artifact: NxDI checks them at compile and at every load, so both run
         # with the artifact as working directory (serve starts vLLM there too)
-        with request.reporter.task(f"NxDI compile ({config['architecture']}, tp {request.recipe.target.tp_degree})"), \
+        what = "shard weights, traced model reused" if request.donor else "compile"
+        with request.reporter.task(f"NxDI {what} ({config['architecture']}, tp {request.recipe.target.tp_degree})"), \
                 working_directory(request.staging):
             model = model_cls(str(request.model_dir),
                               inference_config(model_cls, config, request.model_dir, request.draft_dir))
-            model.compile(str(request.staging))
+            if request.donor is None:
+                model.compile(str(request.staging))
+            else:  # compile() minus the trace: the config it saves, then NxDI's own weight sharding
+                model.config.save(str(request.staging))
+                model.shard_weights(str(request.staging))
         check_compiled(request.staging, config["neuron_config"])
         _copy_model_files(request)
         return {"nxd": {"model_class": config["model_class"], "platform_target": config["platform_target"]}}
+
+    def graph_files(self, paths) -> list[str]:
+        # the traced model with every bucket's NEFF; neuron_config.json is saved again (it names this checkpoint's
+        # paths) and the weights are sharded again from the new checkpoint
+        return [p for p in paths if p == "model.pt"]
+
+    def graph_reuse_problem(self) -> str | None:
+        try:
+            from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
+        except Exception as exc:  # the SDK is absent or a placeholder: nothing is built here anyway
+            return f"NxD Inference does not import ({type(exc).__name__})"
+        if not hasattr(NeuronApplicationBase, "shard_weights"):
+            return "this NxD Inference has no NeuronApplicationBase.shard_weights (weights cannot be sharded alone)"
+        return None
 
     def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         """Files NxDI's load() reads are present, and this machine's NxDI / compiler / torch-neuronx are the ones

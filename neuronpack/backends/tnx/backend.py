@@ -52,6 +52,9 @@ class TnxBackend:
 
     name = "tnx"
     quantizes_on_load = True
+    publishes_read_only = True
+    checks_accuracy_before_compile = False
+    graph_key_ignores = ()
 
     def availability(self) -> Availability:
         return sdk_availability("transformers_neuronx")
@@ -96,6 +99,8 @@ class TnxBackend:
             raise BuildError(f"transformers-neuronx cannot build here: {availability.reason}", where="framework tnx",
                              fix="compile on a machine with the Neuron SDK, or use --dry-run / --framework torch")
         config = self.compile_config(request)
+        if request.donor is not None:  # TNx's NEFFs take the weights as inputs at to_neuron(): the donor's serve
+            return self._package(request, config, {"model_class": config["model_class"]})
         os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = config["platform_target"]
         model_cls = import_class(config["model_class"])
         with request.reporter.task(f"transformers-neuronx compile ({config['architecture']})"):
@@ -106,10 +111,21 @@ class TnxBackend:
             getattr(model, how)()
             (request.staging / NEFF_DIR).mkdir()
             model.save(str(request.staging / NEFF_DIR))
+        return self._package(request, config, {"model_class": config["model_class"], "compiled_with": how})
+
+    def _package(self, request: BuildRequest, config: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
         check_tnx_artifact(request.staging)
         (request.staging / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         _copy_model_files(request)
-        return {"tnx": {"model_class": config["model_class"], "compiled_with": how}}
+        return {"tnx": info}
+
+    def graph_files(self, paths) -> list[str]:
+        # neffs/<hlo hash>.neff, what TNx's save() writes and load() + to_neuron() match by HLO: weights are the
+        # NEFFs' inputs (transformers_neuronx/base.py), read from the checkpoint at start-up
+        return [p for p in paths if p.startswith(f"{NEFF_DIR}/")]
+
+    def graph_reuse_problem(self) -> str | None:
+        return None
 
     def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         check_tnx_artifact(Path(artifact_dir))

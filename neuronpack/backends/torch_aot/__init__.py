@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.base import Availability, BuildRequest
-from neuronpack.backends.torch_aot.layout import FORMAT_VERSION
+from neuronpack.backends.torch_aot.layout import FORMAT_VERSION, GRAPHS_FILE, KERNELS_LIBRARY
 from neuronpack.backends.torch_aot.target import current_target, cxx_compiler, effective_compiler, torch_version
 from neuronpack.lazy import lazy_attributes
 
@@ -35,6 +35,10 @@ class TorchAotBackend:
 
     name = "torch"
     quantizes_on_load = False  # runs NxDI-format quantized checkpoints made by `neuronpack quantize`
+    publishes_read_only = False
+    checks_accuracy_before_compile = False  # the check runs the built artifact against transformers
+    # host-side sampling: the graphs return logits, the runtime samples with the request's (or these default) values
+    graph_key_ignores = ("sampling",)
 
     def availability(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
@@ -62,6 +66,14 @@ class TorchAotBackend:
         from neuronpack.backends.torch_aot.build import build_artifact
 
         return build_artifact(request)
+
+    def graph_files(self, paths) -> list[str]:
+        # every graph in one package; the kernels library the graphs call (built for this CPU from sources the graph
+        # key holds); weights, draft, adapters and config are rewritten from the new checkpoint
+        return [p for p in paths if p in (GRAPHS_FILE, KERNELS_LIBRARY)]
+
+    def graph_reuse_problem(self) -> str | None:
+        return None
 
     def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         from neuronpack.backends.torch_aot.artifact_config import read_artifact_config

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -144,12 +145,14 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     # AOTInductor graphs call neuronpack's decode kernels for their linears (models/linear_kernels.py); export-only
     # programs keep F.linear, which any torch runs.
     kernels = planned.compiler == "aoti"
-    if kernels:  # built here once per machine; the artifact ships a copy: serving needs no compiler
+    started = time.perf_counter()
+    if kernels and request.donor is None:  # built here once per machine; the artifact ships a copy
         from neuronpack.kernels import machine_library
 
         with reporter.task("neuronpack kernels", total=1) as task:
             shutil.copy2(machine_library(), staging / L.KERNELS_LIBRARY)
             task.advance()
+    graph_seconds = time.perf_counter() - started
     groups = layer_groups(model)  # layer -> its kind of layer graph (one kind unless some layers differ)
     names, draft, speculation = graph_names(groups), None, planned.speculation
     if speculation and speculation.kind == "eagle":  # checked before the compile
@@ -164,9 +167,13 @@ def build_artifact(request: BuildRequest) -> dict[str, Any]:
     copy_aux_files(request.model_dir, staging)
     copy_artifact_adapters(config.lora, request.adapter_dirs(), staging)
     attach_artifact_lora(model, config.lora, staging)  # after write_weights: the artifact keeps the PEFT copies only
-    seconds = compile_graphs(model, request.plan, config, staging, reporter, draft=draft)
     write_artifact_config(staging, config)
-    return {"bucket_seconds": seconds, "compiler": config.compiler}
+    if request.donor is not None:  # graphs.pt2 and the kernels are the donor's: the weights were all there was to do
+        return {"compiler": config.compiler}
+    started = time.perf_counter()
+    seconds = compile_graphs(model, request.plan, config, staging, reporter, draft=draft)
+    graph_seconds += time.perf_counter() - started
+    return {"bucket_seconds": seconds, "compiler": config.compiler, "graph_seconds": round(graph_seconds, 3)}
 
 
 def copy_eagle_draft(draft_dir: Path | None, out: Path, dtype, target_layers: int):

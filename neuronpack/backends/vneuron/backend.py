@@ -52,6 +52,10 @@ class VneuronBackend:
 
     name = "vneuron"
     quantizes_on_load = True  # no offline NxDI quantization: the plugin quantizes through its own neuron_config
+    publishes_read_only = True
+    checks_accuracy_before_compile = False
+    # the CPU compile's time limit: how long neuronpack waits, not an input of any captured graph
+    graph_key_ignores = ("vneuron.compile_timeout",)
 
     def availability(self) -> Availability:
         from neuronpack.backends.neuron.support_matrix import is_new_plugin
@@ -86,7 +90,6 @@ class VneuronBackend:
     def build(self, request: BuildRequest) -> dict[str, Any]:
         """The plugin's CPU compile into a fresh root inside staging; its complete entries into compile_cache/."""
         from neuronpack.backends.vneuron.run import run_cpu_compile
-        from neuronpack.checkpoint import copy_aux_files
 
         availability = self.availability()
         if not availability.ok:
@@ -95,6 +98,10 @@ class VneuronBackend:
                                                             "vllm-neuron and neuronx-cc, or use --dry-run")
         request = dataclasses.replace(request, model_dir=Path(request.model_dir).absolute(),
                                       staging=Path(request.staging).absolute())
+        if request.donor is not None:  # entries are keyed on the FX graph, never the weights: they carry over as is
+            entries = check_packaged(request.staging / CACHE_DIR)
+            self._copy_model_files(request)
+            return {"vneuron": {"entries": entries}}
         config = plugin_config(request.recipe, read_model_config(request.model_dir))
         work = request.staging / WORK_DIR
         work.mkdir()
@@ -107,12 +114,26 @@ class VneuronBackend:
             raise BuildError(exc.what, where=str(log), fix=exc.fix) from None
         shutil.rmtree(work)
         log.unlink(missing_ok=True)
-        shutil.copy2(request.model_dir / "config.json", request.staging / "config.json")
-        copy_aux_files(request.model_dir, request.staging)
+        self._copy_model_files(request)
         request.reporter.info(f"packaged {packed.entries} compile-cache entries ({packed.nki} NKI results, "
                               f"{packed.dropped} lock / debug files left out)")
         return {"vneuron": {"entries": packed.entries, "nki": packed.nki, "bytes": packed.bytes,
                             "dropped_files": packed.dropped, "compile_seconds": round(seconds, 1)}}
+
+    @staticmethod
+    def _copy_model_files(request: BuildRequest) -> None:
+        from neuronpack.checkpoint import copy_aux_files
+
+        shutil.copy2(request.model_dir / "config.json", request.staging / "config.json")
+        copy_aux_files(request.model_dir, request.staging)
+
+    def graph_files(self, paths) -> list[str]:
+        # the packaged compile cache (entries keyed by create_cache_hash: FX graph, shapes, compiler versions and
+        # arguments; the CPU compile runs the model on the meta device, so no weight reaches an entry)
+        return [p for p in paths if p.startswith(f"{CACHE_DIR}/")]
+
+    def graph_reuse_problem(self) -> str | None:
+        return None
 
     def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         """The packaged cache is there and every entry complete (versions: check_toolchain, before this)."""

@@ -1,9 +1,11 @@
 """Stand-in of neuronx_distributed_inference.models.application_base.NeuronApplicationBase.
 
-``compile(path)`` writes what the real one writes: neuron_config.json (config.save), model.pt (here a marker, the
-real one is the traced TorchScript with the NEFFs inside) and, with save_sharded_checkpoint, one
-``weights/tp{rank}_sharded_checkpoint.safetensors`` per rank in start_rank_id .. start_rank_id + local_ranks_size - 1
-(ModelBuilder.shard_checkpoint), each holding that rank's dim-0 slice of every checkpoint tensor.
+``compile(path)`` does what the real one does (NxDI 0.9 models/application_base.py): config.save (neuron_config.json),
+the trace (recorded as "compile": the one step that runs neuronx-cc; model.pt here is a marker, the real one is the
+traced TorchScript with the NEFFs inside, traced with initialize_model_weights=False), then ``shard_weights(path)``,
+the public step of its own: with save_sharded_checkpoint, one ``weights/tp{rank}_sharded_checkpoint.safetensors`` per
+rank in start_rank_id .. start_rank_id + local_ranks_size - 1 (ModelBuilder.shard_checkpoint), each holding that
+rank's dim-0 slice of every checkpoint tensor; without it, nothing (weights are sharded at load).
 """
 
 import os
@@ -46,10 +48,17 @@ class NeuronApplicationBase:
         self.config.save(compiled_model_path)
         with open(compiled_model_path + COMPILED_MODEL_FILE_NAME, "wb") as fh:
             fh.write(b"neuronpack test stand-in: NxDI would write the traced model here\n")
-        if self.neuron_config.save_sharded_checkpoint:
-            self._shard_weights(os.path.join(compiled_model_path, "weights"))
+        self.shard_weights(compiled_model_path, debug)
 
-    def _shard_weights(self, out_dir):
+    def shard_weights(self, compiled_model_path, debug=False, pre_shard_weights_hook=None):
+        compiled_model_path = normalize_path(compiled_model_path)
+        record("shard_weights", path=compiled_model_path, model_path=self.model_path)
+        if pre_shard_weights_hook:
+            pre_shard_weights_hook(self)
+        if self.neuron_config.save_sharded_checkpoint:
+            self._shard_checkpoint(os.path.join(compiled_model_path, "weights"))
+
+    def _shard_checkpoint(self, out_dir):
         from safetensors import safe_open
         from safetensors.torch import save_file
 

@@ -1,0 +1,161 @@
+"""Compile once per graph: a checkpoint whose weights differ only in value takes a published artifact's compiled graphs
+(same graph key), builds only its weights, and stands alone (verify / gc / push of either never breaks the other).
+
+Export-only graphs here (fast); the AOTInductor path with tokens against transformers is
+tests/backends/test_torch_aot_reuse.py, the Neuron frameworks are held to upstream in their own tests.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from neuronpack.artifacts.listing import plan_gc, run_gc
+from neuronpack.artifacts.manifest import read_manifest
+from neuronpack.pipeline import compile_model, verify_artifact
+from tests.pipeline.builds import FAST, RECIPE
+from tests.tiny_models import fine_tune_copy
+
+
+@pytest.fixture(scope="module")
+def donor(tmp_path_factory, tiny_llama):
+    """The tiny model compiled once into a root of its own (the donor of every reuse below)."""
+    root = tmp_path_factory.mktemp("reuse-root")
+    return compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=root), root
+
+
+def _fine_tune(tiny_llama: Path, tmp_path: Path, seed: int = 1) -> Path:
+    return fine_tune_copy(tiny_llama, tmp_path / f"fine-tune-{seed}", seed=seed)
+
+
+def test_a_fine_tune_takes_the_donors_graphs_and_builds_only_its_weights(donor, tiny_llama, tmp_path):
+    built, root = donor
+    tuned = _fine_tune(tiny_llama, tmp_path)
+    result = compile_model(str(tuned), recipe=RECIPE, overrides=FAST, out_root=root)
+    assert not result.cache_hit and result.key != built.key
+    assert result.graphs_from["key"] == built.key and result.graphs_from["files"] == 1
+    assert result.graphs_from["compile_seconds_saved"] == built.manifest.graphs["seconds"] > 0
+    graphs = result.manifest.graphs
+    assert graphs["key"] == built.manifest.graphs["key"] and graphs["from"]["key"] == built.key
+    assert "bucket_seconds" not in result.manifest.build  # nothing was compiled
+    # the graphs are the donor's file (a hard link: one inode), the weights this checkpoint's own
+    assert (result.path / "graphs.pt2").stat().st_ino == (built.path / "graphs.pt2").stat().st_ino
+    mine = {f.path: f.sha256 for f in result.manifest.files}
+    theirs = {f.path: f.sha256 for f in built.manifest.files}
+    assert mine["graphs.pt2"] == theirs["graphs.pt2"]
+    assert mine["weights/model.safetensors"] != theirs["weights/model.safetensors"]
+    assert result.manifest.key_inputs["model"]["weights"]["tensors"] == built.manifest.key_inputs["model"][
+        "weights"]["tensors"]
+    assert verify_artifact(result.path).key == result.key
+
+
+def test_the_reused_artifact_stands_alone_when_the_donor_is_collected(tiny_llama, tmp_path):
+    root = tmp_path / "root"
+    first = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=root)
+    second = compile_model(str(_fine_tune(tiny_llama, tmp_path)), recipe=RECIPE, overrides=FAST, out_root=root)
+    assert second.graphs_from["key"] == first.key
+    items = [i for i in plan_gc(root / "neuron-compiled-artifacts", keep=1) if i.kind == "artifact"]
+    assert [i.path.name for i in items] == [first.key]  # the older one goes
+    run_gc(items)
+    assert not first.path.exists()
+    assert verify_artifact(second.path).key == second.key
+    from neuronpack.backends.torch_aot import load_artifact
+
+    lm = load_artifact(second.path)  # its graphs load without the donor
+    assert lm.batch_size == 2
+
+
+def test_no_reuse_compiles_every_graph(donor, tiny_llama, tmp_path):
+    built, root = donor
+    result = compile_model(str(_fine_tune(tiny_llama, tmp_path, seed=2)), recipe=RECIPE, overrides=FAST,
+                           out_root=root, reuse=False)
+    assert result.graphs_from is None and result.manifest.graphs["from"] is None
+    assert result.manifest.build["bucket_seconds"]
+    assert result.manifest.graphs["key"] == built.manifest.graphs["key"]  # the same graph key, compiled anyway
+    assert (result.path / "graphs.pt2").stat().st_ino != (built.path / "graphs.pt2").stat().st_ino
+
+
+@pytest.mark.parametrize("change", [
+    ["target.batch_size=3"],  # a recipe field a graph is compiled for
+    ["buckets.context=[16, 32]"],  # the bucket plan (its largest bucket bounds the prefill graph)
+])
+def test_a_graph_input_that_differs_compiles_again(donor, tiny_llama, change):
+    built, root = donor
+    result = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST + change, out_root=root)
+    assert result.graphs_from is None
+    assert result.manifest.graphs["key"] != built.manifest.graphs["key"]
+
+
+def test_another_shape_is_another_graph_key(donor, make_checkpoint):
+    built, root = donor
+    other = make_checkpoint(layers=3)  # one more layer: another tensor list
+    result = compile_model(str(other), recipe=RECIPE, overrides=FAST, out_root=root)
+    assert result.graphs_from is None and result.manifest.graphs["key"] != built.manifest.graphs["key"]
+
+
+def test_serving_only_fields_and_tokenizer_files_keep_the_graph_key(donor, tiny_llama, tmp_path):
+    built, root = donor
+    tuned = _fine_tune(tiny_llama, tmp_path, seed=3)
+    config = json.loads((tuned / "tokenizer_config.json").read_text())
+    (tuned / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ messages }}"}))
+    result = compile_model(str(tuned), recipe=RECIPE, overrides=[*FAST, "sampling.top_k=7", "name=renamed"],
+                           out_root=root)
+    # host sampling defaults and a chat template change no graph (the donor: the root's newest of that graph key)
+    assert result.graphs_from is not None and result.manifest.graphs["key"] == built.manifest.graphs["key"]
+    assert result.manifest.recipe.sampling.top_k == 7
+
+
+def test_a_donor_altered_on_disk_is_refused_and_the_graphs_compiled(tiny_llama, tmp_path, capsys):
+    from neuronpack.progress import NullReporter
+
+    root = tmp_path / "root"
+    first = compile_model(str(tiny_llama), recipe=RECIPE, overrides=FAST, out_root=root)
+    graphs = first.path / "graphs.pt2"
+    data = bytearray(graphs.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only its sha256 tells
+    graphs.write_bytes(bytes(data))
+    warnings = []
+
+    class Recorder(NullReporter):
+        def warn(self, message: str) -> None:
+            warnings.append(message)
+
+    second = compile_model(str(_fine_tune(tiny_llama, tmp_path)), recipe=RECIPE, overrides=FAST, out_root=root,
+                           reporter=Recorder())
+    assert second.graphs_from is None and second.manifest.build["bucket_seconds"]
+    assert any("not reusing" in w and "graphs.pt2" in w for w in warnings), warnings
+    assert verify_artifact(second.path).key == second.key
+
+
+def test_an_int8_recipe_reuses_across_requantized_fine_tunes(tiny_llama, tmp_path):
+    """Offline quantization runs again on the new weights (new scales, same dtypes and shapes): the graphs carry."""
+    root = tmp_path / "root"
+    sets = [*FAST, 'quantization.dtype="int8"']
+    first = compile_model(str(tiny_llama), recipe=RECIPE, overrides=sets, out_root=root)
+    second = compile_model(str(_fine_tune(tiny_llama, tmp_path)), recipe=RECIPE, overrides=sets, out_root=root)
+    assert second.graphs_from["key"] == first.key
+    scales = [f for f in read_manifest(second.path).files if f.path.endswith(".safetensors")]
+    assert scales and {f.sha256 for f in scales}.isdisjoint({f.sha256 for f in read_manifest(first.path).files})
+
+
+def test_the_cli_reports_the_reuse_and_no_reuse_turns_it_off(donor, tiny_llama, tmp_path):
+    import subprocess
+    import sys
+
+    built, root = donor
+    tuned = _fine_tune(tiny_llama, tmp_path, seed=4)
+    args = [sys.executable, "-m", "neuronpack", "compile", str(tuned), "--recipe", str(RECIPE), "--set",
+            "compiler=export", "--out-root", str(root), "--progress", "plain"]
+    out = subprocess.run([*args, "--format", "json"], capture_output=True, text=True, check=True)
+    summary = json.loads(out.stdout)
+    donor_key = summary["graphs_from"]["key"]  # the root's newest artifact of this graph key
+    graphs = json.loads((root / "neuron-compiled-artifacts" / donor_key / "neuronpack.json").read_text())["graphs"]
+    assert graphs["key"] == built.manifest.graphs["key"]
+    assert summary["graphs_from"]["compile_seconds_saved"] == graphs["seconds"]
+    assert f"reusing the compiled graphs of {donor_key[:16]}" in out.stderr
+    shutil.rmtree(summary["path"])
+    again = subprocess.run([*args, "--no-reuse"], capture_output=True, text=True, check=True)
+    assert "reusing" not in again.stderr and again.stdout.strip().splitlines()[-1] == summary["path"]
