@@ -59,7 +59,7 @@ def graph_key_inputs(key_inputs: Mapping[str, Any], *, code: str, lora_dirs: Map
             checkpoint = key_inputs[name]
             out[name] = {"config": checkpoint["config"], "tensors": checkpoint["weights"]["tensors"]}
     compile_inputs = copy.deepcopy(dict(key_inputs["compile"]))
-    if compile_inputs.get("lora"):
+    if isinstance(compile_inputs.get("lora"), dict):
         compile_inputs["lora"].pop("adapters", None)  # names: what a request asks for, not a graph input
     for path in ignore:
         _drop(compile_inputs, path.split("."))

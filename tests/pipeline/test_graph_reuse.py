@@ -159,3 +159,44 @@ def test_the_cli_reports_the_reuse_and_no_reuse_turns_it_off(donor, tiny_llama, 
     shutil.rmtree(summary["path"])
     again = subprocess.run([*args, "--no-reuse"], capture_output=True, text=True, check=True)
     assert "reusing" not in again.stderr and again.stdout.strip().splitlines()[-1] == summary["path"]
+
+
+def test_a_new_eagle_draft_of_the_same_shape_reuses_the_draft_graphs(tiny_llama, tmp_path):
+    from tests.convert.eagle_fixtures import make_eagle1_draft
+
+    vocab = json.loads((tiny_llama / "config.json").read_text())["vocab_size"]
+    root = tmp_path / "root"
+
+    def build(model: Path, seed: int):
+        draft = make_eagle1_draft(tmp_path / f"draft-{seed}", vocab=vocab, layout="safetensors", dtype="float32",
+                                  seed=seed)
+        sets = [*FAST, 'speculation.kind="eagle"', f'speculation.draft="{draft}"', "speculation.length=3"]
+        return compile_model(str(model), recipe=RECIPE, overrides=sets, out_root=root)
+
+    first = build(tiny_llama, seed=1)
+    second = build(_fine_tune(tiny_llama, tmp_path), seed=2)  # a retrained draft for a retrained target
+    assert second.graphs_from["key"] == first.key
+    assert set(json.loads((second.path / "neuron_config.json").read_text())["graphs"]) >= {"draft_step", "draft_head"}
+    mine, theirs = ({f.path: f.sha256 for f in r.manifest.files} for r in (second, first))
+    drafts = [p for p in mine if p.startswith("draft/") and p.endswith(".safetensors")]
+    assert drafts and all(mine[p] != theirs[p] for p in drafts)  # the new draft's weights, converted again
+
+
+def test_new_lora_adapters_of_the_same_shape_reuse_the_graphs(tiny_llama, tmp_path):
+    from tests.lora_adapters import make_peft_adapter
+
+    root = tmp_path / "root"
+
+    def build(model: Path, seed: int):
+        adapter = make_peft_adapter(tiny_llama, tmp_path / f"adapter-{seed}", rank=4, seed=seed)
+        sets = [*FAST, f'lora.adapters=[{{name="a{seed}", path="{adapter}"}}]', "lora.max_rank=8"]
+        return compile_model(str(model), recipe=RECIPE, overrides=sets, out_root=root)
+
+    first = build(tiny_llama, seed=1)
+    second = build(_fine_tune(tiny_llama, tmp_path), seed=2)  # another adapter (and name) of the same rank
+    assert second.graphs_from["key"] == first.key
+    assert [p.name for p in (second.path / "lora").iterdir()] == ["a2"]
+    third = compile_model(str(tiny_llama), recipe=RECIPE, out_root=root, overrides=[
+        *FAST, f'lora.adapters=[{{name="r8", path="{make_peft_adapter(tiny_llama, tmp_path / "r8", rank=8)}"}}]',
+        "lora.max_rank=8"])
+    assert third.graphs_from is None  # another rank: other tensor shapes, another graph key
