@@ -82,7 +82,7 @@ def _typer_app(names: list[str]) -> typer.Typer:
 
 @functools.cache
 def _full_app() -> typer.Typer:
-    return _typer_app(sorted([*_COMMANDS, *_GROUPS], key=[*_COMMANDS, *_GROUPS].index))
+    return _typer_app([*_COMMANDS, *_GROUPS])
 
 
 def __getattr__(name: str) -> typer.Typer:
