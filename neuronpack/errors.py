@@ -35,6 +35,10 @@ class BucketError(NeuronpackError):
     """A bucket plan is inconsistent, or a length does not fit any bucket."""
 
 
+class TrafficError(NeuronpackError):
+    """A request log (``buckets plan --traffic``) is unreadable, empty or malformed."""
+
+
 class CheckpointError(NeuronpackError):
     """A model checkpoint is missing, malformed or unsafe."""
 

@@ -26,7 +26,6 @@ _COMMANDS = {
     "serve": ("serve_cmd", "serve_command"),
     "generate": ("serve_cmd", "generate_command"),
     "eval": ("eval_cmd", "eval_command"),
-    "buckets": ("buckets_cmd", "buckets_command"),
     "inspect": ("artifacts_cmd", "inspect_command"),
     "verify": ("artifacts_cmd", "verify_command"),
     "ls": ("artifacts_cmd", "ls_command"),
@@ -36,6 +35,10 @@ _COMMANDS = {
     "doctor": ("doctor_cmd", "doctor_command"),
     "import-gguf": ("gguf_cmd", "import_gguf_command"),
 }
+
+
+# command group -> (module, function returning its typer.Typer): `buckets` takes options itself and has subcommands
+_GROUPS = {"buckets": ("buckets_cmd", "buckets_app")}
 
 
 def _command(name: str) -> Callable[..., None]:
@@ -67,14 +70,19 @@ def _typer_app(names: list[str]) -> typer.Typer:
         pretty_exceptions_enable=False,
     )
     for name in names:
-        cli.command(name)(handle_errors(_command(name)))
+        if name in _GROUPS:
+            module, function = _GROUPS[name]
+            group = getattr(importlib.import_module(f"neuronpack.cli.{module}"), function)()
+            cli.add_typer(group, name=name)
+        else:
+            cli.command(name)(handle_errors(_command(name)))
     cli.callback()(_root)
     return cli
 
 
 @functools.cache
 def _full_app() -> typer.Typer:
-    return _typer_app(list(_COMMANDS))
+    return _typer_app([*_COMMANDS, *_GROUPS])
 
 
 def __getattr__(name: str) -> typer.Typer:
@@ -90,7 +98,7 @@ def main() -> None:
     its module is imported: typer builds the click parameters of every registered command before it parses a flag
     (~15 ms of start-up), and the command's usage, help and errors are the same either way (they name ``neuronpack
     <command>``)."""
-    single = len(sys.argv) > 1 and sys.argv[1] in _COMMANDS
+    single = len(sys.argv) > 1 and (sys.argv[1] in _COMMANDS or sys.argv[1] in _GROUPS)
     try:
         (_typer_app([sys.argv[1]]) if single else _full_app())()
     finally:

@@ -1,4 +1,5 @@
-"""`neuronpack buckets`: the bucket plan NxD Inference would compile, as a table."""
+"""`neuronpack buckets`: the bucket plan NxD Inference would compile, as a table; `neuronpack buckets plan`
+(buckets_plan_cmd.py): buckets planned from a request log."""
 
 from __future__ import annotations
 
@@ -29,9 +30,24 @@ def _check_ints(text: str | None) -> str | None:
     return text
 
 
+def buckets_app() -> typer.Typer:
+    """``buckets`` with its options (the plan of a sequence length) and the ``plan`` subcommand."""
+    from neuronpack.cli._console import handle_errors
+    from neuronpack.cli.buckets_plan_cmd import plan_command
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.callback(invoke_without_command=True)(handle_errors(buckets_command))
+    app.command("plan")(handle_errors(plan_command))
+    return app
+
+
 def buckets_command(
+    ctx: typer.Context,
     *,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="maximum total length (token-generation maximum)")],
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", help="maximum total length (token-generation maximum); required "
+                                 "without a subcommand")
+    ] = None,
     max_context_length: Annotated[
         int | None, typer.Option("--max-context-length", help="maximum prompt length (default: seq-len)")
     ] = None,
@@ -46,7 +62,14 @@ def buckets_command(
     no_bucketing: Annotated[bool, typer.Option("--no-bucketing", help="one bucket each (bucketing off)")] = False,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Print the bucket plan for a sequence length (NxDI's auto formula unless lists are given)."""
+    """Print the bucket plan for a sequence length (NxDI's auto formula unless lists are given); `buckets plan`
+    plans buckets from a request log."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if seq_len is None:
+        import click
+
+        raise click.MissingParameter(param_hint="'--seq-len'", param_type="option")
     from neuronpack.buckets import plan_buckets
 
     plan = plan_buckets(seq_len, max_context_length, enabled=not no_bucketing, context=_ints(context),

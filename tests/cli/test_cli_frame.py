@@ -35,7 +35,8 @@ def test_cli_start_and_buckets_do_not_import_torch():
 
 
 def test_a_command_imports_only_its_own_module():
-    """``neuronpack <command>`` (the entry point, ``main``) imports that command's module and no other; the full app
+    """``neuronpack <command>`` (the entry point, ``main``) imports that command's modules and no other (a command
+    group's: ``buckets`` and its ``plan`` subcommand, whose options typer builds with the group); the full app
     (``--help``, an unknown command) has every command."""
     code = (
         "import sys\n"
@@ -45,7 +46,7 @@ def test_a_command_imports_only_its_own_module():
         "print(sorted(m for m in sys.modules if m.startswith('neuronpack.cli.') and m.endswith('_cmd')))\n"
     )
     out, _ = run_fresh(code)
-    assert out.splitlines()[-1] == "['neuronpack.cli.buckets_cmd']"
+    assert out.splitlines()[-1] == "['neuronpack.cli.buckets_cmd', 'neuronpack.cli.buckets_plan_cmd']"
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0 and all(name in result.output for name in ("compile", "convert-eagle", "pull"))
 
