@@ -235,6 +235,30 @@ def test_compile_without_the_plugin_is_one_line(tmp_path, built):
     assert "framework vneuron cannot build here: vllm-neuron is not installed" in line
 
 
+def test_a_fine_tune_takes_every_cache_entry_without_a_cpu_compile(built, tmp_path):
+    """A new checkpoint of the same model: the plugin's entries are keyed on graphs (create_cache_hash: FX graph,
+    shapes, compiler), so they carry over as they are; no CPU compile runs, and upstream's own lookups at the pod's
+    start hit every entry while vLLM loads the NEW weights."""
+    from tests.tiny_models import fine_tune_copy
+
+    donor = built["llama"]
+    tuned = fine_tune_copy(donor["model"], tmp_path / "fine-tune")
+    artifact, result = compile_artifact(tuned, RECIPES["llama"], donor["root"], plugin_env(donor["tmp"]))
+    assert result["key"] != donor["result"]["key"] and result["graphs_from"]["key"] == donor["result"]["key"]
+    manifest = json.loads((artifact / "neuronpack.json").read_text())
+    assert "compile_seconds" not in manifest["build"]["vneuron"]  # the plugin's CPU compile never started
+    entries = _entries(artifact)
+    assert [e.name for e in entries] == [e.name for e in _entries(donor["artifact"])]
+    with upstream_plugin() as plugin:
+        for entry in entries:
+            assert plugin.cache._build_cache_artifact(str(entry), entry.name) is not None
+    env = plugin_env(tmp_path)
+    assert _serve_stats(artifact, env) == {"local_hits": 0, "fetched": len(entries), "compiled": 0,
+                                           "nki_compiled": 0, "nki_hits": 1}
+    argv = print_command(artifact, env)["argv"]
+    assert argv[argv.index("--model") + 1] == str(tuned)  # vLLM reads the fine-tune's weights
+
+
 # --- helpers ---------------------------------------------------------------------------------------------------------
 def _serve_stats(artifact: Path | str, env: dict[str, str]) -> dict:
     port = _free_port()

@@ -123,3 +123,25 @@ def _transpose_in_header(shard: Path, name: str) -> None:
     assert len(text) == length
     data[8:8 + length] = text
     shard.write_bytes(bytes(data))
+
+
+def test_a_reused_artifact_runs_in_nxdi_on_the_new_weights(nxd_artifact, tmp_path):
+    """A fine-tune compiled with the donor's traced model (no Neuron compile), its weights quantized and sharded
+    again: upstream NxDI's CPU run of it passes against transformers on the NEW checkpoint."""
+    from tests.tiny_models import fine_tune_copy
+
+    artifact, python, sources, work = nxd_artifact
+    tuned = fine_tune_copy(work / "llama", tmp_path / "fine-tune", scale=1.2, seed=5)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STANDIN / "nxd"), str(STANDIN / "compiler")])}
+    built = json.loads(subprocess.run(
+        [sys.executable, "-m", "neuronpack", "compile", str(tuned), "--recipe", str(INT8_RECIPE), "--out-root",
+         str(work / "root"), "--progress", "none", "--format", "json"], capture_output=True, text=True, env=env,
+        check=True).stdout)
+    assert built["graphs_from"]["key"] == artifact.name
+    reused = Path(built["path"])
+    manifest = json.loads((reused / "neuronpack.json").read_text())
+    assert manifest["model"]["original_path"] == str(tuned)
+    out = _eval(python, sources, reused, work, "--format", "json")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["status"] == "passed" and report["summary"]["vs_dequantized"]["kl_mean"] < 1e-3
