@@ -120,7 +120,7 @@ def compile_command(
             reporter.info(f"cache hit: {result.key[:16]} (built {manifest.get('created_at') or '?'})")
         elif (donor := result.graphs_from) is not None:
             reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s with the compiled "
-                          f"graphs of {donor['key'][:16]} ({donor['files']} files; "
+                          f"graphs of {donor['key'][:16]} ({donor['files']} file{'s' if donor['files'] != 1 else ''}; "
                           f"{donor['compile_seconds_saved']:.1f} s of compile saved)")
         else:
             reporter.info(f"built {result.key[:16]} in {result.timings.get('build', 0.0):.1f} s")
