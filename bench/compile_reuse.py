@@ -33,30 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import NEURONPACK, OUT_DIR, ROOT, chat_prompt_ids, median, run_timed, save_bar_plot, save_results  # noqa: E402,I001
 
 from tests.moto_s3 import MotoServer  # noqa: E402
+from tests.tiny_models import fine_tune_copy  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-cpu.toml"
 SIDES = ("full", "reuse", "no_reuse", "remote")
 
 
-def fine_tune(model: Path, out: Path, *, seed: int = 1) -> Path:
+def fine_tune(model: Path, out: Path) -> Path:
     """Every floating tensor of ``model`` scaled by 1.01 plus seeded noise of 1% of its std: a fine-tune's shape."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    if (out / "config.json").is_file():
-        return out
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(model, tmp)
-    gen = torch.Generator().manual_seed(seed)
-    for path in sorted(tmp.glob("*.safetensors")):
-        tensors = load_file(path)
-        for name, t in tensors.items():
-            if t.is_floating_point():
-                f = t.float()
-                tensors[name] = (f * 1.01 + torch.randn(f.shape, generator=gen) * 0.01 * f.std()).to(t.dtype)
-        save_file(tensors, path, metadata={"format": "pt"})
-    tmp.rename(out)
+    if not (out / "config.json").is_file():
+        fine_tune_copy(model, out)
     return out
 
 

@@ -137,7 +137,8 @@ def make_tiny_checkpoint(
 
 def fine_tune_copy(src: Path, out: Path, *, scale: float = 1.01, seed: int = 1) -> Path:
     """A "fine-tune" of the checkpoint ``src`` in ``out``: every floating tensor's values changed (multiplied by
-    ``scale`` and nudged by seeded noise), names / dtypes / shapes, config and tokenizer as they are."""
+    ``scale`` and nudged by seeded noise of 1% of its std), names / dtypes / shapes, config and tokenizer as they
+    are. (bench/compile_reuse.py makes SmolLM2's fine-tune with it too.)"""
     import shutil
 
     import torch
@@ -150,7 +151,8 @@ def fine_tune_copy(src: Path, out: Path, *, scale: float = 1.01, seed: int = 1) 
         tensors = load_file(path)
         for name, t in tensors.items():
             if t.is_floating_point():
-                noise = torch.randn(t.shape, generator=gen) * 0.01
-                tensors[name] = (t.float() * scale + noise).to(t.dtype).contiguous()
+                f = t.float()
+                noise = torch.randn(f.shape, generator=gen) * 0.01 * (f.std() if f.numel() > 1 else 1.0)
+                tensors[name] = (f * scale + noise).to(t.dtype).contiguous()
         save_file(tensors, path, metadata={"format": "pt"})
     return out
