@@ -62,3 +62,16 @@ def test_a_stale_index_entry_is_skipped(any_store, tiny_llama, tmp_path):
                         out_root=tmp_path / "box", remote=transport)
     assert box.graphs_from is None and box.manifest.build["bucket_seconds"]
     assert Path(box.path).is_dir()
+
+
+def test_gc_remote_takes_an_artifacts_index_entry_with_it(any_store, tiny_llama, tmp_path):
+    from neuronpack.artifacts.remote.listing import plan_remote_gc, run_remote_gc
+
+    transport = open_transport(any_store)
+    ci = compile_model(str(tiny_llama), recipe=RECIPE, overrides=SETS, out_root=tmp_path / "ci")
+    push_artifact(ci.path, transport)
+    entry = index_path(ci.manifest.graphs["key"], ci.key)
+    (item,) = plan_remote_gc(transport, keep=0)
+    assert entry in item.paths and item.size == ci.manifest.total_size  # the index entry adds no size
+    run_remote_gc(transport, [item])
+    assert transport.stat(entry) is None and transport.list_files(ci.key) == []

@@ -42,3 +42,11 @@ def find_remote_donor(transport: Transport, graph_key: str, graph_files: GraphFi
         if donor is not None:
             return donor
     return None
+
+
+def graph_index_entries(transport: Transport) -> dict[str, list[str]]:
+    """artifact key -> its graph-index objects (one listing of the index)."""
+    entries: dict[str, list[str]] = {}
+    for info in transport.list_files(GRAPH_INDEX):
+        entries.setdefault(info.path.rsplit("/", 1)[-1], []).append(info.path)
+    return entries

@@ -13,6 +13,7 @@ from typing import Any
 
 from neuronpack.artifacts.manifest import MANIFEST_NAME, Manifest
 from neuronpack.artifacts.precision import weights_precision
+from neuronpack.artifacts.remote.graph_index import graph_index_entries
 from neuronpack.artifacts.remote.pull import read_remote_manifest
 from neuronpack.artifacts.remote.push import LEASE_STALE
 from neuronpack.artifacts.remote.transport import ObjectInfo, Transport, is_key
@@ -85,6 +86,7 @@ def plan_remote_gc(transport: Transport, *, keep: int | None = None,
                    older_than: float | None = None) -> list[RemoteGcItem]:
     now = transport.now()
     scanned = scan_remote(transport, read_manifests=False)
+    indexed = graph_index_entries(transport)  # an artifact removed takes its graph-index entry with it
     committed = sorted((k for k in scanned if k.committed), key=lambda k: -k.pushed_at)
     items = []
     for index, item in enumerate(committed):
@@ -94,19 +96,19 @@ def plan_remote_gc(transport: Transport, *, keep: int | None = None,
         if older_than is not None and now - item.pushed_at > older_than:
             reasons.append(f"older than {older_than:.0f}s")
         if reasons:
-            items.append(_item(item, "artifact", " and ".join(reasons)))
+            items.append(_item(item, "artifact", " and ".join(reasons), indexed.get(item.key, [])))
     for item in scanned:
         if not item.committed and now - item.pushed_at > UNFINISHED_GRACE:
-            items.append(_item(item, "unfinished", "no manifest (an interrupted push)"))
+            items.append(_item(item, "unfinished", "no manifest (an interrupted push)", indexed.get(item.key, [])))
     return items
 
 
-def _item(item: RemoteKey, kind: str, reason: str) -> RemoteGcItem:
+def _item(item: RemoteKey, kind: str, reason: str, index: list[str]) -> RemoteGcItem:
     manifest = [o.path for o in item.objects if o.path.endswith(f"/{MANIFEST_NAME}")]
     rest = [o for o in item.objects if o.path not in manifest]
     # an artifact's size is its files' (as ls and a local gc count it, the manifest aside); unfinished: every object
     size = sum(o.size for o in (rest if kind == "artifact" else item.objects))
-    return RemoteGcItem(item.key, kind, size, reason, manifest + [o.path for o in rest])
+    return RemoteGcItem(item.key, kind, size, reason, manifest + [o.path for o in rest] + index)
 
 
 def run_remote_gc(transport: Transport, items: list[RemoteGcItem]) -> None:
