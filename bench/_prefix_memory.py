@@ -22,7 +22,7 @@ def poll_usage(port: int, stop: threading.Event, samples: list[tuple[float, floa
     """Read ``neuronpack_prefix_cache_usage_bytes`` from /metrics until ``stop`` (a read that fails is skipped)."""
     import httpx
 
-    from neuronpack.runtime.metrics import metric_value
+    from neuronpack.runtime.engine.metrics import metric_value
 
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         while not stop.is_set():
@@ -38,7 +38,7 @@ def prefix_cache_main(args) -> None:
     import httpx
     from serve_memory import status
 
-    from neuronpack.runtime.metrics import metric_value
+    from neuronpack.runtime.engine.metrics import metric_value
 
     base = system_prompt(args.model, 400)
     # Each group's system prompt starts with its own words: no two groups share a block.

@@ -108,7 +108,7 @@ def compiled_draft(draft, work: Path, layout: str, limits):
 
 def one_step(proposer, state: dict, hidden_in: int, gen) -> tuple[float, float, list[list[int]]]:
     """verified (KEPT of K + 1) then propose K, for every sequence; -> (cpu s, wall s, drafts)."""
-    from neuronpack.runtime.speculation.proposer import DraftRequest
+    from neuronpack.runtime.engine.speculation.proposer import DraftRequest
 
     ids = list(state)
     hidden = torch.randn(len(ids), K + 1, hidden_in, generator=gen)
@@ -122,7 +122,7 @@ def one_step(proposer, state: dict, hidden_in: int, gen) -> tuple[float, float, 
 
 def start(proposer, n: int, hidden_in: int, seed: int) -> dict:
     """n sequences with a PROMPT_LEN prompt: prefilled, first propose (the catch-up over the prompt)."""
-    from neuronpack.runtime.speculation.proposer import DraftRequest
+    from neuronpack.runtime.engine.speculation.proposer import DraftRequest
 
     gen = torch.Generator().manual_seed(seed)
     state = {f"r{i}": torch.randint(0, 1000, (PROMPT_LEN + 1,), generator=gen).tolist() for i in range(n)}
@@ -132,7 +132,7 @@ def start(proposer, n: int, hidden_in: int, seed: int) -> dict:
 
 
 def measure(drafts: dict, graphs, batch: int, repeat: int, hidden_in: int) -> dict:
-    from neuronpack.runtime.speculation.eagle import EagleProposer
+    from neuronpack.runtime.engine.speculation.eagle import EagleProposer
 
     sides = {"eager": EagleProposer(drafts["eager"], rows=batch),
              "compiled": EagleProposer(drafts["compiled"], graphs, rows=batch)}

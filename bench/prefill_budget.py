@@ -32,7 +32,7 @@ from _common import OUT_DIR, build_artifact, chat_prompt_ids, save_results
 def burst(lm, tokenizer, prompts: list[list[int]], budget: int | None, max_tokens: int) -> dict:
     """One round: prompts[0] decodes alone for a few steps, then prompts[1:] arrive together."""
     from neuronpack.runtime.engine import Engine
-    from neuronpack.runtime.requests import EngineLimits, GenerationRequest
+    from neuronpack.runtime.engine.requests import EngineLimits, GenerationRequest
 
     engine = Engine(lm, tokenizer, limits=EngineLimits(max_prefill_tokens=budget))
     times: dict[str, list[float]] = {}

@@ -51,8 +51,8 @@ def prompts(tokenizer, target: int) -> dict[str, list[int]]:
 
 
 def ttft(engine, ids: list[int]) -> float:
-    from neuronpack.runtime.requests import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.requests import GenerationRequest
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=1, sampling=SamplingParams(temperature=0.0))
     return engine.generate(request).timings["ttft_s"]
@@ -60,8 +60,8 @@ def ttft(engine, ids: list[int]) -> float:
 
 def run_together(engine, prompts: list[list[int]]) -> dict[str, list[int]]:
     """Every prompt submitted at once (one token each), stepped until all finished."""
-    from neuronpack.runtime.requests import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.requests import GenerationRequest
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     outputs: dict[str, list[int]] = {}
     for ids in prompts:
@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     from neuronpack.backends.torch_aot import load_artifact
     from neuronpack.runtime.engine import Engine
-    from neuronpack.runtime.prefix_cache import PrefixCaching
+    from neuronpack.runtime.engine.prefix_cache import PrefixCaching
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
     if args.artifact is None and args.model is None:

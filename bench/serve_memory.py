@@ -120,7 +120,7 @@ def measure(artifact: Path, variant: str, streams: int, max_tokens: int, threads
         load = drive(port, model, streams, max_tokens)
         time.sleep(0.2)
         just_after = status(proc.pid)
-        time.sleep(SETTLE_SECONDS)  # the server releases freed memory once idle (runtime/memory.py)
+        time.sleep(SETTLE_SECONDS)  # the server releases freed memory once idle (runtime/openai/memory.py)
         after = status(proc.pid)
         after_maps = smaps_by_mapping(proc.pid)
     finally:

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import NEURONPACK, OUT_DIR, ROOT, free_port, save_results, start_serve_process  # noqa: E402
 
-from neuronpack.runtime.metrics import metric_value  # noqa: E402
+from neuronpack.runtime.engine.metrics import metric_value  # noqa: E402
 
 MODEL_NAME = "soak"
 PROMPTS = [

@@ -55,7 +55,7 @@ def checkpoint(model: Path | None, workdir: Path) -> Path:
 
 def decode_rate(engine, prompt_ids: list[int], max_tokens: int):
     from neuronpack.runtime.engine import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     request = GenerationRequest(prompt_ids=tuple(prompt_ids), sampling=SamplingParams(temperature=0.0),
                                 max_tokens=max_tokens)
@@ -66,7 +66,7 @@ def decode_rate(engine, prompt_ids: list[int], max_tokens: int):
 
 def _ms_per_step(engine) -> float:
     """Mean decode-step duration (the engine's histogram; a speculative step verifies up to k + 1 tokens)."""
-    from neuronpack.runtime.metrics import metric_value
+    from neuronpack.runtime.engine.metrics import metric_value
 
     text = engine.metrics.render().decode()
     count = metric_value(text, "neuronpack_decode_step_seconds_count")
@@ -86,8 +86,8 @@ def main() -> None:
     from neuronpack.backends.torch_aot import load_artifact
     from neuronpack.pipeline import compile_model
     from neuronpack.runtime.engine import Engine
+    from neuronpack.runtime.engine.speculation.config import SpeculationConfig
     from neuronpack.runtime.loader import configure_threads
-    from neuronpack.runtime.speculation.config import SpeculationConfig
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
     args.workdir.mkdir(parents=True, exist_ok=True)

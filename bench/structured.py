@@ -62,7 +62,7 @@ def typical_schema(field: str) -> dict:
 def run_batch(engine, prompt_ids: list[int], concurrency: int, max_tokens: int, grammar) -> tuple[int, float]:
     """``concurrency`` requests at once on the engine's loop; returns (tokens generated, wall seconds)."""
     from neuronpack.runtime.engine import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     done, counts, finished = threading.Event(), [0] * concurrency, []
     started = time.perf_counter()
@@ -82,7 +82,7 @@ def run_batch(engine, prompt_ids: list[int], concurrency: int, max_tokens: int, 
 def first_token_s(engine, prompt_ids: list[int], spec) -> float:
     """Seconds from a request's arrival (its grammar compiled on the way, as the server does) to its first token."""
     from neuronpack.runtime.engine import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     first = threading.Event()
     started = time.perf_counter()

@@ -192,8 +192,8 @@ def generate_command(
     """Generate one completion from an artifact through the serving engine; the text goes to stdout."""
     from neuronpack.pipeline import resolve_serving_artifact
     from neuronpack.runtime.engine import GenerationRequest
+    from neuronpack.runtime.engine.sampling import SamplingParams
     from neuronpack.runtime.loader import load_engine
-    from neuronpack.runtime.sampling import SamplingParams
 
     reporter = RichReporter(quiet=quiet)
     path = resolve_serving_artifact(artifact_dir, reporter=reporter)
@@ -263,15 +263,15 @@ class _ServeLimits(NamedTuple):
 def _serve_torch(path: Path, manifest: Manifest, *, host: str, port: int, api_key: str | None,
                  threads: int | None, reporter: RichReporter, quiet: bool, limits: _ServeLimits) -> None:
     from neuronpack.runtime.engine import EngineLimits
-    from neuronpack.runtime.http_limits import ServerLimits
+    from neuronpack.runtime.engine.prefix_cache import PrefixCaching
     from neuronpack.runtime.loader import available_cores, load_engine
-    from neuronpack.runtime.memory import limit_malloc_arenas, release_free_memory
-    from neuronpack.runtime.prefix_cache import PrefixCaching
-    from neuronpack.runtime.server import create_app, run_server
+    from neuronpack.runtime.openai.http_limits import ServerLimits
+    from neuronpack.runtime.openai.memory import limit_malloc_arenas, release_free_memory
+    from neuronpack.runtime.openai.server import create_app, run_server
 
     engine_limits = EngineLimits(max_waiting=limits.max_waiting, request_timeout=limits.request_timeout or None,
                                  max_prefill_tokens=limits.max_prefill_tokens)
-    limit_malloc_arenas()  # before the server's threads exist: see runtime/memory.py
+    limit_malloc_arenas()  # before the server's threads exist: see runtime/openai/memory.py
     # loaded on one thread, so only the engine's loop opens OpenMP teams (Engine.loop_threads)
     caching = PrefixCaching(enabled=limits.prefix_caching, memory_mib=limits.prefix_cache_memory)
     loaded = load_engine(path, manifest=manifest, num_threads=1, reporter=reporter, limits=engine_limits,

@@ -13,8 +13,8 @@ from neuronpack.convert.eagle import convert_eagle
 from neuronpack.errors import CheckpointError, UnsupportedModelError
 from neuronpack.models.eagle import load_eagle_draft
 from neuronpack.models.llama import store_kv
-from neuronpack.runtime.speculation.eagle import EagleProposer
-from neuronpack.runtime.speculation.proposer import DraftRequest
+from neuronpack.runtime.engine.speculation.eagle import EagleProposer
+from neuronpack.runtime.engine.speculation.proposer import DraftRequest
 from tests.convert.eagle_fixtures import make_eagle1_draft, make_eagle3_draft
 
 

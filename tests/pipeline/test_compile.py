@@ -29,7 +29,7 @@ BUILD_ONLY_MODULES = (
     "neuronpack.backends.torch_aot.compile",
     "neuronpack.checkpoint.writer", "neuronpack.checkpoint.gguf_import",
     "neuronpack.artifacts.remote", "neuronpack.pipeline.prepare", "neuronpack.pipeline.serving",
-    "neuronpack.runtime.engine", "neuronpack.runtime.server",
+    "neuronpack.runtime.engine", "neuronpack.runtime.openai.server",
 )
 
 

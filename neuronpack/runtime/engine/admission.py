@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from neuronpack.errors import ServerBusyError
 
 if TYPE_CHECKING:
-    from neuronpack.runtime.metrics import EngineMetrics
+    from neuronpack.runtime.engine.metrics import EngineMetrics
 
 
 class Admission:

@@ -38,7 +38,7 @@ first cut at its first refused token); it ends "stop" once its grammar is comple
 grammar reaches a dead end.
 
 Speculative decoding (an artifact compiled with ``[speculation]``): the decode step becomes a draft-then-verify step
-(``runtime/speculation/step.py``) that may emit several tokens per sequence; they go through the stop rules one by
+(``speculation/step.py``) that may emit several tokens per sequence; they go through the stop rules one by
 one (whatever follows a stop is dropped), and sequences end with "length" once ``length + lookahead`` would pass
 ``max_model_len``.
 
@@ -58,12 +58,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.errors import InvalidRequestError
-from neuronpack.runtime.admission import Admission
-from neuronpack.runtime.logprobs import TokenLogprobs, prompt_logprobs
-from neuronpack.runtime.metrics import EngineMetrics
-from neuronpack.runtime.plan import StepPlan
-from neuronpack.runtime.prefix_cache import PrefixCaching
-from neuronpack.runtime.requests import (
+from neuronpack.runtime.engine.admission import Admission
+from neuronpack.runtime.engine.logprobs import TokenLogprobs, prompt_logprobs
+from neuronpack.runtime.engine.metrics import EngineMetrics
+from neuronpack.runtime.engine.plan import StepPlan
+from neuronpack.runtime.engine.prefix_cache import PrefixCaching
+from neuronpack.runtime.engine.requests import (
     CompiledModel,
     EngineLimits,
     GenerationRequest,
@@ -74,13 +74,13 @@ from neuronpack.runtime.requests import (
     new_request_state,
     run_to_completion,
 )
-from neuronpack.runtime.runner import ModelRunner
-from neuronpack.runtime.sampling import DEFAULT_GLOBAL_TOPK, sample
-from neuronpack.runtime.scheduler import SlotScheduler
-from neuronpack.runtime.speculation.acceptance import Accepted
-from neuronpack.runtime.speculation.config import SpeculationConfig
-from neuronpack.runtime.speculation.step import SpecRow, SpeculativeStep
-from neuronpack.runtime.stopping import FinishReason
+from neuronpack.runtime.engine.runner import ModelRunner
+from neuronpack.runtime.engine.sampling import DEFAULT_GLOBAL_TOPK, sample
+from neuronpack.runtime.engine.scheduler import SlotScheduler
+from neuronpack.runtime.engine.speculation.acceptance import Accepted
+from neuronpack.runtime.engine.speculation.config import SpeculationConfig
+from neuronpack.runtime.engine.speculation.step import SpecRow, SpeculativeStep
+from neuronpack.runtime.engine.stopping import FinishReason
 from neuronpack.runtime.structured import GrammarCompiler, Masks, mask_logits
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
-from neuronpack.runtime.prefix_cache import PrefixIndex
+from neuronpack.runtime.engine.prefix_cache import PrefixIndex
 
 K = TypeVar("K")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from neuronpack.runtime.kv_rows import RowCopy
+from neuronpack.runtime.engine.kv_rows import RowCopy
 
 
 @dataclass(frozen=True)

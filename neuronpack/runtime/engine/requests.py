@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from neuronpack.errors import InvalidRequestError, ServeError
-from neuronpack.runtime.logprobs import MAX_LOGPROBS, TokenLogprobs
-from neuronpack.runtime.sampling import RowSampler, SamplingParams
-from neuronpack.runtime.speculation.stats import SpecStats
-from neuronpack.runtime.stopping import Decoder, FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
+from neuronpack.runtime.engine.logprobs import MAX_LOGPROBS, TokenLogprobs
+from neuronpack.runtime.engine.sampling import RowSampler, SamplingParams
+from neuronpack.runtime.engine.speculation.stats import SpecStats
+from neuronpack.runtime.engine.stopping import Decoder, FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
 from neuronpack.runtime.structured import CompiledGrammar, Constraint
 
 if TYPE_CHECKING:

@@ -27,16 +27,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from neuronpack.runtime.plan import DecodeRow, PrefillGroup
+from neuronpack.runtime.engine.plan import DecodeRow, PrefillGroup
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from neuronpack.runtime.kv_rows import RowCopy
-    from neuronpack.runtime.requests import CompiledModel
-    from neuronpack.runtime.speculation.acceptance import Accepted
-    from neuronpack.runtime.speculation.stats import SpecStats
-    from neuronpack.runtime.speculation.step import SpecRow, SpeculativeStep
+    from neuronpack.runtime.engine.kv_rows import RowCopy
+    from neuronpack.runtime.engine.requests import CompiledModel
+    from neuronpack.runtime.engine.speculation.acceptance import Accepted
+    from neuronpack.runtime.engine.speculation.stats import SpecStats
+    from neuronpack.runtime.engine.speculation.step import SpecRow, SpeculativeStep
 
 
 @dataclass(frozen=True)

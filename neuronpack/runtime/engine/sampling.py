@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from neuronpack.runtime.logprobs import TokenLogprobs, from_log_distribution
+from neuronpack.runtime.engine.logprobs import TokenLogprobs, from_log_distribution
 
 if TYPE_CHECKING:
     from torch import Tensor

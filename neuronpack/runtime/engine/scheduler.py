@@ -30,8 +30,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
-from neuronpack.runtime.kv_rows import RowAllocator, RowCopy
-from neuronpack.runtime.plan import DecodeRow, PrefillGroup, StepPlan
+from neuronpack.runtime.engine.kv_rows import RowAllocator, RowCopy
+from neuronpack.runtime.engine.plan import DecodeRow, PrefillGroup, StepPlan
 
 
 class Schedulable(Protocol):

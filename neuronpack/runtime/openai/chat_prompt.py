@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from neuronpack.errors import InvalidRequestError
+from neuronpack.runtime.openai.tools import ToolPlan, history_messages
 from neuronpack.runtime.structured import CompiledGrammar, GrammarSpec
-from neuronpack.runtime.structured.tools import ToolPlan, history_messages
 
 if TYPE_CHECKING:
     from neuronpack.runtime.engine import Engine
-    from neuronpack.runtime.openai_schema import ChatCompletionRequest
+    from neuronpack.runtime.openai.schema import ChatCompletionRequest
 
 
 def chat_prompt(engine: Engine, body: ChatCompletionRequest, plan: ToolPlan | None

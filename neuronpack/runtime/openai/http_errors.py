@@ -26,10 +26,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from neuronpack.errors import InvalidRequestError, ServeError, ServerBusyError
-from neuronpack.runtime import openai_schema as oa
+from neuronpack.runtime.engine.requests import StepOutput
+from neuronpack.runtime.engine.stopping import FinishReason
 from neuronpack.runtime.limits import RETRY_AFTER_SECONDS
-from neuronpack.runtime.requests import StepOutput
-from neuronpack.runtime.stopping import FinishReason
+from neuronpack.runtime.openai import schema as oa
 
 
 class HTTPError(Exception):

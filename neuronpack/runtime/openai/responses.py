@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from neuronpack.runtime.logprobs import TokenLogprobs
+from neuronpack.runtime.engine.logprobs import TokenLogprobs
 
 MIN_LOGPROB = -9999.0  # what OpenAI and vLLM send instead of -inf
 

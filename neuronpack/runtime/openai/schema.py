@@ -2,7 +2,7 @@
 
 Requests accept OpenAI's fields plus vLLM's extensions (``top_k``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``), structured outputs on both endpoints (``response_format``, ``structured_outputs``,
-``guided_*``: ``structured/fields.py``) and tools on chat (``structured/tools.py``). Known OpenAI / vLLM fields this
+``guided_*``: ``structured_fields.py``) and tools on chat (``tools.py``). Known OpenAI / vLLM fields this
 runtime does not implement (``UNSUPPORTED_FIELDS``: penalties, ``logit_bias``, ``suffix``, the legacy ``functions``,
 ...) are refused with 400 naming the field unless they carry their neutral value; names nobody defines are ignored,
 as vLLM does.
@@ -22,10 +22,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from neuronpack.errors import InvalidRequestError
-from neuronpack.runtime.logprobs import MAX_LOGPROBS
-from neuronpack.runtime.sampling import SamplingParams
-from neuronpack.runtime.structured.fields import StructuredFields
-from neuronpack.runtime.structured.tools import ToolFields
+from neuronpack.runtime.engine.logprobs import MAX_LOGPROBS
+from neuronpack.runtime.engine.sampling import SamplingParams
+from neuronpack.runtime.openai.structured_fields import StructuredFields
+from neuronpack.runtime.openai.tools import ToolFields
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for the legacy completions endpoint
 

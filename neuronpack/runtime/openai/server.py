@@ -28,22 +28,22 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from neuronpack.errors import InvalidRequestError
-from neuronpack.runtime import openai_responses as resp
-from neuronpack.runtime import openai_schema as oa
 from neuronpack.runtime.adapters import ServedModels
-from neuronpack.runtime.chat_prompt import chat_prompt, request_grammar
 from neuronpack.runtime.engine import Engine, GenerationRequest, StepOutput
-from neuronpack.runtime.http_errors import HTTPError, install_auth, install_error_handlers, raise_if_failed
-from neuronpack.runtime.http_limits import BodySizeLimit, ServerLimits, serve_gracefully
+from neuronpack.runtime.engine.logprobs import TokenLogprobs
+from neuronpack.runtime.engine.stopping import FinishReason
 from neuronpack.runtime.limits import DEFAULT_SHUTDOWN_GRACE
-from neuronpack.runtime.logprobs import TokenLogprobs
-from neuronpack.runtime.memory import release_memory_when_idle
-from neuronpack.runtime.openapi import declare_served_models
-from neuronpack.runtime.sse import chat_logprobs, sse, stream_chat, stream_completion
-from neuronpack.runtime.stopping import FinishReason
-from neuronpack.runtime.streams import RequestGroup, run_unless_disconnected
+from neuronpack.runtime.openai import responses as resp
+from neuronpack.runtime.openai import schema as oa
+from neuronpack.runtime.openai.chat_prompt import chat_prompt, request_grammar
+from neuronpack.runtime.openai.http_errors import HTTPError, install_auth, install_error_handlers, raise_if_failed
+from neuronpack.runtime.openai.http_limits import BodySizeLimit, ServerLimits, serve_gracefully
+from neuronpack.runtime.openai.memory import release_memory_when_idle
+from neuronpack.runtime.openai.openapi import declare_served_models
+from neuronpack.runtime.openai.sse import chat_logprobs, sse, stream_chat, stream_completion
+from neuronpack.runtime.openai.streams import RequestGroup, run_unless_disconnected
+from neuronpack.runtime.openai.tool_stream import parse_message
 from neuronpack.runtime.structured import CompiledGrammar
-from neuronpack.runtime.structured.tool_stream import parse_message
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
 TEMPLATE_THREADS = 2  # chat-template rendering holds the GIL: more threads would not render faster

@@ -3,7 +3,7 @@ produces them, then ``data: [DONE]``. A streaming response aborts its engine req
 went away, even before the first chunk). A request that fails mid-stream gets one error event and the stream ends.
 
 Chat chunks go through each choice's ``ToolCallStream``: plain ``content`` deltas, or with tools the ``tool_calls``
-deltas in OpenAI's shape (``runtime/structured/tool_stream.py``).
+deltas in OpenAI's shape (``tool_stream.py``).
 
 Example::
 
@@ -18,14 +18,14 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from neuronpack.runtime import openai_responses as resp
-from neuronpack.runtime import openai_schema as oa
-from neuronpack.runtime.http_errors import HTTPError, raise_if_failed
-from neuronpack.runtime.logprobs import TokenLogprobs
-from neuronpack.runtime.requests import StepOutput
-from neuronpack.runtime.streams import RequestGroup
-from neuronpack.runtime.structured.tool_stream import ToolCallStream
-from neuronpack.runtime.structured.tools import ToolPlan
+from neuronpack.runtime.engine.logprobs import TokenLogprobs
+from neuronpack.runtime.engine.requests import StepOutput
+from neuronpack.runtime.openai import responses as resp
+from neuronpack.runtime.openai import schema as oa
+from neuronpack.runtime.openai.http_errors import HTTPError, raise_if_failed
+from neuronpack.runtime.openai.streams import RequestGroup
+from neuronpack.runtime.openai.tool_stream import ToolCallStream
+from neuronpack.runtime.openai.tools import ToolPlan
 
 
 class _GroupStreamingResponse(StreamingResponse):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from neuronpack.runtime.structured.tools import ToolPlan, tool_call
+from neuronpack.runtime.openai.tools import ToolPlan, tool_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 Delta = dict[str, Any]

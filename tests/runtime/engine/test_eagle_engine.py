@@ -12,9 +12,9 @@ import pytest
 
 from neuronpack.convert.eagle import convert_eagle
 from neuronpack.runtime.engine import Engine, GenerationRequest
-from neuronpack.runtime.metrics import metric_value
-from neuronpack.runtime.sampling import SamplingParams
-from neuronpack.runtime.speculation.config import SpeculationConfig
+from neuronpack.runtime.engine.metrics import metric_value
+from neuronpack.runtime.engine.sampling import SamplingParams
+from neuronpack.runtime.engine.speculation.config import SpeculationConfig
 from tests.convert.eagle_fixtures import draft_config, make_eagle1_draft, write_draft
 from tests.runtime.serving import EXPORT, build_artifact, run_all
 

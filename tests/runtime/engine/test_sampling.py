@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from neuronpack.runtime.sampling import RowSampler, SamplingParams, sample, sample_rows
+from neuronpack.runtime.engine.sampling import RowSampler, SamplingParams, sample, sample_rows
 
 
 def sampler(**kwargs) -> RowSampler:

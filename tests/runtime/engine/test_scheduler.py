@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from neuronpack.runtime.kv_rows import RowAllocator, RowCopy
-from neuronpack.runtime.plan import DecodeRow, PrefillGroup, StepPlan
-from neuronpack.runtime.scheduler import SlotScheduler
+from neuronpack.runtime.engine.kv_rows import RowAllocator, RowCopy
+from neuronpack.runtime.engine.plan import DecodeRow, PrefillGroup, StepPlan
+from neuronpack.runtime.engine.scheduler import SlotScheduler
 from tests.fresh_interpreter import run_fresh
 
 
@@ -52,7 +52,7 @@ def prefilled(plan: StepPlan, sched: SlotScheduler, token: int = 40) -> None:
 
 
 def test_the_scheduler_and_its_plans_import_no_torch():
-    _, torch_imported = run_fresh("import neuronpack.runtime.scheduler, neuronpack.runtime.runner")
+    _, torch_imported = run_fresh("import neuronpack.runtime.engine.scheduler, neuronpack.runtime.engine.runner")
     assert not torch_imported
 
 

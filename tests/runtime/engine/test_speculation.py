@@ -8,10 +8,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuronpack.runtime.sampling import RowSampler, SamplingParams, filtered_distribution, sample
-from neuronpack.runtime.speculation.acceptance import accept
-from neuronpack.runtime.speculation.proposer import Draft, DraftRequest, PromptLookupProposer, lookup_draft
-from neuronpack.runtime.speculation.stats import SpecStats
+from neuronpack.runtime.engine.sampling import RowSampler, SamplingParams, filtered_distribution, sample
+from neuronpack.runtime.engine.speculation.acceptance import accept
+from neuronpack.runtime.engine.speculation.proposer import Draft, DraftRequest, PromptLookupProposer, lookup_draft
+from neuronpack.runtime.engine.speculation.stats import SpecStats
 from tests.fuzz import fuzz_settings
 
 

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
 from neuronpack.runtime.engine import Engine, GenerationRequest
-from neuronpack.runtime.metrics import metric_value
-from neuronpack.runtime.sampling import SamplingParams
-from neuronpack.runtime.server import create_app
-from neuronpack.runtime.speculation.config import SpeculationConfig
+from neuronpack.runtime.engine.metrics import metric_value
+from neuronpack.runtime.engine.sampling import SamplingParams
+from neuronpack.runtime.engine.speculation.config import SpeculationConfig
+from neuronpack.runtime.openai.server import create_app
 from tests.runtime.serving import LiveServer, run_all
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from neuronpack.runtime.stopping import IncrementalDetokenizer, SequenceOutput, StopRules
+from neuronpack.runtime.engine.stopping import IncrementalDetokenizer, SequenceOutput, StopRules
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
 

@@ -4,7 +4,7 @@ starts a fresh interpreter). The full runs on SmolLM2-135M are ``make eval-clien
 import pytest
 
 from neuronpack.runtime.engine import Engine
-from neuronpack.runtime.server import create_app
+from neuronpack.runtime.openai.server import create_app
 from tests.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval
 from tests.runtime.serving import LiveServer
 

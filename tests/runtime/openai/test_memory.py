@@ -1,4 +1,4 @@
-"""runtime/memory.py: glibc arena cap, heap release, and the release each time the server goes idle."""
+"""runtime/openai/memory.py: glibc arena cap, heap release, and the release each time the server goes idle."""
 
 import asyncio
 import platform
@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from neuronpack.runtime.memory import limit_malloc_arenas, release_free_memory, release_memory_when_idle
+from neuronpack.runtime.openai.memory import limit_malloc_arenas, release_free_memory, release_memory_when_idle
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc settings")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from neuronpack.runtime.engine import Engine, GenerationRequest
-from neuronpack.runtime.sampling import SamplingParams
+from neuronpack.runtime.engine.sampling import SamplingParams
 from tests.runtime.serving import engine_server, hf_greedy, hf_logits, metric_value
 
 NAME = "tiny"

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from neuronpack.runtime.engine import Engine
-from neuronpack.runtime.prefix_cache import PrefixCaching
+from neuronpack.runtime.engine.prefix_cache import PrefixCaching
 from tests.runtime.serving import engine_server, hf_greedy, metric_value
 
 NAME = "tiny"

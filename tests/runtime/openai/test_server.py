@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from neuronpack.runtime.engine import Engine
-from neuronpack.runtime.server import create_app
+from neuronpack.runtime.openai.server import create_app
 from tests.runtime.serving import LiveServer, engine_server, hf_greedy, metric_value
 
 NAME = "tiny"
@@ -230,7 +230,7 @@ def test_chat_templates_render_on_the_apps_few_threads(server):
     import asyncio
     import threading
 
-    from neuronpack.runtime.server import TEMPLATE_THREADS
+    from neuronpack.runtime.openai.server import TEMPLATE_THREADS
 
     def names():
         return [t.name for t in threading.enumerate()]

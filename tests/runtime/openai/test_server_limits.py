@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from neuronpack.runtime.engine import Engine, EngineLimits
-from neuronpack.runtime.http_limits import ServerLimits
-from neuronpack.runtime.server import create_app
+from neuronpack.runtime.openai.http_limits import ServerLimits
+from neuronpack.runtime.openai.server import create_app
 from tests.runtime.serving import LiveServer, engine_server, metric_value
 
 NAME = "tiny"

@@ -17,12 +17,15 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 from neuronpack.runtime.engine import Engine, GenerationRequest
-from neuronpack.runtime.sampling import SamplingParams
-from neuronpack.runtime.speculation.config import SpeculationConfig
+from neuronpack.runtime.engine.sampling import SamplingParams
+from neuronpack.runtime.engine.speculation.config import SpeculationConfig
 from neuronpack.runtime.structured import GrammarSpec
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
+from tests.runtime.engine.test_eagle_engine import (  # noqa: F401 (a module fixture: a random EAGLE draft)
+    eagle,
+    random_draft,
+)
 from tests.runtime.serving import engine_server, metric_value
-from tests.runtime.test_eagle_engine import eagle, random_draft  # noqa: F401 (a module fixture: a random EAGLE draft)
 
 NAME = "tiny"
 # The tiny template plus a mention of ``tools``: a template that renders tools itself gets no injected instructions
@@ -193,8 +196,8 @@ def test_tool_calls_required_named_and_auto_streamed_and_not(client):
 
 
 def test_tool_results_in_the_history_go_through_the_template(server):
-    from neuronpack.runtime.chat_prompt import chat_prompt
-    from neuronpack.runtime.openai_schema import ChatCompletionRequest
+    from neuronpack.runtime.openai.chat_prompt import chat_prompt
+    from neuronpack.runtime.openai.schema import ChatCompletionRequest
 
     history = [*HI, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
                 "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'}}]},

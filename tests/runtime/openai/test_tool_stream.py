@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuronpack.errors import InvalidRequestError
-from neuronpack.runtime.structured.tool_stream import ToolCallStream, parse_message
-from neuronpack.runtime.structured.tools import NamedToolChoice, ToolDef, ToolPlan, history_messages
+from neuronpack.runtime.openai.tool_stream import ToolCallStream, parse_message
+from neuronpack.runtime.openai.tools import NamedToolChoice, ToolDef, ToolPlan, history_messages
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -5,7 +5,7 @@ of its own, so a step emits 1..k+1 tokens per sequence.
 - ``proposer.py``: the ``Proposer`` interface (what an EAGLE draft plugs into) and prompt lookup (vLLM's ``ngram``).
 - ``acceptance.py``: greedy acceptance and rejection sampling (the output distribution is the target's).
 - ``stats.py``: per-request and per-step counts (vLLM's spec_decode metrics).
-- ``step.py``: one draft-then-verify step over the running sequences (what the runner, runtime/runner.py, calls).
+- ``step.py``: one draft-then-verify step over the running sequences (what the runner, runtime/engine/runner.py, calls).
 
 Importing this package does not import torch.
 """

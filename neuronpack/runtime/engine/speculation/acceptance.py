@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from neuronpack.runtime.logprobs import TokenLogprobs, from_log_distribution
-from neuronpack.runtime.sampling import RowSampler, filtered_distribution, sample
-from neuronpack.runtime.speculation.proposer import Draft
+from neuronpack.runtime.engine.logprobs import TokenLogprobs, from_log_distribution
+from neuronpack.runtime.engine.sampling import RowSampler, filtered_distribution, sample
+from neuronpack.runtime.engine.speculation.proposer import Draft
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuronpack.runtime.speculation.proposer import PromptLookupProposer, Proposer
+from neuronpack.runtime.engine.speculation.proposer import PromptLookupProposer, Proposer
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class SpeculationConfig:
             import torch
 
             from neuronpack.models.eagle import load_eagle_draft
-            from neuronpack.runtime.speculation.eagle import EagleProposer
+            from neuronpack.runtime.engine.speculation.eagle import EagleProposer
 
             draft = load_eagle_draft(self.draft_dir, getattr(torch, self.draft_dtype),
                                      target_layers=getattr(model, "num_layers", None))

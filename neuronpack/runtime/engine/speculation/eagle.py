@@ -39,7 +39,7 @@ from torch import Tensor
 
 from neuronpack.models.eagle import EagleDraft
 from neuronpack.models.llama import store_kv
-from neuronpack.runtime.speculation.proposer import Draft, DraftRequest
+from neuronpack.runtime.engine.speculation.proposer import Draft, DraftRequest
 
 # Draft cache positions allocated at first (grown by doubling).
 INITIAL_CACHE = 256

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from neuronpack.runtime.sampling import RowSampler
-from neuronpack.runtime.speculation.acceptance import Accepted, accept
-from neuronpack.runtime.speculation.proposer import Draft, DraftRequest, Proposer
-from neuronpack.runtime.speculation.stats import SpecStats
+from neuronpack.runtime.engine.sampling import RowSampler
+from neuronpack.runtime.engine.speculation.acceptance import Accepted, accept
+from neuronpack.runtime.engine.speculation.proposer import Draft, DraftRequest, Proposer
+from neuronpack.runtime.engine.speculation.stats import SpecStats
 from neuronpack.runtime.structured.matcher import Constraint, copy, refuse
 
 if TYPE_CHECKING:
