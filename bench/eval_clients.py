@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from _common import save_results  # noqa: E402
 from serve import ensure_model, free_port, start_server, stop_server  # noqa: E402
 
-from tests.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval  # noqa: E402
+from tests.helpers.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval  # noqa: E402
 
 SERVED_NAME = "smollm2"  # what bench/serve.py's start_server serves the artifact as
 STREAMS = (1, 4, 8)

@@ -1,8 +1,8 @@
 """llguidance vs xgrammar on our tokenizers: the measurements behind the choice of grammar library
 (docs/architecture.md, "Structured outputs").
 
-For the tiny test tokenizer (tests/tiny_models.py, 384 tokens) and SmolLM2-135M-Instruct's (49,152): the tokenizer
-set-up (token trie, once per server), the compile of a typical schema (8 fields, a nested object, an enum, a
+For the tiny test tokenizer (tests/helpers/tiny_models.py, 384 tokens) and SmolLM2-135M-Instruct's (49,152): the
+tokenizer set-up (token trie, once per server), the compile of a typical schema (8 fields, a nested object, an enum, a
 pattern), and the per-token mask along a valid instance of it (compact JSON), one thread. A table on stdout.
 xgrammar is not a dependency: ``pip install --no-deps xgrammar apache-tvm-ffi`` first (its declared triton is not
 needed on CPU).
@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from tests.tiny_models import make_tokenizer
+    from tests.helpers.tiny_models import make_tokenizer
 
     torch.set_num_threads(1)
     tiny = args.workdir / "tiny-tokenizer"

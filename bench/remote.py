@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import NEURONPACK, OUT_DIR, ROOT, median, save_results  # noqa: E402
 
-from tests.moto_s3 import MotoServer  # noqa: E402
+from tests.helpers.moto_s3 import MotoServer  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-cpu.toml"
 DEMO = Path("/work/main/.demo/SmolLM2-135M-Instruct")

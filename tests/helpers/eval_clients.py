@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-TASK_DIR = Path(__file__).parent / "data" / "lm_eval"
+TASK_DIR = Path(__file__).parents[1] / "data" / "lm_eval"
 TASK = "neuronpack_mc"
 
 

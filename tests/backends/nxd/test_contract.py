@@ -15,11 +15,11 @@ from neuronpack.backends.tnx.backend import TnxBackend
 from neuronpack.errors import ArtifactError, BuildError, RecipeError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
 from tests.backends.neuron_standin import fixtures as standin
-from tests.manifests import make_manifest
+from tests.helpers.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures
-RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.toml"))
+RECIPES = sorted((Path(__file__).parents[3] / "recipes").glob("*.toml"))
 SAMPLING_DEFAULT = {"do_sample": False, "top_k": 1, "top_p": 1.0, "temperature": 1.0, "dynamic": True,
                     "deterministic": False, "global_topk": 256}
 BASE = {"ctx_batch_size": 1, "is_continuous_batching": True, "padding_side": "right",

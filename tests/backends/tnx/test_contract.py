@@ -12,11 +12,11 @@ from neuronpack.backends.tnx.backend import TnxBackend
 from neuronpack.errors import ArtifactError, UnsupportedModelError
 from neuronpack.recipe import load_recipe
 from tests.backends.neuron_standin import fixtures as standin
-from tests.manifests import make_manifest
+from tests.helpers.manifests import make_manifest
 
 pytestmark = pytest.mark.contract
 sdk_path, tnx_sdk = standin.sdk_path, standin.tnx_sdk  # fixtures
-TNX_RECIPE = Path(__file__).parents[2] / "recipes" / "llama-3.2-1b-inf2-tnx.toml"
+TNX_RECIPE = Path(__file__).parents[3] / "recipes" / "llama-3.2-1b-inf2-tnx.toml"
 
 
 def _request(recipe, model_dir, staging):

@@ -13,13 +13,13 @@ from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
 from neuronpack.checkpoint import open_checkpoint
 from neuronpack.errors import ArtifactError, BucketError, RecipeError
 from neuronpack.models import load_model
-from tests.backends.torch_aot_requests import tiny_request
+from tests.backends.torch_aot.build_requests import tiny_request
 
 
 @pytest.fixture(scope="module")
 def smollm_export(tmp_path_factory):
     """A bf16 export-only artifact of a tiny tied SmolLM (built once for this module)."""
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("torch-export")
     model_dir = make_tiny_checkpoint(root / "smollm", arch="smollm")

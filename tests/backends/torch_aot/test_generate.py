@@ -17,8 +17,8 @@ import torch
 import transformers
 
 from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
-from tests.backends.torch_aot_requests import tiny_request
-from tests.tiny_models import ARCHS, make_tiny_checkpoint
+from tests.backends.torch_aot.build_requests import tiny_request
+from tests.helpers.tiny_models import ARCHS, make_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 64

@@ -20,7 +20,7 @@ from neuronpack.models.quant import Int8Linear
 from neuronpack.pipeline import compile_model
 
 pytestmark = pytest.mark.slow
-RECIPE = Path(__file__).parents[2] / "recipes" / "tiny-test.toml"
+RECIPE = Path(__file__).parents[3] / "recipes" / "tiny-test.toml"
 NEW_TOKENS = 32
 BF16_TIE = 0.125  # logits this close count as a tie in bfloat16 (compiled and eager differ by up to ~0.1)
 PROMPT = [5, 77, 190, 12, 301, 44, 9, 250, 130, 61, 7]
@@ -32,7 +32,7 @@ SMALL_BUCKETS = ['target.seq_len=64', 'target.max_context_length=16', 'buckets.c
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("int8") / "llama", arch="llama")
 
@@ -138,7 +138,7 @@ def test_a_tied_head_quantized_with_include_lm_head_runs_as_an_int8_head(tmp_pat
     """``include_lm_head`` on a tied model (SmolLM2's layout): the artifact's head is an int8 linear of its own,
     the embedding stays float, and greedy output equals eager and transformers on the dequantized weights (the head
     dequantized too, untied from the float embedding)."""
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     tied = make_tiny_checkpoint(tmp_path_factory.mktemp("tied") / "llama", arch="llama", tie=True)
     overrides = ['quantization.dtype="int8"', "quantization.include_lm_head=true", 'model.dtype="float32"',

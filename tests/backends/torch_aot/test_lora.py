@@ -11,7 +11,7 @@ import torch
 from neuronpack.artifacts.manifest import read_manifest
 from neuronpack.backends.torch_aot import load_artifact
 from neuronpack.pipeline import verify_artifact
-from tests.lora_adapters import greedy_reference, merged_reference
+from tests.helpers.lora_adapters import greedy_reference, merged_reference
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 16

@@ -44,7 +44,7 @@ def test_cpu_capability_from_flags():
 
 
 def test_target_is_computed_without_importing_torch():
-    from tests.fresh_interpreter import run_fresh
+    from tests.helpers.fresh_interpreter import run_fresh
 
     code = (
         "import json\n"

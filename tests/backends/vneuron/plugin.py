@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PLUGIN_SRC = ROOT.parent / "shared" / "upstream" / "vllm-neuron-0.21" / "src"
 STANDIN = ROOT / "tests" / "backends" / "neuron_standin" / "vneuron"
 RECIPES = {"llama": ROOT / "recipes" / "llama-3.1-8b-instruct-trn2-vneuron.toml",

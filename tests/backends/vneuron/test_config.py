@@ -13,7 +13,7 @@ from neuronpack.backends.vneuron.config import plugin_config
 from neuronpack.errors import RecipeError
 from neuronpack.pipeline import compile_model
 from neuronpack.recipe import load_recipe
-from tests.backends.vneuron_plugin import RECIPES, STANDIN
+from tests.backends.vneuron.plugin import RECIPES, STANDIN
 
 
 def _config(*sets: str, recipe: str = "llama"):
@@ -85,7 +85,7 @@ def test_a_machine_with_the_sdk_231_plugin_builds_vneuron_by_default(monkeypatch
 
 
 def test_doctor_names_the_sdk_231_pairing_and_the_path_this_machine_gets(tmp_path):
-    from tests.backends.vneuron_plugin import neuronpack, plugin_env
+    from tests.backends.vneuron.plugin import neuronpack, plugin_env
 
     out = neuronpack("doctor", "--format", "json", env=plugin_env(tmp_path))
     assert out.returncode == 0, out.stderr

@@ -12,7 +12,7 @@ import yaml
 
 from neuronpack.cli.app import app
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "neuron.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "neuron.md"
 
 
 def _pod() -> dict:

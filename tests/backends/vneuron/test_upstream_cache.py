@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from neuronpack.backends.vneuron.backend import plugin_cache_root
-from tests.backends.vneuron_plugin import (
+from tests.backends.vneuron.plugin import (
     PLUGIN_SRC,
     RECIPES,
     compile_artifact,
@@ -31,7 +31,7 @@ from tests.backends.vneuron_plugin import (
     print_command,
     upstream_plugin,
 )
-from tests.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint
 
 pytestmark = [pytest.mark.contract,
               pytest.mark.skipif(not PLUGIN_SRC.is_dir(), reason=f"{PLUGIN_SRC} (vllm-neuron 0.21 sources) is absent")]
@@ -166,7 +166,7 @@ def test_serve_starts_the_plugin_with_every_graph_fetched_then_local(built, tmp_
 def test_push_to_s3_then_serve_by_url_starts_with_every_graph_from_the_artifact(built, tmp_path, monkeypatch):
     """The S3 store is what the plugin lacks: CI pushes once, a pod serves s3://.../<key> (pulled, verified)."""
     from tests.artifacts.conftest import use_s3
-    from tests.moto_s3 import MotoServer
+    from tests.helpers.moto_s3 import MotoServer
 
     artifact = built["qwen3"]["artifact"]
     with MotoServer() as server:

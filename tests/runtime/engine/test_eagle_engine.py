@@ -196,7 +196,7 @@ def eagle3_artifact(tmp_path_factory):
     """A 3-layer tiny Llama built with AOTInductor and a random EAGLE-3 draft in its original layout (midlayer.*,
     d2t / t2d; reading the inputs of target layers 0, 1 and 2), converted by the pipeline."""
     from tests.convert.eagle_fixtures import make_eagle3_draft
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     base = tmp_path_factory.mktemp("eagle3")
     target = make_tiny_checkpoint(base / "target", layers=3)

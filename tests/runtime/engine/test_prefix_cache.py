@@ -9,7 +9,7 @@ import pytest
 from neuronpack.runtime.engine.kv_rows import RowAllocator, RowCopy
 from neuronpack.runtime.engine.prefix_cache import MAX_CACHE_ROWS, PrefixCaching, PrefixIndex, block_hashes
 from neuronpack.runtime.engine.scheduler import SlotScheduler
-from tests.fresh_interpreter import run_fresh
+from tests.helpers.fresh_interpreter import run_fresh
 from tests.runtime.engine.test_scheduler import Seq, prefilled
 
 

@@ -11,7 +11,7 @@ import pytest
 from neuronpack.runtime.engine.kv_rows import RowAllocator, RowCopy
 from neuronpack.runtime.engine.plan import DecodeRow, PrefillGroup, StepPlan
 from neuronpack.runtime.engine.scheduler import SlotScheduler
-from tests.fresh_interpreter import run_fresh
+from tests.helpers.fresh_interpreter import run_fresh
 
 
 @dataclass(eq=False)

@@ -5,7 +5,7 @@ import pytest
 
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.openai.server import create_app
-from tests.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval
+from tests.helpers.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval
 from tests.runtime.serving import LiveServer
 
 NAME = "tiny"

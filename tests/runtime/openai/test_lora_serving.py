@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from neuronpack.cli.app import app
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
-from tests.lora_adapters import greedy_reference, merged_reference
+from tests.helpers.lora_adapters import greedy_reference, merged_reference
 
 pytestmark = pytest.mark.slow
 BASE = "tiny"

@@ -13,7 +13,7 @@ import pytest
 
 from neuronpack.runtime.engine import Engine
 from neuronpack.runtime.structured import Constraint, GrammarSpec, mask_logits
-from tests.lora_adapters import merged_reference
+from tests.helpers.lora_adapters import merged_reference
 
 pytestmark = pytest.mark.slow  # the shared LoRA artifact (tests/conftest.py) is an AOTInductor build
 BASE = "tiny"
