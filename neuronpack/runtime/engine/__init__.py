@@ -20,6 +20,7 @@ from neuronpack.lazy import lazy_attributes
 _EXPORTS = {
     "Engine": "core",
     "EngineLimits": "requests",
+    "EngineSummary": "requests",
     "GenerationRequest": "requests",
     "GenerationResult": "requests",
     "StepOutput": "requests",

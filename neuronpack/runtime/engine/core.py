@@ -66,6 +66,7 @@ from neuronpack.runtime.engine.prefix_cache import PrefixCaching
 from neuronpack.runtime.engine.requests import (
     CompiledModel,
     EngineLimits,
+    EngineSummary,
     GenerationRequest,
     GenerationResult,
     RequestState,
@@ -194,6 +195,12 @@ class Engine:
         """End every request in flight with "abort" (graceful shutdown once its grace period is over)."""
         self._inbox.put(("abort_all", None))
         self._wake.set()
+
+    def summary(self) -> EngineSummary:
+        """What serving reports once loaded: batch, lengths, the loop's threads, the prefix cache's rows."""
+        rows = self.scheduler.rows
+        return EngineSummary(self.model.batch_size, self.max_model_len, self.max_prompt_len, self.loop_threads,
+                             rows.cache_rows, getattr(self.model, "kv_row_bytes", 0), self.prefix_caching_off_reason)
 
     @property
     def in_flight(self) -> int:

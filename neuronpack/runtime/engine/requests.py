@@ -42,6 +42,26 @@ class EngineLimits:
     max_prefill_tokens: int | None = None
 
 
+@dataclass(frozen=True)
+class EngineSummary:
+    """What a server says about its engine once loaded (``Engine.summary()``): the compiled batch, the lengths, the
+    loop's torch threads (None: as the process has them), and the prefix cache: its rows beyond the batch and the
+    bytes of one KV row, or why it is off."""
+
+    batch_size: int
+    max_model_len: int
+    max_prompt_len: int
+    threads: int | None
+    cache_rows: int
+    kv_row_bytes: int
+    prefix_caching_off: str | None  # None: prefix caching is on
+
+    @property
+    def cache_mib(self) -> float:
+        """MiB of KV rows kept for cached prefixes beyond the batch."""
+        return self.cache_rows * self.kv_row_bytes / 2**20
+
+
 class CompiledModel(Protocol):
     """What the runner drives (``neuronpack.backends.torch_aot.CompiledLM``). A slot is a KV-cache row: which
     sequence holds which is the engine's ``RowAllocator`` (kv_rows.py); a decode or verify step runs on rows
