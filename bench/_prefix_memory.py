@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from _common import OUT_DIR, free_port, save_results, start_serve_process
-from _shared_prefix import QUESTIONS, chat_round, system_prompt
+from bench._common import free_port, proc_status, save_line_plot, save_results, start_serve_process
+from bench._shared_prefix import QUESTIONS, chat_round, system_prompt
 
 MiB = 2**20
 POLL_SECONDS = 0.02
@@ -22,7 +22,7 @@ def poll_usage(port: int, stop: threading.Event, samples: list[tuple[float, floa
     """Read ``neuronpack_prefix_cache_usage_bytes`` from /metrics until ``stop`` (a read that fails is skipped)."""
     import httpx
 
-    from neuronpack.runtime.metrics import metric_value
+    from neuronpack.runtime.engine.metrics import metric_value
 
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         while not stop.is_set():
@@ -36,9 +36,8 @@ def poll_usage(port: int, stop: threading.Event, samples: list[tuple[float, floa
 
 def prefix_cache_main(args) -> None:
     import httpx
-    from serve_memory import status
 
-    from neuronpack.runtime.metrics import metric_value
+    from neuronpack.runtime.engine.metrics import metric_value
 
     base = system_prompt(args.model, 400)
     # Each group's system prompt starts with its own words: no two groups share a block.
@@ -50,7 +49,7 @@ def prefix_cache_main(args) -> None:
     samples: list[tuple[float, float]] = []  # (time, bytes in use)
     stop = threading.Event()
     try:
-        idle = status(proc.pid)
+        idle = proc_status(proc.pid)
         poller = threading.Thread(target=poll_usage, args=(port, stop, samples), daemon=True)
         poller.start()
         started = time.perf_counter()
@@ -59,7 +58,7 @@ def prefix_cache_main(args) -> None:
         seconds = time.perf_counter() - started
         stop.set()
         poller.join()
-        after = status(proc.pid)
+        after = proc_status(proc.pid)
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         stop.set()
@@ -84,7 +83,7 @@ def prefix_cache_main(args) -> None:
           f"{result['usage_at_end_bytes'] / MiB:.1f} MiB at the end; {result['requests']} requests, {args.prefixes} "
           f"system prompts x {args.passes} passes in {seconds:.0f} s; hits {hits:.0f} of {queries:.0f} prompt tokens; "
           f"VmRSS {idle['VmRSS'] / MiB:.0f} -> {after['VmRSS'] / MiB:.0f} MiB (HWM {after['VmHWM'] / MiB:.0f})")
-    path = save_results("serve_memory_prefix" if args.name is None else args.name, result)
+    path = save_results("serve_memory_prefix" if args.out is None else args.out, result)
     print(f"saved {path} and {plot(path.stem, series, budget)}")
 
 
@@ -94,22 +93,8 @@ def _changes(series: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def plot(name: str, series: list[tuple[float, float]], budget: float) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.step([t for t, _ in series], [u / MiB for _, u in series], where="post", color="#4a7ab5",
-            label="neuronpack_prefix_cache_usage_bytes")
-    ax.axhline(budget / MiB, color="red", linestyle="--", label="budget (--prefix-cache-memory)")
-    ax.set_xlabel("seconds into the load (/metrics read every 20 ms or as fast as the server answers)")
-    ax.set_ylabel("MiB")
-    ax.set_ylim(0, budget / MiB * 1.3 or 1)
-    ax.set_title("prefix cache bytes in use under an evicting shared-prefix load", fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path = OUT_DIR / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_line_plot(
+        name, [t for t, _ in series], {"neuronpack_prefix_cache_usage_bytes": [u / MiB for _, u in series]},
+        step=True, limit=(budget / MiB, "budget (--prefix-cache-memory)"), ylabel="MiB", fontsize=9,
+        xlabel="seconds into the load (/metrics read every 20 ms or as fast as the server answers)",
+        title="prefix cache bytes in use under an evicting shared-prefix load")

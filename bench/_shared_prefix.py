@@ -1,6 +1,6 @@
 """A chat application's load, for any OpenAI-compatible server: concurrent streamed chat requests that share one
 long system prompt and differ in a short user message (bench/peers_serve.py ``--shared-prefix``,
-bench/serve_memory.py ``--prefix-cache``).
+bench/serve_memory.py ``--prefix-cache-memory``, bench/prefix_cache.py).
 
     system = system_prompt(model_dir, 400)           # about 400 tokens with a question, through the chat template
     asyncio.run(chat_round(port, 8, system, QUESTIONS, 64))  # {"tokens_per_s": ..., "ttft_p50_s": ..., ...}
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from serve import timed_stream
+from bench.serve import timed_stream
 
 SYSTEM = ("You are the support assistant of a company that builds compilers for machine learning models. Answer "
           "in plain words, in at most three sentences, and say so when you do not know. The product turns a model "

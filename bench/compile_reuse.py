@@ -12,28 +12,34 @@ Each round, in one process tree:
 Then the fine-tune's reused artifact generates greedily and is compared token for token with transformers on the
 fine-tune's weights.
 
-    .venv/bin/python bench/compile_reuse.py [--model .demo/SmolLM2-135M-Instruct] [--rounds 2]
+    .venv/bin/python -m bench.compile_reuse [--model .demo/SmolLM2-135M-Instruct] [--rounds 2]
+    make bench-compile_reuse
 
 Target: reuse / full <= 0.15 (wall). Output: a table on stdout, docs/bench/compile_reuse.json + .png.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import NEURONPACK, OUT_DIR, ROOT, chat_prompt_ids, median, run_timed, save_bar_plot, save_results  # noqa: E402,I001
-
-from tests.moto_s3 import MotoServer  # noqa: E402
-from tests.tiny_models import fine_tune_copy  # noqa: E402
+from bench._common import (
+    NEURONPACK,
+    OUT_DIR,
+    ROOT,
+    bench_parser,
+    chat_prompt_ids,
+    median,
+    model_checkpoint,
+    run_timed,
+    save_bar_plot,
+    save_results,
+)
+from tests.helpers.moto_s3 import MotoServer
+from tests.helpers.tiny_models import fine_tune_copy
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-cpu.toml"
 SIDES = ("full", "reuse", "no_reuse", "remote")
@@ -96,16 +102,12 @@ def greedy_check(artifact: Path, tuned: Path, tokens: int = 32) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=ROOT / ".demo" / "SmolLM2-135M-Instruct")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-reuse")
+    parser = bench_parser("compile_reuse", __doc__, model="smollm2", rounds=2)
     args = parser.parse_args()
-    if not (args.model / "config.json").is_file():
-        sys.exit(f"no checkpoint at {args.model}: run `make demo` (or pass --model)")
-    shutil.rmtree(args.work, ignore_errors=True)
-    args.work.mkdir(parents=True)
-    tuned = fine_tune(args.model, args.work / "fine-tune")
+    model = model_checkpoint(args)
+    shutil.rmtree(args.workdir / "rounds", ignore_errors=True)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    tuned = fine_tune(model, args.workdir / "fine-tune")
     rounds = []
     with MotoServer() as server:
         env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
@@ -114,7 +116,7 @@ def main() -> None:
             bucket = f"reuse-{i}"
             server.create_bucket(bucket)
             print(f"round {i + 1}/{args.rounds}", file=sys.stderr)
-            rounds.append(one_round(args.model, tuned, args.work / f"round{i}", f"s3://{bucket}/ci", env))
+            rounds.append(one_round(model, tuned, args.workdir / "rounds" / str(i), f"s3://{bucket}/ci", env))
     greedy = greedy_check(Path(rounds[-1]["reuse"]["path"]), tuned)
     ratios = {side: [r[side]["wall_s"] / r["full"]["wall_s"] for r in rounds] for side in SIDES[1:]}
     summary = {side: {"wall_s": median([r[side]["wall_s"] for r in rounds]),

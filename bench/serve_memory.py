@@ -6,7 +6,7 @@ VmHWM, RssAnon, RssFile) and ``/proc/<pid>/smaps`` (resident bytes by mapping: w
 maps) when the server is up and idle, and after the load. With ``--variants``, the same run is repeated under other
 environments (e.g. ``MALLOC_ARENA_MAX=2``) to see where memory goes.
 
-    .venv/bin/python bench/serve_memory.py ARTIFACT [--streams 32] [--max-tokens 64] [--variants default,arena2]
+    .venv/bin/python -m bench.serve_memory ARTIFACT [--streams 32] [--max-tokens 64] [--variants default,arena2]
 
 Target: VmRSS after the load <= weights + KV cache + 300 MB. Output: table, docs/bench/serve_memory.json + .png.
 
@@ -18,22 +18,28 @@ times over. A thread reads ``/metrics`` every 20 ms during the load: the maximum
 ``neuronpack_prefix_cache_usage_bytes`` against ``neuronpack_prefix_cache_budget_bytes``, the prefix cache's hits,
 and VmRSS / VmHWM before and after. Output: docs/bench/serve_memory_prefix.json + .png.
 
-    .venv/bin/python bench/serve_memory.py ARTIFACT --prefix-cache-memory 64 --model .demo/SmolLM2-135M-Instruct
+    .venv/bin/python -m bench.serve_memory ARTIFACT --prefix-cache-memory 64 --model .demo/SmolLM2-135M-Instruct
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import OUT_DIR, free_port, save_results, start_serve_process, unpack  # noqa: E402
+from bench._common import (
+    OUT_DIR,
+    bench_parser,
+    figure,
+    free_port,
+    old_code,
+    proc_status,
+    save_results,
+    start_serve_process,
+)
 
 MiB = 2**20
 BUDGET_EXTRA = 300 * MiB
@@ -60,17 +66,6 @@ def artifact_budget(artifact: Path) -> dict:
     kv = (2 * config["num_layers"] * config["batch_size"] * config["num_kv_heads"] * config["kv_cache_positions"]
           * config["head_dim"] * itemsize)
     return {"weights_bytes": weights, "kv_cache_bytes": kv, "budget_bytes": weights + kv + BUDGET_EXTRA}
-
-
-def status(pid: int) -> dict:
-    """VmRSS, VmHWM, RssAnon, RssFile of a process, in bytes."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem", "Threads"):
-            parts = value.split()
-            out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
-    return out
 
 
 def smaps_by_mapping(pid: int) -> dict[str, int]:
@@ -115,13 +110,13 @@ def measure(artifact: Path, variant: str, streams: int, max_tokens: int, threads
         import httpx
 
         model = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
-        idle = status(proc.pid)
+        idle = proc_status(proc.pid)
         idle_maps = smaps_by_mapping(proc.pid)
         load = drive(port, model, streams, max_tokens)
         time.sleep(0.2)
-        just_after = status(proc.pid)
-        time.sleep(SETTLE_SECONDS)  # the server releases freed memory once idle (runtime/memory.py)
-        after = status(proc.pid)
+        just_after = proc_status(proc.pid)
+        time.sleep(SETTLE_SECONDS)  # the server releases freed memory once idle (runtime/openai/memory.py)
+        after = proc_status(proc.pid)
         after_maps = smaps_by_mapping(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -131,15 +126,14 @@ def measure(artifact: Path, variant: str, streams: int, max_tokens: int, threads
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser("serve_memory", __doc__, threads=None)
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--variants", default="default")
     parser.add_argument("--before-commit", default=None, help="also measure this commit's code (e.g. main)")
-    parser.add_argument("--name", default=None, help="result file name in docs/bench/ (default: serve_memory, with "
-                        "--prefix-cache-memory serve_memory_prefix)")
+    parser.add_argument("--out", default=None, help="name of the JSON / PNG in docs/bench/ (default: serve_memory, "
+                        "with --prefix-cache-memory serve_memory_prefix)")
     parser.add_argument("--prefix-cache-memory", type=float, default=None, help="MiB: measure the prefix cache")
     parser.add_argument("--model", type=Path, help="the artifact's HF checkpoint (its tokenizer sizes the prompts)")
     parser.add_argument("--prefixes", type=int, default=16, help="system prompts that share nothing")
@@ -147,17 +141,15 @@ def main() -> None:
     args = parser.parse_args()
     args.artifact = args.artifact.resolve()
     if args.prefix_cache_memory is not None:
-        from _prefix_memory import prefix_cache_main
+        from bench._prefix_memory import prefix_cache_main
 
         return prefix_cache_main(args)
-    args.name = args.name or "serve_memory"
+    args.out = args.out or "serve_memory"
     budget = artifact_budget(args.artifact)
     load = {"before": os.getloadavg()}
     sides = {"after": None}
     if args.before_commit:
-        import tempfile
-
-        sides = {"before": unpack(args.before_commit, Path(tempfile.mkdtemp(prefix="np-before-")) / "code"), **sides}
+        sides = {"before": old_code(args.before_commit, args.workdir), **sides}
     runs = [measure(args.artifact, v, args.streams, args.max_tokens, args.threads, code, side)
             for side, code in sides.items() for v in args.variants.split(",")]
     load["after"] = os.getloadavg()
@@ -174,31 +166,23 @@ def main() -> None:
               f"{a['VmRSS'] / limit:9.2f} {(a['VmRSS'] - limit) / MiB:9.0f}")
         top = ", ".join(f"{k} {v / MiB:.0f}" for k, v in list(r["after_maps"].items())[:6])
         print(f"  resident by mapping after (MiB): {top}; threads {r['after'].get('Threads')}")
-    save_results(args.name, {"artifact": str(args.artifact), "streams": args.streams, "max_tokens": args.max_tokens,
+    save_results(args.out, {"artifact": str(args.artifact), "streams": args.streams, "max_tokens": args.max_tokens,
                              "loadavg": load, **budget, "runs": runs})
-    plot(args.name, runs, budget)
-    print(f"saved {OUT_DIR / (args.name + '.json')}")
+    plot(args.out, runs, budget)
+    print(f"saved {OUT_DIR / (args.out + '.json')}")
 
 
 def plot(name: str, runs: list[dict], budget: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    labels = [f"{r['side']} {r['variant']}" for r in runs]
-    ax.bar(labels, [r["after"]["VmRSS"] / MiB for r in runs], color="#4a7ab5", label="RSS after the load")
-    ax.bar(labels, [r["after"]["RssAnon"] / MiB for r in runs], color="#9ab8de", label="of which anonymous")
-    ax.axhline(budget["budget_bytes"] / MiB, color="red", linestyle="--", label="weights + KV + 300 MB")
-    ax.axhline((budget["weights_bytes"] + budget["kv_cache_bytes"]) / MiB, color="gray", linestyle=":",
-               label="weights + KV")
-    ax.set_ylabel("MiB")
-    ax.set_title("neuronpack serve resident memory after 32 streams")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT_DIR / f"{name}.png", dpi=110)
-    plt.close(fig)
+    with figure(name) as (_, ax):
+        labels = [f"{r['side']} {r['variant']}" for r in runs]
+        ax.bar(labels, [r["after"]["VmRSS"] / MiB for r in runs], color="#4a7ab5", label="RSS after the load")
+        ax.bar(labels, [r["after"]["RssAnon"] / MiB for r in runs], color="#9ab8de", label="of which anonymous")
+        ax.axhline(budget["budget_bytes"] / MiB, color="red", linestyle="--", label="weights + KV + 300 MB")
+        ax.axhline((budget["weights_bytes"] + budget["kv_cache_bytes"]) / MiB, color="gray", linestyle=":",
+                   label="weights + KV")
+        ax.set_ylabel("MiB")
+        ax.set_title("neuronpack serve resident memory after 32 streams")
+        ax.legend(fontsize=8)
 
 
 if __name__ == "__main__":

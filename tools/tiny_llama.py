@@ -3,8 +3,8 @@ to run the examples of docs/neuron.md and docs/remote.md from a checkout without
 
     python tools/tiny_llama.py tiny-llama
 
-It is the test suite's own fixture (tests/tiny_models.py), seeded: a directory that already holds it is kept. Random
-weights: it shows what a command does, not text.
+It is the test suite's own fixture (tests/helpers/tiny_models.py), seeded: a directory that already holds it is kept.
+Random weights: it shows what a command does, not text.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.tiny_models import make_tiny_checkpoint  # noqa: E402
+from tests.helpers.tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
 def main(out: Path) -> None:

@@ -24,7 +24,7 @@ _COMMANDS = {
     "quantize": ("quantize_cmd", "quantize_command"),
     "convert-eagle": ("eagle_cmd", "convert_eagle_command"),
     "serve": ("serve_cmd", "serve_command"),
-    "generate": ("serve_cmd", "generate_command"),
+    "generate": ("generate_cmd", "generate_command"),
     "eval": ("eval_cmd", "eval_command"),
     "inspect": ("artifacts_cmd", "inspect_command"),
     "verify": ("artifacts_cmd", "verify_command"),

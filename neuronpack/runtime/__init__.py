@@ -1,5 +1,12 @@
-"""The thin runtime for torch artifacts: a continuous-batching engine over the compiled batch slots, per-request
-sampling and stop rules, the artifact's tokenizer and chat template, and an OpenAI-compatible HTTP server.
+"""The thin runtime for torch artifacts, in three wings that import one way (pyproject's import-linter contract):
+
+- ``openai/``: the HTTP face (an OpenAI-compatible server, the request fields it parses, streams, limits);
+- ``engine/``: continuous batching over the compiled KV rows (scheduler, runner, sampling, stop rules, speculation);
+- ``structured/``: the grammar library the engine masks logits with;
+
+and the glue at this level: ``launch.py`` (`neuronpack serve` as a library: a torch artifact's engine + app built
+from options, or the vLLM launch of a Neuron one), ``loader.py`` (an artifact into an Engine), ``tokenizer.py``,
+``adapters.py`` and ``limits.py``.
 
 Importing this package imports nothing heavy; torch, FastAPI and transformers are imported by the modules that need
 them.

@@ -19,8 +19,8 @@ from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter, Reporter
 from neuronpack.runtime.adapters import ServedModels
 from neuronpack.runtime.engine import Engine, EngineLimits
-from neuronpack.runtime.prefix_cache import PrefixCaching
-from neuronpack.runtime.speculation.config import SpeculationConfig
+from neuronpack.runtime.engine.prefix_cache import PrefixCaching
+from neuronpack.runtime.engine.speculation.config import SpeculationConfig
 from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.moto_s3 import MotoServer
+from tests.helpers.moto_s3 import MotoServer
 
 
 @pytest.fixture(scope="session")

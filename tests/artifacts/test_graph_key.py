@@ -36,7 +36,7 @@ def _plan(model: Path, root: Path):
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     model = make_tiny_checkpoint(tmp_path_factory.mktemp("gk") / "llama", max_shard_size="40KB")
     return _plan(model, tmp_path_factory.mktemp("gk-root"))
@@ -113,7 +113,7 @@ def test_an_unknown_key_input_is_refused(plan):
 
 
 def test_resharded_weights_are_another_artifact_but_the_same_graphs(plan, tmp_path):
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     one_file = make_tiny_checkpoint(tmp_path / "one")  # the same seed and values, one shard instead of several
     other = _plan(one_file, tmp_path / "root")

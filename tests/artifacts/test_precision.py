@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from neuronpack.artifacts.precision import weights_precision
 from neuronpack.cli.app import app
-from tests.manifests import make_manifest
+from tests.helpers.manifests import make_manifest
 
 RECIPE = str(Path(__file__).parents[2] / "recipes" / "tiny-test.toml")
 SMALL = ["--set", "compiler=export", "--set", "target.seq_len=64", "--set", "target.max_context_length=16",

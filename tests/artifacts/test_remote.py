@@ -24,7 +24,7 @@ from neuronpack.cli.app import app
 from neuronpack.errors import RemoteError
 from neuronpack.pipeline import verify_artifact
 from tests.artifacts.conftest import use_s3
-from tests.moto_s3 import MotoServer, free_port
+from tests.helpers.moto_s3 import MotoServer, free_port
 
 runner = CliRunner(env={"COLUMNS": "120"})
 

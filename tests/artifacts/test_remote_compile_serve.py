@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from neuronpack.artifacts.store import artifacts_root
 from neuronpack.cli.app import app
 from neuronpack.pipeline import verify_artifact
-from tests.moto_s3 import free_port
+from tests.helpers.moto_s3 import free_port
 from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES, wait_for_health
 
 runner = CliRunner(env={"COLUMNS": "120"})

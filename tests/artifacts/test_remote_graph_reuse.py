@@ -11,7 +11,7 @@ from neuronpack.artifacts.remote.graph_index import index_path
 from neuronpack.artifacts.remote.push import push_artifact
 from neuronpack.pipeline import compile_model, verify_artifact
 from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES
-from tests.tiny_models import fine_tune_copy
+from tests.helpers.tiny_models import fine_tune_copy
 
 SETS = [*SERVE_OVERRIDES, *EXPORT]
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from neuronpack.pipeline import compile_model, verify_artifact
 from tests.backends.neuron_standin import fixtures as standin
-from tests.tiny_models import fine_tune_copy
+from tests.helpers.tiny_models import fine_tune_copy
 
 pytestmark = pytest.mark.contract
 nxd_sdk, tnx_sdk, sdk_path = standin.nxd_sdk, standin.tnx_sdk, standin.sdk_path  # fixtures

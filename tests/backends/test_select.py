@@ -134,7 +134,7 @@ def test_registry_and_versions_from_metadata(nxd_sdk):
 
 
 def test_selection_does_not_import_torch():
-    from tests.fresh_interpreter import run_fresh
+    from tests.helpers.fresh_interpreter import run_fresh
 
     code = ("from neuronpack.backends.select import choose_framework, get_backend; "
             "c = choose_framework('auto', {}); get_backend('nxd').versions(); print(c.name)")

@@ -40,7 +40,7 @@ def _request(recipe, model_dir: Path, staging: Path, draft_dir: Path | None = No
 
 
 def _adapter(root: Path, name: str, model_dir: Path) -> Path:
-    from tests.lora_adapters import make_peft_adapter
+    from tests.helpers.lora_adapters import make_peft_adapter
 
     return make_peft_adapter(model_dir, root / name, rank=8, target_modules=("q_proj",))
 

@@ -9,7 +9,7 @@ import pytest
 
 from neuronpack.checkpoint.lora import adapter_tensors, read_adapter, resolve_adapter
 from neuronpack.errors import CheckpointError, ModelNotFoundError
-from tests.lora_adapters import ATTENTION, edit_adapter_config, make_peft_adapter
+from tests.helpers.lora_adapters import ATTENTION, edit_adapter_config, make_peft_adapter
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -236,7 +236,7 @@ def test_bin_that_is_not_a_zip(tmp_path, tiny_llama):
 
 
 def test_open_checkpoint_and_identity_do_not_import_torch(tiny_llama):
-    from tests.fresh_interpreter import run_fresh
+    from tests.helpers.fresh_interpreter import run_fresh
 
     code = (
         "from neuronpack.checkpoint import open_checkpoint;"

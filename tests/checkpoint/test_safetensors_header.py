@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from neuronpack.checkpoint import read_safetensors_header
 from neuronpack.checkpoint.safetensors_header import expected_nbytes, read_safetensors_metadata
 from neuronpack.errors import CheckpointError
-from tests.fresh_interpreter import run_fresh
+from tests.helpers.fresh_interpreter import run_fresh
 
 
 def write_raw(path: Path, header: dict, data: bytes) -> Path:

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from neuronpack import __version__
 from neuronpack.cli.app import app
-from tests.fresh_interpreter import run_fresh
+from tests.helpers.fresh_interpreter import run_fresh
 
 runner = CliRunner(env={"COLUMNS": "120"})
 

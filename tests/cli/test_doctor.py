@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from neuronpack.cli.app import app
 from tests.backends.neuron_standin import fixtures as standin
 from tests.backends.neuron_standin.fixtures import make_placeholder
-from tests.fresh_interpreter import run_fresh
+from tests.helpers.fresh_interpreter import run_fresh
 
 pytestmark = pytest.mark.contract
 nxd_sdk, sdk_path = standin.nxd_sdk, standin.sdk_path  # fixtures

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# Draft layer shape: the tiny targets in tests/tiny_models.py have hidden 64 (48 for smollm), 4 heads / 2 KV.
+# Draft layer shape: the tiny targets in tests/helpers/tiny_models.py have hidden 64 (48 for smollm), 4 heads / 2 KV.
 HEADS, KV_HEADS, INTERMEDIATE = 4, 2, 96
 
 
@@ -206,7 +206,7 @@ def tiny_target(base: Path, kind: str) -> Path:
     kinds: "fp32" (untied, one safetensors file), "bf16-sharded" (untied, several shards + index), "tied" (fp32,
     tie_word_embeddings: no lm_head.weight).
     """
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     if kind not in _TARGETS:
         options = {

@@ -221,7 +221,7 @@ def test_safetensors_inputs_convert_without_torch_as_torch_would_write_them(tmp_
     from neuronpack.checkpoint import TensorSpec, open_checkpoint, write_safetensors_sharded
     from neuronpack.checkpoint.dtypes import torch_dtype
     from neuronpack.convert.eagle_layouts import plan_eagle_conversion
-    from tests.fresh_interpreter import run_fresh
+    from tests.helpers.fresh_interpreter import run_fresh
 
     if case == "eagle1-tied-fp32":
         tgt = target("tied")

@@ -21,7 +21,7 @@ from neuronpack.convert.quantize import (
 from neuronpack.digest import sha256_stream
 from neuronpack.errors import OutputExistsError, QuantizationError
 from neuronpack.progress import NullReporter
-from tests.fresh_interpreter import run_fresh
+from tests.helpers.fresh_interpreter import run_fresh
 
 
 def load_dir(path: Path) -> dict[str, torch.Tensor]:
@@ -39,7 +39,7 @@ def tree_digest(path: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def bf16_llama(tmp_path_factory) -> Path:
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("q") / "llama-bf16", arch="llama", dtype="bfloat16")
 

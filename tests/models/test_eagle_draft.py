@@ -13,8 +13,8 @@ from neuronpack.convert.eagle import convert_eagle
 from neuronpack.errors import CheckpointError, UnsupportedModelError
 from neuronpack.models.eagle import load_eagle_draft
 from neuronpack.models.llama import store_kv
-from neuronpack.runtime.speculation.eagle import EagleProposer
-from neuronpack.runtime.speculation.proposer import DraftRequest
+from neuronpack.runtime.engine.speculation.eagle import EagleProposer
+from neuronpack.runtime.engine.speculation.proposer import DraftRequest
 from tests.convert.eagle_fixtures import make_eagle1_draft, make_eagle3_draft
 
 
@@ -143,7 +143,7 @@ AUX = [0, 1, 2]  # the 3-layer target's layers whose inputs the draft reads (con
 def converted3(tmp_path_factory):
     """A random EAGLE-3 draft in its original layout (midlayer.*, d2t / t2d, fc [H, 3H], own norm and head)
     converted for a 3-layer tiny Llama (midlayer.* -> layers.0.*, the target's embedding added)."""
-    from tests.tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     base = tmp_path_factory.mktemp("eagle3-draft")
     target = make_tiny_checkpoint(base / "target", layers=3)

@@ -9,7 +9,7 @@ import transformers
 
 from neuronpack.models import load_model
 from neuronpack.models.llama import store_kv
-from tests.tiny_models import ARCHS
+from tests.helpers.tiny_models import ARCHS
 
 # (arch, tie): every family with its default tying, plus the opposite tying for llama and smollm.
 CASES = [(arch, None) for arch in ARCHS] + [("llama", True), ("smollm", False)]

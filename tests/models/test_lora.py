@@ -10,7 +10,7 @@ from neuronpack.checkpoint.lora import read_adapter
 from neuronpack.errors import CheckpointError
 from neuronpack.models.loading import load_model
 from neuronpack.models.lora import LoraLayout, attach_lora, fill_lora, lora_linears, lora_mask, project
-from tests.lora_adapters import ATTENTION, make_peft_adapter, merged_reference
+from tests.helpers.lora_adapters import ATTENTION, make_peft_adapter, merged_reference
 
 LAYOUT = LoraLayout(max_loras=3, max_rank=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "up_proj"))
 

@@ -16,7 +16,7 @@ from neuronpack.artifacts.store import artifacts_root
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.errors import BuildError, NeuronpackError, RecipeError
 from neuronpack.pipeline import compile_model, verify_artifact
-from tests.fresh_interpreter import run_fresh
+from tests.helpers.fresh_interpreter import run_fresh
 from tests.pipeline.builds import FAST, RECIPE
 
 # What a cache hit must not import: torch, transformers, numpy, pydantic (the recipe comes from recipe_memo once it
@@ -29,7 +29,7 @@ BUILD_ONLY_MODULES = (
     "neuronpack.backends.torch_aot.compile",
     "neuronpack.checkpoint.writer", "neuronpack.checkpoint.gguf_import",
     "neuronpack.artifacts.remote", "neuronpack.pipeline.prepare", "neuronpack.pipeline.serving",
-    "neuronpack.runtime.engine", "neuronpack.runtime.server",
+    "neuronpack.runtime.engine", "neuronpack.runtime.openai.server",
 )
 
 

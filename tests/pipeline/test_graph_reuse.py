@@ -17,7 +17,7 @@ from neuronpack.artifacts.listing import plan_gc, run_gc
 from neuronpack.artifacts.manifest import read_manifest
 from neuronpack.pipeline import compile_model, verify_artifact
 from tests.pipeline.builds import FAST, RECIPE
-from tests.tiny_models import fine_tune_copy
+from tests.helpers.tiny_models import fine_tune_copy
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_a_new_eagle_draft_of_the_same_shape_reuses_the_draft_graphs(tiny_llama,
 
 
 def test_new_lora_adapters_of_the_same_shape_reuse_the_graphs(tiny_llama, tmp_path):
-    from tests.lora_adapters import make_peft_adapter
+    from tests.helpers.lora_adapters import make_peft_adapter
 
     root = tmp_path / "root"
 

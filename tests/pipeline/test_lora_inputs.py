@@ -11,7 +11,7 @@ import pytest
 from neuronpack.errors import CheckpointError, RecipeError
 from neuronpack.pipeline import compile_model
 from tests.checkpoint.test_hub import fake_hub_cache
-from tests.lora_adapters import edit_adapter_config, make_peft_adapter
+from tests.helpers.lora_adapters import edit_adapter_config, make_peft_adapter
 
 RECIPE = Path("recipes/tiny-test.toml")
 

@@ -8,7 +8,7 @@ from tests.runtime.serving import EXPORT, build_artifact
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     """The tiny test tokenizer (byte-level BPE + ChatML template) saved as transformers would ship it."""
-    from tests.tiny_models import make_tokenizer
+    from tests.helpers.tiny_models import make_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     make_tokenizer().save_pretrained(out)

@@ -9,7 +9,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from neuronpack.runtime.metrics import metric_value  # noqa: F401 (the tests' import path)
+from neuronpack.runtime.engine.metrics import metric_value  # noqa: F401 (the tests' import path)
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "tiny-test.toml"
 # The tiny serving recipe: batch 4, seq_len 128, context buckets [16, 64], token generation [64, 128].
@@ -116,7 +116,7 @@ class LiveServer:
 def engine_server(engine, **app_options) -> LiveServer:
     """A LiveServer of ``create_app(engine, **app_options)`` with ``.engine`` set, so tests can drive and inspect
     the engine behind it. Use it as a context manager, like LiveServer."""
-    from neuronpack.runtime.server import create_app
+    from neuronpack.runtime.openai.server import create_app
 
     live = LiveServer(create_app(engine, **app_options))
     live.engine = engine

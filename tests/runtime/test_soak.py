@@ -1,11 +1,7 @@
 """The soak (bench/soak.py), short: 64 concurrent streaming clients with random disconnects for ~15 s against a real
 `neuronpack serve` process on the tiny artifact. The long run on SmolLM2 is `make soak` (docs/bench/soak.json)."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-import soak  # noqa: E402
+from bench import soak
 
 PROMPTS = ["The quick brown fox", "Hello world! How are you today?", "The lazy dog", "Once upon a time"]
 

@@ -128,7 +128,7 @@ def _transpose_in_header(shard: Path, name: str) -> None:
 def test_a_reused_artifact_runs_in_nxdi_on_the_new_weights(nxd_artifact, tmp_path):
     """A fine-tune compiled with the donor's traced model (no Neuron compile), its weights quantized and sharded
     again: upstream NxDI's CPU run of it passes against transformers on the NEW checkpoint."""
-    from tests.tiny_models import fine_tune_copy
+    from tests.helpers.tiny_models import fine_tune_copy
 
     artifact, python, sources, work = nxd_artifact
     tuned = fine_tune_copy(work / "llama", tmp_path / "fine-tune", scale=1.2, seed=5)

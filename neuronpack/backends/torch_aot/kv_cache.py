@@ -3,8 +3,8 @@ head_dim]``, read by the layer graphs through per-layer views of the first n row
 graphs return (``store``).
 
 It is addressed by row and keeps no bookkeeping of its own: which sequence holds which row is the runtime's
-``RowAllocator`` (runtime/kv_rows.py), which keeps a step's rows packed into rows 0..n-1 and hands the copies that
-does (compaction, parallel sampling's shared prompt) to ``copy_rows``. A caller that runs rows that are not packed
+``RowAllocator`` (runtime/engine/kv_rows.py), which keeps a step's rows packed into rows 0..n-1 and hands the copies
+that does (compaction, parallel sampling's shared prompt) to ``copy_rows``. A caller that runs rows that are not packed
 (the backend's own tests, a bench) gets ``gathered`` copies of them instead of views: correct, only slower.
 
 Example::

@@ -211,7 +211,7 @@ class CompiledLM:
 
     def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
         """Apply ``(src, dst, length)`` copies in order: cache positions 0..length-1 of row src into row dst (the
-        runtime's row moves and parallel sampling's shared prompt, runtime/kv_rows.py)."""
+        runtime's row moves and parallel sampling's shared prompt, runtime/engine/kv_rows.py)."""
         self._cache.copy_rows(copies)
 
     # -- one step over cache rows -------------------------------------------------------------------------------

@@ -103,20 +103,29 @@ def vllm_command(artifact_dir: Path, manifest: Manifest | dict[str, Any], *, tar
                  host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                  python: str = sys.executable, tool_call_parser: str | None = None,
                  structured_outputs: bool = False, vllm_version: str | None = None) -> VllmCommand:
-    """The launch of a compiled nxd or tnx artifact for one serving target (vllm_v0 / vllm_plugin build it).
-    ``tool_call_parser``: vLLM's ``--enable-auto-tool-choice --tool-call-parser NAME`` (what ``tool_choice: "auto"``
-    needs there), checked against the names the target's vLLM registers (``vllm_version``: the installed one).
-    ``structured_outputs``: refuse (ServeError) where the target cannot enforce grammars on this artifact; without
-    it that is a note (vllm_structured.py says why).
+    """The launch of a compiled nxd or tnx artifact for one serving target: ``spec_command`` on the artifact's
+    ``launch_spec``.
 
     Example::
 
         vllm_command(Path("art"), manifest, target="vllm-neuron").env["NEURON_COMPILED_ARTIFACTS"]   # "/abs/art"
     """
+    return spec_command(launch_spec(artifact_dir, manifest), target=target, host=host, port=port, api_key=api_key,
+                        python=python, tool_call_parser=tool_call_parser, structured_outputs=structured_outputs,
+                        vllm_version=vllm_version)
+
+
+def spec_command(spec: LaunchSpec, *, target: str = "vllm-v0", host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None, python: str = sys.executable, tool_call_parser: str | None = None,
+                 structured_outputs: bool = False, vllm_version: str | None = None) -> VllmCommand:
+    """The launch of an artifact's ``LaunchSpec`` for one serving target (vllm_v0 / vllm_plugin build it).
+    ``tool_call_parser``: vLLM's ``--enable-auto-tool-choice --tool-call-parser NAME`` (what ``tool_choice: "auto"``
+    needs there), checked against the names the target's vLLM registers (``vllm_version``: the installed one).
+    ``structured_outputs``: refuse (ServeError) where the target cannot enforce grammars on this artifact; without
+    it that is a note (vllm_structured.py says why)."""
     from neuronpack.backends.vllm import plugin as vllm_plugin
     from neuronpack.backends.vllm import v0 as vllm_v0
 
-    spec = launch_spec(artifact_dir, manifest)
     if target == "vllm-neuron":
         cmd = vllm_plugin.plugin_command(spec, host=host, port=port, api_key=api_key, python=python)
     elif target in ("vllm-v0", "vllm-v0-fork"):

@@ -1,6 +1,7 @@
-"""Structured outputs: grammars compiled with llguidance (``grammar``), per-request matchers and logit masks
-(``matcher``), the OpenAI / vLLM request fields that ask for them (``fields``) and tool calling (``tools``,
-``tool_stream``)."""
+"""The grammar library of structured outputs: grammars compiled with llguidance and cached by spec (``grammar``),
+per-request matchers and logit masks (``matcher``), the digit bound of JSON numbers (``json_bounds``). The request
+fields that ask for grammars (response_format, tools) are the HTTP face's: runtime/openai/structured_fields.py and
+tools.py."""
 
 from neuronpack.runtime.structured.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
 from neuronpack.runtime.structured.matcher import Constraint, Masks, mask_logits

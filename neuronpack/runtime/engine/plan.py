@@ -1,0 +1,73 @@
+"""What the scheduler decides for one phase of a step, as data (torch-free): ``StepPlan``.
+
+The engine's step is vLLM v1's schedule / execute / update split, twice: the scheduler plans the prefills
+(``SlotScheduler.schedule_prefills``), the runner executes the plan against the compiled model (runner.py), the
+engine applies the outputs (sampling, stop rules, streaming); then the same for one decode step over every running
+sequence (``SlotScheduler.schedule_decode``), planned after the prefills' first tokens are applied because a
+sequence may end there and free its row. A plan names rows, never tensors: the runner is the only place they meet.
+
+Example::
+
+    plan = scheduler.schedule_prefills(limit=1)
+    plan.moves        # (RowCopy(src=3, dst=1, length=40),): apply before any model call
+    plan.prefills     # (PrefillGroup(request_id="r7", row=3, prompt_ids=[...], fork_copies=(RowCopy(3, 4, 12),)),)
+    plan = scheduler.schedule_decode()
+    plan.decodes      # (DecodeRow("r1", row=0, token=42, position=17, num_draft=4), ...): rows 0..n-1 in order
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from neuronpack.runtime.engine.kv_rows import RowCopy
+
+
+@dataclass(frozen=True)
+class PrefillGroup:
+    """One prompt to prefill into ``row``; with parallel sampling its forks' rows get the prompt's KV afterwards
+    (``fork_copies``, one per fork, in the order of ``fork_rows``). ``own_call``: the prompt needs every position's
+    logits (prompt logprobs) and takes its own call; the others share one. ``scoring_only``: max_tokens 0, nothing
+    is sampled (and the fork copies are not applied: the forks only share the leader's prompt logprobs).
+    ``start``: the first position to prefill (prefix caching: the positions below already hold the prompt's KV,
+    copied in by the plan's moves); ``cache_query``: the prompt was looked up in the prefix cache (what the hit-rate
+    counters count)."""
+
+    request_id: str
+    row: int
+    prompt_ids: Sequence[int]
+    adapter: int = 0
+    own_call: bool = False
+    scoring_only: bool = False
+    fork_copies: tuple[RowCopy, ...] = ()
+    start: int = 0
+    cache_query: bool = False
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """The group's rows: the leader's, then each fork's."""
+        return (self.row, *(c.dst for c in self.fork_copies))
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One running sequence in a decode step: its row, its last sampled token (not cached yet) and that token's
+    position; ``num_draft``: with speculation, the most draft tokens it may verify this step (its room minus the
+    target's own token, capped by the speculation length; 0 without speculation)."""
+
+    request_id: str
+    row: int
+    token: int
+    position: int
+    adapter: int = 0
+    num_draft: int = 0
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One phase of a step: row moves to apply first (compaction after sequences ended), then the prefills or the
+    decode rows (rows 0..n-1, in row order)."""
+
+    moves: tuple[RowCopy, ...] = ()
+    prefills: tuple[PrefillGroup, ...] = ()
+    decodes: tuple[DecodeRow, ...] = ()

@@ -1,0 +1,134 @@
+"""Server-sent event streams of /v1/completions and /v1/chat/completions: the chunks of each choice as the engine
+produces them, then ``data: [DONE]``. A streaming response aborts its engine requests however it ends (the client
+went away, even before the first chunk). A request that fails mid-stream gets one error event and the stream ends.
+
+Chat chunks go through each choice's ``ToolCallStream``: plain ``content`` deltas, or with tools the ``tool_calls``
+deltas in OpenAI's shape (``tool_stream.py``).
+
+Example::
+
+    return sse(group, stream_chat(group, body, request_id, tool_plan))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from neuronpack.runtime.engine.logprobs import TokenLogprobs
+from neuronpack.runtime.engine.requests import StepOutput
+from neuronpack.runtime.openai import responses as resp
+from neuronpack.runtime.openai import schema as oa
+from neuronpack.runtime.openai.http_errors import HTTPError, raise_if_failed
+from neuronpack.runtime.openai.streams import RequestGroup
+from neuronpack.runtime.openai.tool_stream import ToolCallStream
+from neuronpack.runtime.openai.tools import ToolPlan
+
+
+class _GroupStreamingResponse(StreamingResponse):
+    """A streaming response that aborts its engine requests however it ends (even before the first chunk)."""
+
+    def __init__(self, group: RequestGroup, content: AsyncIterator[str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._group = group
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._group.abort()
+
+
+def sse(group: RequestGroup, events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    """The SSE response of ``events`` (each one a ``data:`` line), closed by ``data: [DONE]``."""
+    async def body() -> AsyncIterator[str]:
+        async for event in events:
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return _GroupStreamingResponse(group, body())
+
+
+def stream_error(out: StepOutput) -> dict[str, Any] | None:
+    """The error event of an output that ended the request badly, else None."""
+    try:
+        raise_if_failed(out)
+    except HTTPError as exc:
+        return oa.error_body(exc.message, exc.type, code=exc.code or exc.status)
+    return None
+
+
+def chat_logprobs(tokenizer, body: oa.ChatCompletionRequest, entries: list[TokenLogprobs] | None) -> dict | None:
+    """A chat choice's ``logprobs`` object when the request asked for them."""
+    if not body.logprobs:
+        return None
+    return resp.chat_logprobs(tokenizer, entries or [], body.top_logprobs or 0)
+
+
+async def stream_completion(
+    group: RequestGroup, body: oa.CompletionRequest, request_id: str, echo: list[tuple[str, list[int]]] | None
+) -> AsyncIterator[dict[str, Any]]:
+    with_usage = body.include_usage
+    prompt_tokens = completion_tokens = 0
+    sent_text: dict[int, int] = {}  # choice index -> characters sent (logprobs text_offset)
+    async for index, out in group:
+        if (error := stream_error(out)) is not None:
+            yield error
+            return
+        text, token_ids = out.text, list(out.token_ids)
+        entries: list[TokenLogprobs | None] = list(out.logprobs or ())
+        if echo is not None and index not in sent_text:  # the first chunk of a choice echoes the prompt
+            text, token_ids = echo[index][0] + text, [*echo[index][1], *token_ids]
+            entries = [*(out.prompt_logprobs or [None] * len(echo[index][1])), *entries]
+        wants_logprobs = body.logprobs is not None and token_ids
+        if text or out.finish_reason or wants_logprobs:
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = resp.completion_logprobs(group.engine.tokenizer, token_ids, entries, body.logprobs,
+                                                    initial_offset=sent_text.get(index, 0))
+            choice = resp.completion_choice(index, text, logprobs, out.finish_reason, out.stop_reason)
+            yield resp.completion_chunk(request_id, body.model, choice, with_usage_field=with_usage)
+        sent_text[index] = sent_text.get(index, 0) + len(text)
+        if out.finish_reason:
+            completion_tokens += out.completion_tokens
+            if index % body.n == 0:
+                prompt_tokens += out.prompt_tokens
+    if with_usage:
+        yield resp.usage_chunk(request_id, body.model, "text_completion", oa.usage(prompt_tokens, completion_tokens))
+
+
+async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, request_id: str,
+                      tool_plan: ToolPlan | None = None) -> AsyncIterator[dict[str, Any]]:
+    with_usage = body.include_usage
+    tokenizer = group.engine.tokenizer
+    streams = [ToolCallStream(tool_plan) for _ in range(body.n)]
+    for index in range(body.n):
+        yield resp.chat_chunk(request_id, body.model, index, {"role": "assistant", "content": ""}, None,
+                              with_usage_field=with_usage)
+    prompt_tokens = completion_tokens = 0
+    async for index, out in group:
+        if (error := stream_error(out)) is not None:
+            yield error
+            return
+        deltas = streams[index].feed(out.text)
+        finish_reason = out.finish_reason.value if out.finish_reason else None
+        if finish_reason:
+            last, finish_reason = streams[index].finish(finish_reason)
+            deltas += last
+        logprobs = chat_logprobs(tokenizer, body, out.logprobs) if out.token_ids else None
+        if not deltas and (finish_reason or logprobs):
+            deltas = [{}]
+        for i, delta in enumerate(deltas):
+            final = i == len(deltas) - 1
+            yield resp.chat_chunk(request_id, body.model, index, delta, finish_reason if final else None,
+                                  logprobs=logprobs if i == 0 else None, stop_reason=out.stop_reason,
+                                  with_usage_field=with_usage)
+        if out.finish_reason:
+            completion_tokens += out.completion_tokens
+            prompt_tokens = out.prompt_tokens
+    if with_usage:
+        yield resp.usage_chunk(request_id, body.model, "chat.completion.chunk",
+                               oa.usage(prompt_tokens, completion_tokens))

@@ -1,0 +1,85 @@
+"""Helpers for the vneuron tests: the pinned vllm-neuron 0.21 sources (../shared/upstream) with the test stand-in
+(tests/backends/neuron_standin/vneuron: vLLM's server entry point, the closed version modules, the plugin modules
+missing from the partial tree), in a child ``neuronpack`` or in this process."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[3]
+PLUGIN_SRC = ROOT.parent / "shared" / "upstream" / "vllm-neuron-0.21" / "src"
+STANDIN = ROOT / "tests" / "backends" / "neuron_standin" / "vneuron"
+RECIPES = {"llama": ROOT / "recipes" / "llama-3.1-8b-instruct-trn2-vneuron.toml",
+           "qwen3": ROOT / "recipes" / "qwen3-8b-trn2-vneuron.toml"}
+PLUGIN_MODULES = ("vllm", "vllm_neuron", "torch_neuronx", "neuronxcc", "nki")
+# variables of the plugin a developer's shell could hold; every child starts without them
+PLUGIN_ENV = ("VLLM_CACHE_ROOT", "VLLM_NEURON_REMOTE_CACHE", "VLLM_NEURON_ASSERT_CACHE_HIT", "VLLM_NEURON_CPU_COMPILE",
+              "VLLM_NEURON_DISABLE_WARMUP_COMPILE", "VLLM_NEURON_DISABLE_COMPILE_CACHE",
+              "NEURON_PLATFORM_TARGET_OVERRIDE", "NEURON_LOGICAL_NC_CONFIG", "NEURONPACK_STANDIN_FAULT")
+
+
+def plugin_env(tmp: Path, *, standin: bool = True, **extra: str) -> dict[str, str]:
+    """A child's environment: the stand-in + upstream plugin first on PYTHONPATH (``standin``), this checkout's
+    neuronpack, and a private TMPDIR (serve's default local cache root lives under it)."""
+    env = {k: v for k, v in os.environ.items() if k not in PLUGIN_ENV}
+    paths = [str(STANDIN), str(PLUGIN_SRC)] if standin else []
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
+    env["TMPDIR"] = str(tmp)
+    env.update(extra)
+    return env
+
+
+def neuronpack(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "neuronpack", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def compile_artifact(model: Path, recipe: Path, out_root: Path, env: dict[str, str], *sets: str) -> tuple[Path, dict]:
+    flags = [x for s in sets for x in ("--set", s)]
+    out = neuronpack("compile", str(model), "--recipe", str(recipe), "--out-root", str(out_root), "--format", "json",
+                     "--progress", "none", *flags, env=env)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    return Path(result["path"]), result
+
+
+def print_command(artifact: Path, env: dict[str, str], *flags: str) -> dict:
+    out = neuronpack("serve", str(artifact), "--print-command", "--format", "json", *flags, env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error")]
+
+
+@contextlib.contextmanager
+def upstream_plugin():
+    """vllm-neuron 0.21's own ``envs``, ``compile.cache`` and ``nki.nki_cache`` imported in this process (closed /
+    missing modules from the stand-in); the environment is read by them lazily, so set it before calling."""
+    _purge()
+    sys.path[:0] = [str(STANDIN), str(PLUGIN_SRC)]
+    try:
+        envs = importlib.import_module("vllm_neuron.envs")
+        cache = importlib.import_module("vllm_neuron.compile.cache")
+        nki_cache = importlib.import_module("vllm_neuron.nki.nki_cache")
+        yield SimpleNamespace(envs=envs, cache=cache, nki_cache=nki_cache)
+    finally:
+        for path in (str(STANDIN), str(PLUGIN_SRC)):
+            with contextlib.suppress(ValueError):
+                sys.path.remove(path)
+        _purge()
+
+
+def _purge() -> None:
+    for name in list(sys.modules):
+        if name.split(".")[0] in PLUGIN_MODULES:
+            del sys.modules[name]
+    importlib.invalidate_caches()

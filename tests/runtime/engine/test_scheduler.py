@@ -1,0 +1,189 @@
+"""Scheduling without a model and without torch: the plans ``SlotScheduler`` emits (admission, fork groups,
+the prefill token budget, aborts / timeouts freeing rows, the speculation lookahead) and the ``RowAllocator`` they
+come from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from neuronpack.runtime.engine.kv_rows import RowAllocator, RowCopy
+from neuronpack.runtime.engine.plan import DecodeRow, PrefillGroup, StepPlan
+from neuronpack.runtime.engine.scheduler import SlotScheduler
+from tests.helpers.fresh_interpreter import run_fresh
+
+
+@dataclass(eq=False)
+class Seq:
+    """A sequence as the scheduler sees it (what the engine's RequestState answers)."""
+
+    request_id: str
+    prompt_ids: list[int] = field(default_factory=lambda: [5, 6, 7])
+    output: list[int] = field(default_factory=list)
+    max_tokens: int = 8
+    max_model_len: int = 128
+    adapter: int = 0
+    prompt_logprobs: int | None = None
+    forks: list = field(default_factory=list)
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1]
+
+    @property
+    def next_position(self) -> int:
+        return len(self.prompt_ids) + len(self.output) - 1
+
+    @property
+    def room(self) -> int:
+        return min(self.max_tokens - len(self.output), self.max_model_len - len(self.prompt_ids) - len(self.output))
+
+    @property
+    def scoring_only(self) -> bool:
+        return self.max_tokens == 0
+
+
+def prefilled(plan: StepPlan, sched: SlotScheduler, token: int = 40) -> None:
+    """What the engine does with a prefill plan's outputs: every member samples its first token."""
+    for group in plan.prefills:
+        for row in group.rows:
+            sched.at(row).output.append(token)
+
+
+def test_the_scheduler_and_its_plans_import_no_torch():
+    _, torch_imported = run_fresh("import neuronpack.runtime.engine.scheduler, neuronpack.runtime.engine.runner")
+    assert not torch_imported
+
+
+def test_admission_is_fifo_into_the_lowest_free_rows():
+    sched = SlotScheduler(batch_size=3)
+    seqs = [Seq(f"r{i}") for i in range(5)]
+    for seq in seqs:
+        sched.add(seq)
+    plan = sched.schedule_prefills(limit=2)
+    assert plan == StepPlan(prefills=(PrefillGroup("r0", 0, seqs[0].prompt_ids), PrefillGroup("r1", 1,
+                                                                                                 seqs[1].prompt_ids)))
+    prefilled(plan, sched)
+    assert [g.request_id for g in sched.schedule_prefills(limit=5).prefills] == ["r2"]  # only one row left
+    assert sched.free_rows == 0 and list(sched.waiting) == seqs[3:]
+
+
+def test_a_freed_row_is_packed_before_the_next_phase():
+    sched = SlotScheduler(batch_size=4)
+    a, b, c = Seq("a"), Seq("b", prompt_ids=[1, 2]), Seq("c", prompt_ids=[1, 2, 3, 4])
+    for seq in (a, b, c):
+        sched.add(seq)
+    prefilled(sched.schedule_prefills(limit=3), sched)
+    c.output.append(41)  # c: 4 prompt + 2 sampled -> positions 0..4 cached
+    sched.release(a)  # a finished: row 0 is a hole below b and c
+    plan = sched.schedule_decode()
+    assert plan.moves == (RowCopy(src=2, dst=0, length=5),)  # c moves down; b stays in row 1
+    assert plan.decodes == (DecodeRow("c", 0, 41, 5), DecodeRow("b", 1, 40, 2))
+    assert sched.running == [c, b] and sched.schedule_decode().moves == ()
+
+
+def test_the_token_budget_bounds_one_prefill_call_and_a_long_prompt_goes_alone():
+    """Prompts share a prefill call while prompts x the longest stays within the budget (FIFO, nothing skipped);
+    a prompt longer than the budget is still admitted, alone; without a budget every free row fills."""
+    sched = SlotScheduler(batch_size=8)
+    lengths = [10, 10, 30, 5, 5, 50]
+    for i, n in enumerate(lengths):
+        sched.add(Seq(f"r{i}", prompt_ids=list(range(n))))
+    admitted = [[g.request_id for g in sched.schedule_prefills(8, token_budget=40).prefills] for _ in range(4)]
+    # r0 + r1: 2 x 10; + r2 would be 3 x 30. r2 alone (30); + r3: 2 x 30. r3 + r4: 2 x 5; + r5: 3 x 50. r5 alone.
+    assert admitted == [["r0", "r1"], ["r2"], ["r3", "r4"], ["r5"]]
+    assert not sched.waiting
+    for i in range(2):
+        sched.add(Seq(f"s{i}", prompt_ids=list(range(30))))
+    assert len(sched.schedule_prefills(limit=2).prefills) == 2  # no budget: the limit (free rows) alone
+    sched.add(Seq("t", prompt_ids=[1]))
+    assert sched.schedule_prefills(limit=8, token_budget=40).prefills == ()  # no row left
+
+
+def test_a_fork_group_takes_its_rows_at_once_and_keeps_fifo():
+    sched = SlotScheduler(batch_size=3)
+    first, leader, fork, later, busy = (Seq(n) for n in ("first", "leader", "fork", "later", "busy"))
+    leader.forks = [fork]
+    for seq in (first, busy, leader, later):
+        sched.add(seq)
+    prefilled(sched.schedule_prefills(limit=2), sched)  # first and busy: one row left
+    plan = sched.schedule_prefills(limit=5)  # the group of two must wait, and so does what follows it
+    assert plan.prefills == () and list(sched.waiting) == [leader, later]
+    sched.release(busy)
+    plan = sched.schedule_prefills(limit=1)
+    (group,) = plan.prefills
+    assert (group.request_id, group.rows) == ("leader", (1, 2))
+    assert group.fork_copies == (RowCopy(src=1, dst=2, length=3),)  # the prompt's KV, after the leader's prefill
+    assert leader.forks == [] and sched.all_sequences() == [later, first, leader, fork]
+
+
+def test_a_scoring_only_group_keeps_its_forks_and_prompt_logprobs_take_their_own_call():
+    sched = SlotScheduler(batch_size=4)
+    leader, fork = Seq("leader", max_tokens=0, prompt_logprobs=2), Seq("fork", max_tokens=0, prompt_logprobs=2)
+    leader.forks = [fork]
+    sched.add(leader)
+    (group,) = sched.schedule_prefills(limit=1).prefills
+    # the forks' rows are named (every member gets the leader's prompt logprobs); the runner copies no KV for them
+    assert group.own_call and group.scoring_only and group.rows == (0, 1)
+
+
+def test_aborts_and_timeouts_free_rows_wherever_the_sequence_is():
+    sched = SlotScheduler(batch_size=2)
+    running, waiting, done = Seq("run"), Seq("wait"), Seq("done")
+    sched.add(running)
+    prefilled(sched.schedule_prefills(limit=1), sched)
+    sched.add(waiting)
+    assert sched.remove("run") is running and sched.free_rows == 2  # abort: the row is free at once
+    for seq in (waiting, done):  # a timeout discards: queued, and neither queued nor seated, both fine
+        sched.discard(seq)
+    assert sched.idle and sched.remove("run") is None
+    assert sched.schedule_decode() == StepPlan()
+
+
+def test_removing_a_waiting_leader_promotes_its_fork():
+    sched = SlotScheduler(batch_size=4)
+    leader, a, b = Seq("leader"), Seq("a"), Seq("b")
+    leader.forks = [a, b]
+    sched.add(leader)
+    assert sched.remove("a") is a and leader.forks == [b]
+    assert sched.remove("leader") is leader and list(sched.waiting) == [b] and b.forks == []
+
+
+def test_speculation_lookahead_is_capped_by_each_rows_room():
+    sched = SlotScheduler(batch_size=3, spec_length=4)
+    roomy, short, last = Seq("roomy", max_tokens=20), Seq("short", max_tokens=3), Seq("last", max_tokens=1)
+    for seq in (roomy, short, last):
+        sched.add(seq)
+    prefilled(sched.schedule_prefills(limit=3), sched)
+    # room after the first token: 19, 2 and 0 tokens; the target adds one of its own to the drafts it verifies
+    assert [d.num_draft for d in sched.schedule_decode().decodes] == [4, 1, 0]
+    assert [d.num_draft for d in SlotScheduler(1).schedule_decode().decodes] == []
+
+
+def test_decode_rows_follow_the_model_length():
+    sched = SlotScheduler(batch_size=1, spec_length=4)
+    seq = Seq("near-the-end", prompt_ids=list(range(10)), max_tokens=100, max_model_len=13)
+    sched.add(seq)
+    prefilled(sched.schedule_prefills(limit=1), sched)
+    (row,) = sched.schedule_decode().decodes
+    assert (row.position, row.num_draft) == (10, 1)  # 11 of 13 positions used: room for 2 tokens
+
+
+def test_batch_size_must_be_positive():
+    with pytest.raises(ValueError):
+        SlotScheduler(0)
+
+
+def test_row_allocator_hands_out_lowest_rows_and_packs_them():
+    rows: RowAllocator[str] = RowAllocator(4)
+    assert [rows.allocate(o) for o in "abcd"] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="every one of the 4"):
+        rows.allocate("e")
+    rows.release("a")
+    rows.release("c")
+    assert rows.free == 2 and rows.compact({"b": 3, "d": 0}.__getitem__) == []  # d has nothing cached yet
+    assert rows.owners() == ["d", "b"] and rows.row("d") == 0 and rows.at(1) == "b"
+    assert rows.allocate("e") == 2 and rows.release("zz") is None
+    with pytest.raises(KeyError):
+        rows.at(3)
