@@ -10,8 +10,8 @@ from neuronpack.artifacts.remote import open_transport
 from neuronpack.artifacts.remote.graph_index import index_path
 from neuronpack.artifacts.remote.push import push_artifact
 from neuronpack.pipeline import compile_model, verify_artifact
-from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES
 from tests.helpers.tiny_models import fine_tune_copy
+from tests.runtime.serving import EXPORT, RECIPE, SERVE_OVERRIDES
 
 SETS = [*SERVE_OVERRIDES, *EXPORT]
 

@@ -16,8 +16,8 @@ import pytest
 from neuronpack.artifacts.listing import plan_gc, run_gc
 from neuronpack.artifacts.manifest import read_manifest
 from neuronpack.pipeline import compile_model, verify_artifact
-from tests.pipeline.builds import FAST, RECIPE
 from tests.helpers.tiny_models import fine_tune_copy
+from tests.pipeline.builds import FAST, RECIPE
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from neuronpack.backends.torch_aot import load_artifact
 from neuronpack.kernels import LIBRARY_NAME
 from neuronpack.pipeline import compile_model
 from tests.backends.torch_aot.test_generate import greedy_batch, hf_greedy, random_prompts
-from tests.pipeline.builds import RECIPE
 from tests.helpers.tiny_models import fine_tune_copy
+from tests.pipeline.builds import RECIPE
 
 pytestmark = pytest.mark.slow
 SETS = ["compiler=aoti", "target.batch_size=3"]
