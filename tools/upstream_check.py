@@ -111,10 +111,10 @@ def _source(src: Path | None, directory: str) -> Path | None:
 
 # --- neuronpack's side (project environment) -------------------------------------------------------------------------
 def _make_cases(work: Path, src: Path) -> list[dict]:
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "convert")]
-    from eagle_fixtures import make_eagle1_draft
-    from lora_adapters import make_peft_adapter
-    from tiny_models import make_tiny_checkpoint
+    sys.path[:0] = [str(ROOT)]
+    from tests.convert.eagle_fixtures import make_eagle1_draft
+    from tests.helpers.lora_adapters import make_peft_adapter
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     llama = make_tiny_checkpoint(work / "llama")
     vocab = json.loads((llama / "config.json").read_text())["vocab_size"]

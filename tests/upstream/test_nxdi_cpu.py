@@ -120,8 +120,7 @@ def nxdi_setup(tmp_path_factory, name: str):
     python = Path(os.environ.get("NEURONPACK_NXDI_PYTHON", ROOT / ".venv-nxdi" / "bin" / "python"))
     if not python.is_file():
         pytest.fail(f"{python} is missing: run `make install` (it makes .venv-nxdi, NxDI's transformers 4.57)")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     work = tmp_path_factory.mktemp(name)
     return sources, python, work, make_tiny_checkpoint(work / "llama")
@@ -159,7 +158,7 @@ def nxdi(tmp_path_factory):
                                      granularity)
         add(name, {**int8_recipe, "quantized_checkpoints_path": str(out), "quantization_type": qtype,
                    "quantization_dtype": qdtype}, "float32", reference=_reference_logits(llama, quantized=out))
-    from tiny_models import make_tiny_checkpoint
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     tied = make_tiny_checkpoint(work / "tied", tie=True)  # SmolLM2's layout: --include-lm-head unties the head
     head = _quantize(tied, work / "int8-tied-head", "--dtype", "int8", "--include-lm-head")
@@ -216,8 +215,7 @@ def _figures(results: dict, references: dict, runs: dict) -> dict:
 def _recipe_sets(recipe: Path, work: Path, llama: Path) -> list[str]:
     if "[speculation]" not in recipe.read_text():
         return []
-    sys.path.insert(0, str(ROOT / "tests" / "convert"))
-    from eagle_fixtures import make_eagle1_draft
+    from tests.convert.eagle_fixtures import make_eagle1_draft
 
     vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
     draft = work / "eagle"
@@ -230,9 +228,8 @@ def _add_eagle_runs(add, work: Path, llama: Path) -> None:
     """EAGLE-1 (on the 2-layer Llama) and EAGLE-3 (on a 4-layer one: its draft reads target layers 2, L // 2 and
     L - 3) drafts converted by ``neuronpack convert-eagle``, each with the NeuronConfig the EAGLE recipe records for
     it; and the raw EAGLE-1 draft (no lm_head) as the negative case."""
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "convert")]
-    from eagle_fixtures import make_eagle1_draft, make_eagle3_draft
-    from tiny_models import make_tiny_checkpoint
+    from tests.convert.eagle_fixtures import make_eagle1_draft, make_eagle3_draft
+    from tests.helpers.tiny_models import make_tiny_checkpoint
 
     recipe = ROOT / "recipes" / "llama-3-8b-eagle-trn1.toml"
     vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
@@ -252,7 +249,7 @@ def _add_eagle_runs(add, work: Path, llama: Path) -> None:
 def _add_lora_run(add, work: Path, llama: Path) -> None:
     """The 8B recipe's LoRA variant (a [lora] section, one PEFT adapter on q/k/v/o) with its adapter where the
     artifact carries it (lora/<name>, which lora_ckpt_paths names relative to the artifact): load only."""
-    from lora_adapters import make_peft_adapter
+    from tests.helpers.lora_adapters import make_peft_adapter
 
     artifact = work / "lora-artifact"
     adapter = make_peft_adapter(llama, artifact / "lora" / "sql", rank=8)

@@ -131,7 +131,7 @@ def test_a_reused_artifact_runs_in_nxdi_on_the_new_weights(nxd_artifact, tmp_pat
     from tests.helpers.tiny_models import fine_tune_copy
 
     artifact, python, sources, work = nxd_artifact
-    tuned = fine_tune_copy(work / "llama", tmp_path / "fine-tune", scale=1.2, seed=5)
+    tuned = fine_tune_copy(work / "llama", tmp_path / "fine-tune", seed=5)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STANDIN / "nxd"), str(STANDIN / "compiler")])}
     built = json.loads(subprocess.run(
         [sys.executable, "-m", "neuronpack", "compile", str(tuned), "--recipe", str(INT8_RECIPE), "--out-root",
