@@ -219,10 +219,10 @@ def _install_donor(donor: Donor, staging: Path, reporter: Reporter) -> GraphDono
     return GraphDonor(key=donor.key, files=tuple(f["path"] for f in donor.files))
 
 
-def _graphs_section(plan: BuildPlan, donor: Donor | None, extras: dict[str, Any], build_seconds: float):
+def _graphs_section(plan: BuildPlan, donor: Donor | None, graph_seconds: float | None, build_seconds: float):
     """The manifest's ``graphs``: the graph key, and the compile the graphs cost where first built (a donor's
-    figure carries over), with the donor when there is one."""
-    seconds = donor.seconds if donor else extras.get("graph_seconds", build_seconds)
+    figure carries over; else what the backend timed, else its whole build), with the donor when there is one."""
+    seconds = donor.seconds if donor else graph_seconds if graph_seconds is not None else build_seconds
     return {"key": plan.graph_key, "code": plan.graph_key_inputs["code"], "seconds": round(float(seconds), 3),
             "from": donor.record() if donor else None}
 
@@ -286,6 +286,7 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
         t0 = time.perf_counter()
         extras = inputs.backend.build(request) or {}
         timings["build"] = time.perf_counter() - t0
+        graph_seconds = extras.pop("graph_seconds", None)  # the graphs' share of the build: graphs.seconds
         t0 = time.perf_counter()
         manifest = build_manifest(
             key=key,
@@ -298,7 +299,7 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             timings=timings,
             extras={**extras, "framework_reason": inputs.framework_reason},
             root=staging,
-            graphs=_graphs_section(plan, donor, extras, timings["build"]),
+            graphs=_graphs_section(plan, donor, graph_seconds, timings["build"]),
         )
         timings["manifest"] = time.perf_counter() - t0
         if donor is not None:

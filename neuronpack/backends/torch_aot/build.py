@@ -130,7 +130,9 @@ def read_hf_config(model_dir: Path) -> dict[str, Any]:
 
 def build_artifact(request: BuildRequest) -> dict[str, Any]:
     """Write the whole artifact (everything but neuronpack.json) into ``request.staging``; return
-    ``{"bucket_seconds": {...}, "compiler": "aoti" | "export"}``."""
+    ``{"bucket_seconds": {...}, "compiler": "aoti" | "export", "graph_seconds": S}`` (the pipeline records
+    ``graph_seconds``, the kernels' and graphs' share of the build, as the manifest's ``graphs.seconds``); with a
+    donor's graphs ``{"compiler": ...}``."""
     import torch
 
     from neuronpack.backends.torch_aot.graphs import graph_names, layer_groups
