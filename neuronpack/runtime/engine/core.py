@@ -117,7 +117,8 @@ class Engine:
         self.lookahead = max(lookahead, speculation.length if speculation else 0)
         self.eos_token_ids = frozenset({*model.eos_token_ids, tokenizer.eos_token_id} - {None})
         self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
-        self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
+        self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0,
+                                                self.max_model_len)
         self.runner = ModelRunner(model, self.speculator)
         self.prefix_caching = prefix_caching if prefix_caching is not None else PrefixCaching()
         self.prefix_caching_off_reason, cache_rows = self.prefix_caching.rows_for(model, self.runner.proposer)
@@ -384,7 +385,7 @@ class Engine:
                          cached_tokens=seq.cached_prompt_tokens, batch=batch)
         if finished:
             self.scheduler.release(seq)
-            self.metrics.observe_finish(finish_reason, now - seq.arrival)
+            self.metrics.observe_finish(finish_reason, now - seq.arrival, len(seq.prompt_ids), out.completion_tokens)
             self.admission.retire()
         self._deliver(seq, out)
 
@@ -395,7 +396,8 @@ class Engine:
     def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
                               prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.scheduler.discard(seq, keep=reason is not FinishReason.ERROR)
-        self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
+        self.metrics.observe_finish(reason, time.monotonic() - seq.arrival, len(seq.prompt_ids),
+                                    len(seq.output.token_ids))
         self.admission.retire()
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
                          prompt_logprobs=prompt_logprobs,
@@ -408,7 +410,8 @@ class Engine:
             seq.sink(out)
         except Exception:  # the consumer is gone (closed event loop): stop generating for it
             if out.finish_reason is None and self.scheduler.remove(seq.request_id) is not None:
-                self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival)
+                self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival, out.prompt_tokens,
+                                            out.completion_tokens)
                 self.admission.retire()
 
     def _update_load(self) -> None:
