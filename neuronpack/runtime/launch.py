@@ -166,17 +166,17 @@ class TorchLaunch:
                              limits=engine_limits, prefix_caching=caching)
         loaded.engine.loop_threads = o.threads or available_cores()
         release_free_memory()  # the model's construction freed its temporary tensors
-        request_log = self._request_log(loaded, reporter)
-        app = create_app(loaded.engine, served_model_name=loaded.served_model_name, api_key=o.api_key,
-                         model_info={"root": str(self.artifact_dir)},
-                         limits=ServerLimits(max_body_bytes=limits.max_body_bytes),
-                         adapter_roots=dict(loaded.served_models().roots), request_log=request_log)
         s = loaded.engine.summary()
         reporter.info(f"loaded {loaded.served_model_name} in {loaded.load_seconds:.1f} s (batch {s.batch_size}, "
                       f"max model length {s.max_model_len}, largest prompt {s.max_prompt_len}, "
                       f"{s.threads} compute thread{'' if s.threads == 1 else 's'})")
         reporter.info(f"prefix caching: {s.cache_rows} cache rows ({s.cache_mib:.0f} MiB) beyond the batch"
                       if s.prefix_caching_off is None else f"prefix caching off: {s.prefix_caching_off}")
+        app = create_app(loaded.engine, served_model_name=loaded.served_model_name, api_key=o.api_key,
+                         model_info={"root": str(self.artifact_dir)},
+                         limits=ServerLimits(max_body_bytes=limits.max_body_bytes),
+                         adapter_roots=dict(loaded.served_models().roots),
+                         request_log=self._request_log(loaded, reporter))
         return ServedApp(app, loaded, s)
 
     def _request_log(self, loaded: LoadedEngine, reporter: Reporter):
