@@ -10,7 +10,8 @@ column is ignored (a gateway's own fields, a request id, the model name):
   int, 0..prompt_tokens);
 - ``batch``: sequences decoding together while this request decoded (int >= 1; the server writes the mean over the
   request's decode steps, rounded);
-- ``arrived_at``, ``first_token_at``, ``finished_at``: Unix seconds (numbers).
+- ``arrived_at``, ``first_token_at``, ``finished_at``: Unix seconds (numbers);
+- ``prompt``: the prompt's text, written by ``serve --request-log-prompts`` only (the reader leaves it out).
 
 Example::
 
@@ -51,6 +52,7 @@ class TrafficRecord:
     arrived_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
+    prompt: str | None = None  # written on request only (serve --request-log-prompts); never read back
 
     def to_dict(self) -> dict:
         """The record as the log stores it: the fields that are set, nothing else."""

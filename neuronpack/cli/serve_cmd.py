@@ -18,6 +18,8 @@ from neuronpack.runtime.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_WAITING,
     DEFAULT_PREFIX_CACHE_MIB,
+    DEFAULT_REQUEST_LOG_BACKUPS,
+    DEFAULT_REQUEST_LOG_MIB,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SHUTDOWN_GRACE,
 )
@@ -106,14 +108,36 @@ def serve_command(
                             help="torch artifacts: MiB of KV-cache rows added to keep cached prefixes in, beyond "
                                  "the batch's own free rows (0: those only)")
     ] = DEFAULT_PREFIX_CACHE_MIB,
+    request_log: Annotated[
+        Path | None, typer.Option("--request-log", dir_okay=False,
+                                  help="torch artifacts: append a JSON line per finished request to FILE "
+                                       "(prompt_tokens, completion_tokens, cached_tokens, batch, timestamps: what "
+                                       "`neuronpack buckets plan --traffic` reads), written off the engine thread")
+    ] = None,
+    request_log_max_mib: Annotated[
+        float, typer.Option("--request-log-max-mib", min=0.001,
+                            help="the request log's size cap: past it FILE becomes FILE.1 and a new FILE begins")
+    ] = DEFAULT_REQUEST_LOG_MIB,
+    request_log_backups: Annotated[
+        int, typer.Option("--request-log-backups", min=1,
+                          help="rotated request logs kept (FILE.1 .. FILE.N), the oldest deleted")
+    ] = DEFAULT_REQUEST_LOG_BACKUPS,
+    request_log_prompts: Annotated[
+        bool, typer.Option("--request-log-prompts",
+                           help="also write each prompt's text into the request log (never written otherwise)")
+    ] = False,
     output_format: FormatOpt = OutputFormat.text,
     quiet: QuietOpt = False,
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (built-in runtime for torch artifacts, vLLM for Neuron)."""
     from neuronpack.artifacts.manifest import read_manifest
     from neuronpack.pipeline import resolve_serving_artifact
-    from neuronpack.runtime.launch import ServeLimits, ServeOptions, serve_launch
+    from neuronpack.runtime.launch import RequestLogOptions, ServeLimits, ServeOptions, serve_launch
 
+    if request_log is None and (request_log_prompts or request_log_max_mib != DEFAULT_REQUEST_LOG_MIB
+                                or request_log_backups != DEFAULT_REQUEST_LOG_BACKUPS):
+        raise typer.BadParameter("applies to the request log: add --request-log FILE",
+                                 param_hint="--request-log-max-mib / --request-log-backups / --request-log-prompts")
     reporter = RichReporter(quiet=quiet)
     path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter,
                                     root=root, endpoint_url=endpoint_url)
@@ -122,7 +146,9 @@ def serve_command(
     options = ServeOptions(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                            threads=threads, tool_call_parser=tool_call_parser, limits=limits, vllm_target=vllm_target,
                            structured_outputs=structured_outputs, weights=weights,
-                           log_level="warning" if quiet else "info")
+                           log_level="warning" if quiet else "info",
+                           request_log=RequestLogOptions(request_log, request_log_max_mib, request_log_backups,
+                                                         request_log_prompts) if request_log else None)
     launch = serve_launch(path, read_manifest(path), options)
     if print_command:
         data, line = launch.printed()

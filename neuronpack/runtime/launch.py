@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuronpack.backends.vllm.serving import VllmLaunch, server_url, vllm_launch
+from neuronpack.backends.vllm.serving import VllmLaunch, request_log_note, server_url, vllm_launch
 from neuronpack.errors import ServeError
 from neuronpack.progress import Reporter
 from neuronpack.runtime.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_WAITING,
     DEFAULT_PREFIX_CACHE_MIB,
+    DEFAULT_REQUEST_LOG_BACKUPS,
+    DEFAULT_REQUEST_LOG_MIB,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SHUTDOWN_GRACE,
 )
@@ -68,10 +70,27 @@ class ServeLimits:
 
 
 @dataclass(frozen=True)
+class RequestLogOptions:
+    """``--request-log``: the file, the size it rotates at, how many rotated files are kept, and whether each line
+    carries the prompt's text (docs/serve.md, "The request log")."""
+
+    path: Path
+    max_mib: float = DEFAULT_REQUEST_LOG_MIB
+    backups: int = DEFAULT_REQUEST_LOG_BACKUPS
+    prompts: bool = False
+
+    def argv(self) -> list[str]:
+        """These options as ``neuronpack serve`` flags."""
+        return ["--request-log", str(self.path), "--request-log-max-mib", f"{self.max_mib:g}", "--request-log-backups",
+                str(self.backups), *(["--request-log-prompts"] if self.prompts else [])]
+
+
+@dataclass(frozen=True)
 class ServeOptions:
     """Everything ``neuronpack serve`` takes besides the artifact. ``threads``, ``limits`` and a ``tool_call_parser``
-    other than hermes are the built-in runtime's; ``vllm_target`` and ``structured_outputs`` vLLM's (nxd / tnx);
-    ``weights`` the vLLM Neuron plugin's (vneuron). ``log_level``: uvicorn's."""
+    other than hermes are the built-in runtime's, and ``request_log`` (a Neuron server notes how vLLM gives the same
+    sample); ``vllm_target`` and ``structured_outputs`` vLLM's (nxd / tnx); ``weights`` the vLLM Neuron plugin's
+    (vneuron). ``log_level``: uvicorn's."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -84,6 +103,7 @@ class ServeOptions:
     structured_outputs: bool = False
     weights: str | None = None
     log_level: str = "info"
+    request_log: RequestLogOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -113,11 +133,19 @@ class TorchLaunch:
             argv += ["--served-model-name", o.served_model_name]
         if o.api_key:
             argv += ["--api-key", o.api_key]
+        if o.request_log is not None:
+            argv += o.request_log.argv()
         data = {"target": "neuronpack", "argv": argv, "env": {}, "cwd": None, "notes": self.notes}
         return data, " ".join(shlex.quote(a) for a in argv)
 
     def prepare(self) -> str | None:
-        return None  # the artifact was verified for this machine when it was resolved; loading checks the rest
+        """The artifact was verified for this machine when it was resolved and loading checks the rest: only the
+        request log's path is checked here, before the model loads."""
+        if self.options.request_log is not None:
+            from neuronpack.runtime.openai.request_log import check_request_log
+
+            check_request_log(self.options.request_log.path)
+        return None
 
     def build(self, reporter: Reporter) -> ServedApp:
         """Load the engine on this thread (so only the engine's loop opens OpenMP teams, ``Engine.loop_threads``),
@@ -138,17 +166,31 @@ class TorchLaunch:
                              limits=engine_limits, prefix_caching=caching)
         loaded.engine.loop_threads = o.threads or available_cores()
         release_free_memory()  # the model's construction freed its temporary tensors
-        app = create_app(loaded.engine, served_model_name=loaded.served_model_name, api_key=o.api_key,
-                         model_info={"root": str(self.artifact_dir)},
-                         limits=ServerLimits(max_body_bytes=limits.max_body_bytes),
-                         adapter_roots=dict(loaded.served_models().roots))
         s = loaded.engine.summary()
         reporter.info(f"loaded {loaded.served_model_name} in {loaded.load_seconds:.1f} s (batch {s.batch_size}, "
                       f"max model length {s.max_model_len}, largest prompt {s.max_prompt_len}, "
                       f"{s.threads} compute thread{'' if s.threads == 1 else 's'})")
         reporter.info(f"prefix caching: {s.cache_rows} cache rows ({s.cache_mib:.0f} MiB) beyond the batch"
                       if s.prefix_caching_off is None else f"prefix caching off: {s.prefix_caching_off}")
+        app = create_app(loaded.engine, served_model_name=loaded.served_model_name, api_key=o.api_key,
+                         model_info={"root": str(self.artifact_dir)},
+                         limits=ServerLimits(max_body_bytes=limits.max_body_bytes),
+                         adapter_roots=dict(loaded.served_models().roots),
+                         request_log=self._request_log(loaded, reporter))
         return ServedApp(app, loaded, s)
+
+    def _request_log(self, loaded: LoadedEngine, reporter: Reporter):
+        """The server's RequestLog (None without ``--request-log``), and the line that says where it goes."""
+        options = self.options.request_log
+        if options is None:
+            return None
+        from neuronpack.runtime.openai.request_log import RequestLog
+
+        log = RequestLog(options.path, max_bytes=max(1, int(options.max_mib * 2**20)), backups=options.backups,
+                         decode=loaded.engine.tokenizer.decode if options.prompts else None, warn=reporter.warn)
+        reporter.info(f"request log: {options.path} (rotated at {options.max_mib:g} MiB, {options.backups} kept"
+                      f"{'; with the prompts' if options.prompts else ''})")
+        return log
 
     def start(self, reporter: Reporter) -> None:
         """Build, then serve until SIGTERM / SIGINT (graceful: in-flight requests get the shutdown grace)."""
@@ -180,11 +222,15 @@ def serve_launch(artifact_dir: Path, manifest: Manifest, options: ServeOptions) 
 
         cmd = plugin_serve_command(artifact_dir, manifest, host=o.host, port=o.port, api_key=o.api_key,
                                    weights=o.weights, tool_call_parser=o.tool_call_parser)
-        return VllmLaunch(cmd, list(cmd.notes), server_url(o.host, o.port),
-                          f"vLLM Neuron plugin, {manifest.versions.get('vllm-neuron')}")
-    return vllm_launch(artifact_dir, manifest, host=o.host, port=o.port, api_key=o.api_key,
-                       requested_target=o.vllm_target, tool_call_parser=o.tool_call_parser,
-                       structured_outputs=o.structured_outputs)
+        launch = VllmLaunch(cmd, list(cmd.notes), server_url(o.host, o.port),
+                            f"vLLM Neuron plugin, {manifest.versions.get('vllm-neuron')}")
+    else:
+        launch = vllm_launch(artifact_dir, manifest, host=o.host, port=o.port, api_key=o.api_key,
+                             requested_target=o.vllm_target, tool_call_parser=o.tool_call_parser,
+                             structured_outputs=o.structured_outputs)
+    if o.request_log is not None:  # vLLM writes no such file: say where the same sample comes from
+        launch.notes.append(request_log_note(launch.command.target))
+    return launch
 
 
 def refuse_options(framework: str, options: ServeOptions, *, where: str) -> None:

@@ -8,4 +8,6 @@ DEFAULT_MAX_WAITING = 128  # requests that may wait for a batch slot; one more g
 DEFAULT_REQUEST_TIMEOUT = 600.0  # seconds from arrival (queue + generation); 0 disables it
 DEFAULT_SHUTDOWN_GRACE = 25.0  # seconds on SIGTERM; under Kubernetes' default 30 s terminationGracePeriodSeconds
 DEFAULT_PREFIX_CACHE_MIB = 512.0  # KV-cache rows beyond the batch that keep cached prefixes (engine/prefix_cache.py)
+DEFAULT_REQUEST_LOG_MIB = 64.0  # --request-log rotates at this size (about 400,000 lines without prompts)
+DEFAULT_REQUEST_LOG_BACKUPS = 3  # rotated request logs kept (FILE.1 .. FILE.3)
 RETRY_AFTER_SECONDS = 1  # what a 503 (queue full, shutting down) tells clients to wait

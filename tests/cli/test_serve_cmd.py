@@ -102,6 +102,20 @@ def test_serve_print_command_for_a_torch_artifact(artifact):
     assert result.exit_code == 0 and "--no-enable-prefix-caching" in result.stdout
     result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--prefix-cache-memory", "64"])
     assert result.exit_code == 0 and "--prefix-cache-memory 64" in result.stdout
+    result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--request-log", "r.jsonl",
+                                 "--request-log-backups", "5", "--request-log-prompts"])
+    assert result.exit_code == 0
+    assert "--request-log r.jsonl --request-log-max-mib 64 --request-log-backups 5 --request-log-prompts" in (
+        result.stdout)
+
+
+def test_serve_request_log_options_are_checked_before_loading(artifact, tmp_path):
+    result = runner.invoke(app, ["serve", str(artifact), "--request-log", str(tmp_path / "no" / "r.jsonl")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.startswith("error: the request log's directory does not exist")
+    assert not (tmp_path / "no").exists()
+    result = runner.invoke(app, ["serve", str(artifact), "--request-log-prompts"])
+    assert result.exit_code == 2 and "add --request-log FILE" in result.stderr
 
 
 def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
@@ -141,6 +155,12 @@ def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
     assert json.loads(result.stdout)["env"]["NEURON_ON_DEVICE_SAMPLING_DISABLED"] == "1"
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--vllm-target", "vllm-v3"])
     assert result.exit_code == 1 and "unknown vLLM target" in result.stderr
+    result = runner.invoke(app, ["serve", str(path), "--print-command", "--request-log", "r.jsonl", "--format",
+                                 "json"])
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0 and "--request-log" not in data["argv"]  # vLLM gets no such flag
+    note = data["notes"][-1]
+    assert note.startswith("--request-log is written by the built-in runtime only") and "--enable-log-requests" in note
     result = runner.invoke(app, ["serve", str(path)])  # no vLLM in this environment: a clear error, no exec
     assert result.exit_code == 1 and "vllm is not installed" in result.stderr
 
@@ -173,10 +193,12 @@ def _start_serve(artifact: Path, port: int, *args: str) -> subprocess.Popen:
     return proc
 
 
-def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama, monkeypatch):
+def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama, monkeypatch, tmp_path):
+    from neuronpack.traffic import read_traffic
+
     port = _free_port()
     monkeypatch.setenv("NEURONPACK_API_KEY", "k")
-    proc = _start_serve(artifact, port)
+    proc = _start_serve(artifact, port, "--request-log", str(tmp_path / "requests.jsonl"))
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         out = client.completions.create(model="tiny", prompt="Hello world", max_tokens=10, temperature=0)
@@ -187,6 +209,8 @@ def test_serve_process_answers_openai_requests(artifact, tokenizer, tiny_llama, 
         _, stderr = proc.communicate(timeout=30)
     # --quiet: no info lines, the URL line included (errors and warnings would still print)
     assert "serving tiny at" not in stderr and "loaded tiny" not in stderr
+    [record] = read_traffic(tmp_path / "requests.jsonl").records  # written by the time the process ended
+    assert (record.prompt_tokens, record.completion_tokens) == (out.usage.prompt_tokens, len(expected))
 
 
 def test_sigterm_drains_in_flight_streams_then_exits_0(artifact):

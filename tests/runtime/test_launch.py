@@ -9,7 +9,14 @@ import pytest
 
 from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter
-from neuronpack.runtime.launch import ServeLimits, ServeOptions, TorchLaunch, refuse_options, serve_launch
+from neuronpack.runtime.launch import (
+    RequestLogOptions,
+    ServeLimits,
+    ServeOptions,
+    TorchLaunch,
+    refuse_options,
+    serve_launch,
+)
 from tests.runtime.serving import LiveServer
 
 REFUSED = [  # (framework, options, what the one line names)
@@ -91,3 +98,25 @@ def test_prefix_caching_turned_off_is_reported_with_its_reason(serve_artifact, _
     assert served.summary.cache_rows == 0 and served.summary.threads == 1
     assert reporter.messages[-1] == f"prefix caching off: {served.summary.prefix_caching_off}"
     assert "turned off" in served.summary.prefix_caching_off
+
+
+def test_the_request_log_is_checked_before_loading_and_reported(serve_artifact, tmp_path, _process_settings):
+    from neuronpack.artifacts.manifest import read_manifest
+
+    manifest = read_manifest(serve_artifact)
+    bad = serve_launch(serve_artifact, manifest, ServeOptions(request_log=RequestLogOptions(tmp_path / "no" / "r")))
+    with pytest.raises(ServeError, match="directory does not exist"):
+        bad.prepare()
+    log = tmp_path / "requests.jsonl"
+    options = ServeOptions(threads=1, request_log=RequestLogOptions(log, max_mib=0.5, backups=2, prompts=True))
+    launch = serve_launch(serve_artifact, manifest, options)
+    assert launch.prepare() is None and launch.printed()[0]["argv"][-7:] == [
+        "--request-log", str(log), "--request-log-max-mib", "0.5", "--request-log-backups", "2",
+        "--request-log-prompts"]
+    reporter = NullReporter()
+    served = launch.build(reporter)
+    assert f"request log: {log} (rotated at 0.5 MiB, 2 kept; with the prompts)" in reporter.messages
+    with LiveServer(served.app) as live:
+        openai.OpenAI(base_url=f"{live.url}/v1", api_key="none").completions.create(
+            model=served.loaded.served_model_name, prompt="Hello", max_tokens=2)
+    assert '"prompt": "Hello"' in log.read_text()

@@ -82,6 +82,25 @@ def vllm_launch(artifact_dir: Path, manifest: Manifest, *, host: str, port: int,
                       choice.name, spec, installed)
 
 
+def request_log_note(target: str) -> str:
+    """The note a Neuron launch prints for ``serve --request-log``, which only the built-in runtime writes: where
+    vLLM gives the same sample. Names read in vLLM's sources: the histograms in 0.9.2 (and the AWS fork 2.24.0) to
+    0.24.0; ``--disable-log-requests`` (V0: logged by default, prompt token ids at INFO) in 0.9.2 and the fork;
+    ``--enable-log-requests`` (V1, off by default, prompt token ids at DEBUG) and ``--enable-prompt-tokens-details``
+    in 0.13.0, 0.16.0, 0.21.0 and 0.24.0.
+
+    Example: ``request_log_note("vllm-v0")`` starts with ``"--request-log is written by the built-in runtime only"``.
+    """
+    logging = ("vLLM V0 logs each request's prompt token ids unless --disable-log-requests" if target.startswith(
+        "vllm-v0") else "vLLM's --enable-log-requests logs each request, its prompt token ids at "
+                        "VLLM_LOGGING_LEVEL=DEBUG")
+    return ("--request-log is written by the built-in runtime only, not by vLLM: for `neuronpack buckets plan`, log "
+            "each response's usage (prompt_tokens, completion_tokens; prompt_tokens_details.cached_tokens with vLLM's "
+            "--enable-prompt-tokens-details) at your gateway as JSON lines or CSV (docs/buckets.md); vLLM's /metrics "
+            "has their distributions (histograms vllm:request_prompt_tokens, vllm:request_generation_tokens); "
+            f"{logging}")
+
+
 def server_url(host: str, port: int) -> str:
     """The OpenAI base URL a server on ``host:port`` answers at (an IPv6 address in brackets).
 

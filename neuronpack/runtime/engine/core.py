@@ -117,7 +117,8 @@ class Engine:
         self.lookahead = max(lookahead, speculation.length if speculation else 0)
         self.eos_token_ids = frozenset({*model.eos_token_ids, tokenizer.eos_token_id} - {None})
         self.adapter_names: tuple[str, ...] = tuple(getattr(model, "adapter_names", ()))
-        self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
+        self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0,
+                                                self.max_model_len)
         self.runner = ModelRunner(model, self.speculator)
         self.prefix_caching = prefix_caching if prefix_caching is not None else PrefixCaching()
         self.prefix_caching_off_reason, cache_rows = self.prefix_caching.rows_for(model, self.runner.proposer)
@@ -322,6 +323,8 @@ class Engine:
                 self.metrics.observe_prefix_cache(len(group.prompt_ids), group.start)
             for i, member in enumerate(seqs):
                 member.prefilled = i == 0 or not group.scoring_only  # a scoring-only group copies nothing
+                # the leader's prompt from the first uncached position; a fork's is copied from the leader's row
+                member.cached_prompt_tokens = group.start if i == 0 else len(group.prompt_ids)
                 if group.scoring_only:
                     self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
                 else:
@@ -341,7 +344,8 @@ class Engine:
         self.metrics.decode_seconds.observe(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
         for seq, outcome in zip(running, outcomes, strict=True):
-            self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None)
+            self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None,
+                       batch=len(running))
 
     def _decode_one(self, plan: StepPlan, running: list[RequestState]) -> list[Accepted]:
         masks = Masks.start([s.constraint for s in running])  # grammar masks computed while the model runs
@@ -358,7 +362,8 @@ class Engine:
         return outcomes
 
     def _emit(self, seq: RequestState, tokens: list[int], logprobs: list[TokenLogprobs] | None = None,
-              prompt_lp: list[TokenLogprobs | None] | None = None, drafted: Accepted | None = None) -> None:
+              prompt_lp: list[TokenLogprobs | None] | None = None, drafted: Accepted | None = None,
+              batch: int | None = None) -> None:
         """Append ``tokens`` one by one through the stop rules (those after a stop are dropped) and deliver them as
         one StepOutput."""
         now = time.monotonic()
@@ -376,10 +381,11 @@ class Engine:
         out = StepOutput(seq.request_id, tokens[:kept], text, finish_reason, len(seq.prompt_ids),
                          len(seq.output.token_ids), logprobs=logprobs[:kept] if logprobs is not None else None,
                          prompt_logprobs=prompt_lp, stop_reason=seq.output.stop_reason,
-                         speculation=seq.spec.to_dict() if finished and seq.spec is not None else None)
+                         speculation=seq.spec.to_dict() if finished and seq.spec is not None else None,
+                         cached_tokens=seq.cached_prompt_tokens, batch=batch)
         if finished:
             self.scheduler.release(seq)
-            self.metrics.observe_finish(finish_reason, now - seq.arrival)
+            self.metrics.observe_finish(finish_reason, now - seq.arrival, len(seq.prompt_ids), out.completion_tokens)
             self.admission.retire()
         self._deliver(seq, out)
 
@@ -390,11 +396,13 @@ class Engine:
     def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
                               prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.scheduler.discard(seq, keep=reason is not FinishReason.ERROR)
-        self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
+        self.metrics.observe_finish(reason, time.monotonic() - seq.arrival, len(seq.prompt_ids),
+                                    len(seq.output.token_ids))
         self.admission.retire()
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
                          prompt_logprobs=prompt_logprobs,
-                         speculation=seq.spec.to_dict() if seq.spec is not None else None)
+                         speculation=seq.spec.to_dict() if seq.spec is not None else None,
+                         cached_tokens=seq.cached_prompt_tokens)
         self._deliver(seq, out)
 
     def _deliver(self, seq: RequestState, out: StepOutput) -> None:
@@ -402,7 +410,8 @@ class Engine:
             seq.sink(out)
         except Exception:  # the consumer is gone (closed event loop): stop generating for it
             if out.finish_reason is None and self.scheduler.remove(seq.request_id) is not None:
-                self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival)
+                self.metrics.observe_finish(FinishReason.ABORT, time.monotonic() - seq.arrival, out.prompt_tokens,
+                                            out.completion_tokens)
                 self.admission.retire()
 
     def _update_load(self) -> None:

@@ -3,8 +3,9 @@
 Names follow vLLM's where one exists (``num_requests_running``, ``time_to_first_token_seconds``,
 ``inter_token_latency_seconds``, and with speculation vLLM V1's ``spec_decode_num_drafts``,
 ``spec_decode_num_draft_tokens``, ``spec_decode_num_accepted_tokens``, ``spec_decode_num_accepted_tokens_per_pos``
-{position}, and vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``, in prompt tokens) under a ``neuronpack_``
-prefix (the prefix cache's hit rate: ``rate(neuronpack_prefix_cache_hits_total) /
+{position}, vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``, in prompt tokens, and its per-request
+``request_prompt_tokens`` / ``request_generation_tokens`` histograms, on vLLM's 1-2-5 boundaries up to the model
+length) under a ``neuronpack_`` prefix (the prefix cache's hit rate: ``rate(neuronpack_prefix_cache_hits_total) /
 rate(neuronpack_prefix_cache_queries_total)``; what it holds: ``neuronpack_prefix_cache_usage_bytes``, the
 KV-cache rows beyond the batch that keep a prefix, never above ``neuronpack_prefix_cache_budget_bytes``, the
 ``--prefix-cache-memory`` budget; the batch's free rows keep prefixes too, at no extra cost). As in vLLM, the
@@ -40,10 +41,16 @@ class EngineMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, batch_size: int = 1, speculation_length: int = 0) -> None:
+    def __init__(self, batch_size: int = 1, speculation_length: int = 0, max_model_len: int = 1) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.batch_size = batch_size
+        # vLLM's names, documentation and boundaries (vllm:request_prompt_tokens in 0.9 through 0.24)
+        self.request_prompt_tokens = Histogram(f"{PREFIX}_request_prompt_tokens", "Number of prefill tokens "
+                                               "processed.", buckets=one_two_five(max_model_len), registry=r)
+        self.request_generation_tokens = Histogram(f"{PREFIX}_request_generation_tokens", "Number of generation "
+                                                   "tokens processed.", buckets=one_two_five(max_model_len),
+                                                   registry=r)
         self.requests = Counter(f"{PREFIX}_requests", "Finished requests by finish reason "
                                 "(stop, length, abort, timeout, error)", ["finish_reason"], registry=r)
         self.rejected = Counter(f"{PREFIX}_requests_rejected", "Requests refused before reaching a slot, by reason "
@@ -97,9 +104,13 @@ class EngineMetrics:
     def observe_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
 
-    def observe_finish(self, finish_reason: str, seconds: float) -> None:
+    def observe_finish(self, finish_reason: str, seconds: float, prompt_tokens: int, generation_tokens: int) -> None:
+        """A request ended after ``seconds`` with a prompt of ``prompt_tokens`` (cached ones included) and
+        ``generation_tokens`` generated."""
         self.requests.labels(finish_reason=finish_reason).inc()
         self.e2e.observe(seconds)
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generation_tokens.observe(generation_tokens)
 
     def observe_prefix_cache(self, queried: int, hit: int) -> None:
         """A prompt of ``queried`` tokens was looked up in the prefix cache; its first ``hit`` were cached."""
@@ -117,6 +128,21 @@ class EngineMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def one_two_five(maximum: int) -> list[int]:
+    """vLLM's histogram boundaries for token counts (``build_1_2_5_buckets``): 1, 2, 5 times the powers of ten, up to
+    ``maximum`` (the model length).
+
+    Example: ``one_two_five(1024)`` is ``[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]``.
+    """
+    bounds, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > maximum:
+                return bounds
+            bounds.append(mantissa * scale)
+        scale *= 10
 
 
 def metric_value(text: str, name: str, labels: str = "") -> float:

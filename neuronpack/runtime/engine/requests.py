@@ -161,6 +161,8 @@ class StepOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
     stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
     speculation: dict[str, Any] | None = None  # on the last output of a speculating engine: SpecStats.to_dict()
+    cached_tokens: int = 0  # prompt tokens not prefilled: found in the prefix cache (a fork: its copied prompt)
+    batch: int | None = None  # sequences of the decode step that produced this output (None: not a decode step)
 
 
 @dataclass(eq=False)
@@ -182,6 +184,7 @@ class RequestState:
     spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
     constraint: Constraint | None = None  # the request's grammar state (constrained decoding only)
     prefilled: bool = False  # its row holds its prompt's KV (set once its prefill succeeded)
+    cached_prompt_tokens: int = 0  # prompt tokens its prefill did not compute (StepOutput.cached_tokens)
 
     def take(self, tokens: Sequence[int]) -> tuple[str, int, FinishReason | None]:
         """Append emitted ``tokens`` one by one through the grammar and the stop rules, up to the first that ends the

@@ -76,7 +76,7 @@ def completion_choice(index: int, text: str, logprobs: dict | None, finish_reaso
             "stop_reason": stop_reason}
 
 
-def completion_response(request_id: str, model: str, choices: list[dict[str, Any]], usage_: dict[str, int]
+def completion_response(request_id: str, model: str, choices: list[dict[str, Any]], usage_: dict[str, Any]
                         ) -> dict[str, Any]:
     """A non-streaming text_completion body (``choices`` from ``completion_choice``, in index order)."""
     return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
@@ -99,7 +99,7 @@ def chat_choice(index: int, message: dict[str, Any], finish_reason: str | None, 
             "stop_reason": stop_reason}
 
 
-def chat_response(request_id: str, model: str, choices: list[dict[str, Any]], usage_: dict[str, int]
+def chat_response(request_id: str, model: str, choices: list[dict[str, Any]], usage_: dict[str, Any]
                   ) -> dict[str, Any]:
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage_}
@@ -118,7 +118,7 @@ def chat_chunk(request_id: str, model: str, index: int, delta: dict[str, Any], f
     return chunk
 
 
-def usage_chunk(request_id: str, model: str, obj: str, usage_: dict[str, int]) -> dict[str, Any]:
+def usage_chunk(request_id: str, model: str, obj: str, usage_: dict[str, Any]) -> dict[str, Any]:
     """The last streamed chunk when ``stream_options.include_usage`` is set: no choices, the request's usage."""
     return {"id": request_id, "object": obj, "created": int(time.time()), "model": model, "choices": [],
             "usage": usage_}

@@ -215,11 +215,15 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
 # ---- shared response pieces --------------------------------------------------------------------------------
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's ``usage``, with ``prompt_tokens_details.cached_tokens``: the prompt tokens found in the prefix cache.
+    Always present, 0 included, as OpenAI sends it and vLLM 0.24 with ``--enable-prompt-tokens-details`` (vLLM 0.9
+    to 0.21 send it only with that flag and when it is not 0)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

@@ -40,6 +40,7 @@ from neuronpack.runtime.openai.http_errors import HTTPError, install_auth, insta
 from neuronpack.runtime.openai.http_limits import BodySizeLimit, ServerLimits, serve_gracefully
 from neuronpack.runtime.openai.memory import release_memory_when_idle
 from neuronpack.runtime.openai.openapi import declare_served_models
+from neuronpack.runtime.openai.request_log import RequestLog
 from neuronpack.runtime.openai.sse import chat_logprobs, sse, stream_chat, stream_completion
 from neuronpack.runtime.openai.streams import RequestGroup, run_unless_disconnected
 from neuronpack.runtime.openai.tool_stream import parse_message
@@ -58,12 +59,14 @@ def create_app(
     model_info: dict[str, Any] | None = None,
     limits: ServerLimits | None = None,
     adapter_roots: dict[str, str] | None = None,
+    request_log: RequestLog | None = None,
 ) -> FastAPI:
     """The FastAPI app for ``engine``. With ``manage_engine`` the app starts the engine thread on startup and stops it
     on shutdown. ``served_model_name`` (one or several names) is what requests must put in ``model``; the published
     OpenAPI document declares them. The engine's LoRA adapters are served under their own names too (vLLM's
     ``--lora-modules``; ``adapter_roots`` says where each lives, for ``/v1/models``): a request's ``model`` picks
-    one. ``limits`` caps the request body (the engine's own limits bound the queue).
+    one. ``limits`` caps the request body (the engine's own limits bound the queue). ``request_log``: a line per
+    request the engine finishes (request_log.py), started and closed with the app.
 
     Example: ``TestClient(create_app(engine, served_model_name="tiny")).get("/v1/models").json()["data"][0]["id"]``
     is ``"tiny"``.
@@ -77,6 +80,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if request_log is not None:
+            request_log.start()
         if manage_engine:
             engine.start()
         # A burst of requests leaves freed memory resident: give it back whenever the server goes idle.
@@ -87,6 +92,8 @@ def create_app(
             releaser.cancel()
             if manage_engine:
                 engine.shutdown()
+            if request_log is not None:  # after the engine: the requests it ended have their lines
+                request_log.close()
 
     app = FastAPI(title="neuronpack", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
@@ -129,7 +136,8 @@ def create_app(
                                             adapter=adapter, grammar=grammar)
                         for ids in prompt_ids for i in range(body.n)]
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        group = RequestGroup(engine, gen_requests, n=body.n)  # validates every prompt first: 400 before any stream
+        # validates every prompt first: 400 before any stream
+        group = RequestGroup(engine, gen_requests, n=body.n, log=request_log)
         # Decoded only once validated (schemathesis: echo with a token id outside the vocabulary was a 500).
         echo = [(p if isinstance(p, str) else engine.tokenizer.decode(p), ids)
                 for p, ids in zip(prompts, prompt_ids, strict=True) for _ in range(body.n)] if body.echo else None
@@ -152,7 +160,7 @@ def create_app(
         gen_requests = [_generation_request(body, prompt_ids, body.completion_limit, index=i, adapter=adapter,
                                             grammar=grammar) for i in range(body.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        group = RequestGroup(engine, gen_requests, n=body.n)
+        group = RequestGroup(engine, gen_requests, n=body.n, log=request_log)
         if body.stream:
             return sse(group, stream_chat(group, body, request_id, plan))
         completed, outputs = await run_unless_disconnected(request, _collect(group, len(gen_requests)))
@@ -249,6 +257,7 @@ class _Choice:
     stop_reason: str | int | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int
 
     @classmethod
     def gather(cls, outs: list[StepOutput]) -> _Choice:
@@ -256,13 +265,15 @@ class _Choice:
         raise_if_failed(last)
         return cls("".join(o.text for o in outs), [t for o in outs for t in o.token_ids],
                    [e for o in outs for e in (o.logprobs or ())], outs[0].prompt_logprobs, last.finish_reason,
-                   last.stop_reason, last.prompt_tokens, last.completion_tokens)
+                   last.stop_reason, last.prompt_tokens, last.completion_tokens, last.cached_tokens)
 
 
-def _usage(choices: list[_Choice], n: int) -> dict[str, int]:
-    # Each prompt counts once however many choices it has (vLLM); every choice's tokens count.
-    prompt_tokens = sum(c.prompt_tokens for c in choices[::n])
-    return oa.usage(prompt_tokens, sum(c.completion_tokens for c in choices))
+def _usage(choices: list[_Choice], n: int) -> dict[str, Any]:
+    # Each prompt counts once however many choices it has (vLLM), its cached tokens too (those of its first choice,
+    # which looked the prompt up); every choice's tokens count.
+    firsts = choices[::n]
+    return oa.usage(sum(c.prompt_tokens for c in firsts), sum(c.completion_tokens for c in choices),
+                    sum(c.cached_tokens for c in firsts))
 
 
 def _completion_choice(engine: Engine, body: oa.CompletionRequest, index: int, choice: _Choice,

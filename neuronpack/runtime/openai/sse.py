@@ -72,7 +72,7 @@ async def stream_completion(
     group: RequestGroup, body: oa.CompletionRequest, request_id: str, echo: list[tuple[str, list[int]]] | None
 ) -> AsyncIterator[dict[str, Any]]:
     with_usage = body.include_usage
-    prompt_tokens = completion_tokens = 0
+    prompt_tokens = completion_tokens = cached_tokens = 0
     sent_text: dict[int, int] = {}  # choice index -> characters sent (logprobs text_offset)
     async for index, out in group:
         if (error := stream_error(out)) is not None:
@@ -96,8 +96,10 @@ async def stream_completion(
             completion_tokens += out.completion_tokens
             if index % body.n == 0:
                 prompt_tokens += out.prompt_tokens
+                cached_tokens += out.cached_tokens
     if with_usage:
-        yield resp.usage_chunk(request_id, body.model, "text_completion", oa.usage(prompt_tokens, completion_tokens))
+        yield resp.usage_chunk(request_id, body.model, "text_completion",
+                               oa.usage(prompt_tokens, completion_tokens, cached_tokens))
 
 
 async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, request_id: str,
@@ -108,7 +110,7 @@ async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, reque
     for index in range(body.n):
         yield resp.chat_chunk(request_id, body.model, index, {"role": "assistant", "content": ""}, None,
                               with_usage_field=with_usage)
-    prompt_tokens = completion_tokens = 0
+    prompt_tokens = completion_tokens = cached_tokens = 0
     async for index, out in group:
         if (error := stream_error(out)) is not None:
             yield error
@@ -129,6 +131,8 @@ async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, reque
         if out.finish_reason:
             completion_tokens += out.completion_tokens
             prompt_tokens = out.prompt_tokens
+            if index == 0:  # the choice that looked the prompt up (the others copied it)
+                cached_tokens = out.cached_tokens
     if with_usage:
         yield resp.usage_chunk(request_id, body.model, "chat.completion.chunk",
-                               oa.usage(prompt_tokens, completion_tokens))
+                               oa.usage(prompt_tokens, completion_tokens, cached_tokens))

@@ -2,7 +2,8 @@
 
 The engine calls a sink on its own thread; ``RequestGroup`` turns that into an async iterator of
 ``(choice index, StepOutput)`` for one HTTP request (one or several prompts), and aborts every unfinished request
-of the group when the iteration stops early (client disconnected, handler cancelled).
+of the group when the iteration stops early (client disconnected, handler cancelled). With a request log, each
+request's outputs also go through its ``RequestTrace`` on the engine thread (counts only; request_log.py writes).
 
 Example::
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
     from neuronpack.runtime.engine import Engine, GenerationRequest
+    from neuronpack.runtime.openai.request_log import RequestLog
 
 
 class RequestGroup:
@@ -32,13 +34,15 @@ class RequestGroup:
     per run, in chunks of at most the batch size). The yielded index is the request's position (OpenAI's choice
     index: prompt-major)."""
 
-    def __init__(self, engine: Engine, requests: Sequence[GenerationRequest], n: int = 1) -> None:
+    def __init__(self, engine: Engine, requests: Sequence[GenerationRequest], n: int = 1,
+                 log: RequestLog | None = None) -> None:
         self._engine = engine
         self._requests = list(requests)
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, StepOutput]] = asyncio.Queue()
         for request in self._requests:  # refuse the whole group before anything is queued
             engine.check(request)
+        self._traces = [log.trace(r) for r in self._requests] if log is not None else None
         self._open = {r.request_id for r in self._requests}
         chunk = max(1, min(n, engine.model.batch_size))
         try:
@@ -55,8 +59,12 @@ class RequestGroup:
         return self._engine
 
     def _sink_for(self, index: int):
+        trace = self._traces[index] if self._traces is not None else None
+
         def sink(out: StepOutput) -> None:
             # Runs on the engine thread. A closed loop raises RuntimeError, which makes the engine drop the request.
+            if trace is not None:
+                trace.observe(out)  # counts (the log's own thread writes the line), before the loop may be gone
             self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, out))
 
         return sink

@@ -105,6 +105,8 @@ def test_serve_hands_the_artifact_to_upstreams_remote_cache_and_every_graph_is_a
     assert env["VLLM_NEURON_REMOTE_CACHE"] == str(artifact / "compile_cache")
     assert env["VLLM_NEURON_ASSERT_CACHE_HIT"] == "1" and "VLLM_NEURON_DISABLE_WARMUP_COMPILE" not in env
     assert Path(env["VLLM_CACHE_ROOT"]).is_relative_to(tmp_path)  # a fresh, writable root (TMPDIR)
+    logged = print_command(artifact, plugin_env(tmp_path), "--request-log", "requests.jsonl")  # vLLM writes none:
+    assert "--request-log" not in logged["argv"] and "--enable-log-requests" in logged["notes"][-1]  # where instead
     for name, value in env.items():
         monkeypatch.setenv(name, value)
 

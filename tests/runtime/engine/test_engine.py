@@ -191,3 +191,15 @@ def test_the_background_loop_sets_its_own_torch_threads(compiled_lm, artifact_to
         engine.shutdown()
         torch.set_num_threads(before)
     assert seen and all(name == "neuronpack-engine" and threads == 2 for name, threads in seen)
+
+
+def test_decode_outputs_say_how_many_sequences_their_step_ran(engine):
+    """StepOutput.batch (the request log's batch): three requests start together and end after 3, 5 and 7 tokens,
+    so their decode steps ran 3, 3, then 2, 2, then 1, 1 sequences; a prefill's output has none."""
+    batches: dict[int, list[int | None]] = {}
+    for n in (3, 5, 7):
+        engine.submit(greedy_request(engine.tokenizer, PROMPTS[0], max_tokens=n, ignore_eos=True),
+                      lambda out, n=n: batches.setdefault(n, []).append(out.batch))
+    while engine.step():
+        pass
+    assert batches == {3: [None, 3, 3], 5: [None, 3, 3, 2, 2], 7: [None, 3, 3, 2, 2, 1, 1]}

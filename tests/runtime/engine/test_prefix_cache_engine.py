@@ -249,3 +249,22 @@ def test_random_request_sets_never_emit_a_wrong_token_nor_leak_a_row(compiled_lm
             assert outputs[rid] == alone
         else:
             assert outputs[rid] == alone[: len(outputs[rid])]
+
+
+def test_every_output_says_how_many_prompt_tokens_were_cached(cached):
+    """StepOutput.cached_tokens (what usage.prompt_tokens_details.cached_tokens and the request log report) is the
+    prefix cache's hits for that prompt; the forks of a parallel sample copy the whole prompt from the first."""
+    a, b = [*PREFIX, 5, 6, 7], [*PREFIX, 9, 10]
+    for prompt, expected in ((a, 0), (b, 40), (b, len(b) - 1)):
+        hits, outputs = counters(cached)[1], []
+        cached.submit(request(prompt, 3), outputs.append)
+        while cached.step():
+            pass
+        assert counters(cached)[1] - hits == expected
+        assert [o.cached_tokens for o in outputs] == [expected] * 3
+    members = [request(a, 2, sampling=SamplingParams(temperature=1.0, seed=s)) for s in (1, 2)]
+    outputs = {m.request_id: [] for m in members}
+    cached.submit_forks(members, [outputs[m.request_id].append for m in members])
+    while cached.step():
+        pass
+    assert [{o.cached_tokens for o in outputs[m.request_id]} for m in members] == [{len(a) - 1}, {len(a)}]
