@@ -208,7 +208,9 @@ def test_a_different_plugin_version_is_one_line_before_vllm_starts(built, tmp_pa
 
 
 @pytest.mark.parametrize(("fault", "sets", "message"), [
-    ("incomplete", (), "is incomplete: it has no .compilation_complete"),
+    ("incomplete", (), "cannot be packaged: it has no .compilation_complete"),
+    ("metadata-v1", (), "cannot be packaged: it has no readable .artifact_metadata_v0.json, the only metadata the "
+                        "plugin's loader reads (found .artifact_metadata_v1.json)"),
     ("exit", (), "exited with code 70 before it served (neuronx-cc compilation failed with -9"),
     ("hang", ("vneuron.compile_timeout=10",), "did not finish within 10 s"),
 ])
@@ -225,6 +227,39 @@ def test_a_failed_cpu_compile_is_one_line_and_publishes_nothing(built, tmp_path,
     assert not [p for p in store.iterdir() if not p.name.startswith(".")]  # nothing published
     assert not [p for p in (store / ".staging").iterdir() if p.is_dir()]  # no half-built artifact left
     assert not _processes_with(str(tmp_path / "root"))  # the (hung) compile's whole process group was stopped
+
+
+@pytest.mark.parametrize("versions", [(0,), (1,), (0, 1), (2, 0)])
+def test_neuronpacks_entry_rule_is_upstreams_loader(tmp_path, versions, monkeypatch):
+    """An entry passes neuronpack's rule exactly when 0.21's own loader (``_build_cache_artifact``) loads it. With
+    only ``.artifact_metadata_v1.json`` upstream's ``_is_cache_complete`` still says complete, and the pod's start
+    failed with "Required artifact metadata missing from cache" after `verify` had passed."""
+    from neuronpack.backends.vneuron.cache import entry_problem, metadata_versions
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    with upstream_plugin() as plugin:
+        from vllm_neuron.compile.artifacts import CompilationArtifacts
+        from vllm_neuron.compile.schema import create_metadata
+
+        key = "0123456789abcdef0123456789abcdef"
+        entry = tmp_path / key
+        entry.mkdir()
+        (entry / "graph.hlo").write_bytes(b"hlo")
+        neff = entry / plugin.cache.get_neff_filename(str(entry))
+        neff.write_bytes(b"neff")
+        for version in versions:  # each through upstream's own writer (the file name comes from the version)
+            plugin.cache.save_artifact_metadata(str(entry), create_metadata(cache_key=key, version=version))
+        plugin.cache._store_local(key, CompilationArtifacts(str(entry / "graph.hlo"), str(neff),
+                                                            create_metadata(cache_key=key, version=versions[0])),
+                                  str(tmp_path))
+        assert plugin.cache._is_cache_complete(str(entry))  # any version: complete for upstream
+        try:
+            plugin.cache._build_cache_artifact(str(entry), key)
+            loads = True
+        except RuntimeError as exc:
+            assert "Required artifact metadata missing from cache" in str(exc)
+            loads = False
+    assert (entry_problem(entry, metadata_versions("0.21.0.1.0.0")) is None) == loads == (0 in versions)
 
 
 def test_compile_without_the_plugin_is_one_line(tmp_path, built):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.neuron.common import read_model_config
 from neuronpack.backends.neuron.packages import probe_package, sdk_availability, versions_of
-from neuronpack.backends.vneuron.cache import CACHE_DIR, check_packaged, package_entries
+from neuronpack.backends.vneuron.cache import CACHE_DIR, check_packaged, metadata_versions, package_entries
 from neuronpack.backends.vneuron.config import plugin_config, recipe_lnc, vneuron_instance
 from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
 
@@ -96,13 +96,14 @@ class VneuronBackend:
         request = dataclasses.replace(request, model_dir=Path(request.model_dir).absolute(),
                                       staging=Path(request.staging).absolute())
         config = plugin_config(request.recipe, read_model_config(request.model_dir))
+        readable = metadata_versions(self.versions()["vllm-neuron"])  # what the pod's loader will read
         work = request.staging / WORK_DIR
         work.mkdir()
         log = request.staging.parent / f"{request.staging.name}.vneuron-compile.log"  # kept when the build fails
         seconds = run_cpu_compile(config, model_dir=request.model_dir, cache_base=work / "vllm-cache",
                                   log_path=log, reporter=request.reporter)
         try:
-            packed = package_entries(plugin_cache_root(work / "vllm-cache"), request.staging / CACHE_DIR)
+            packed = package_entries(plugin_cache_root(work / "vllm-cache"), request.staging / CACHE_DIR, readable)
         except BuildError as exc:  # the staging directory goes with the failed build: point at the kept log
             raise BuildError(exc.what, where=str(log), fix=exc.fix) from None
         shutil.rmtree(work)
@@ -117,6 +118,10 @@ class VneuronBackend:
     def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         """The packaged cache is there and every entry complete (versions: check_toolchain, before this)."""
         cache = Path(artifact_dir) / CACHE_DIR
-        if check_packaged(cache) == 0:
+        try:
+            readable = metadata_versions(manifest.versions.get("vllm-neuron"))
+        except BuildError as exc:
+            raise ArtifactError(exc.what, where=str(artifact_dir), fix=exc.fix) from None
+        if check_packaged(cache, readable) == 0:
             raise ArtifactError("the artifact holds no compile-cache entry", where=str(cache),
                                 fix="rebuild it with `neuronpack compile --force`")

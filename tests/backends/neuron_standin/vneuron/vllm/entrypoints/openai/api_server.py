@@ -18,7 +18,9 @@ Either way it then serves ``GET /health``, ``/v1/models`` and ``/stats`` ({"loca
 "nki_compiled", "nki_hits"}) until SIGTERM.
 
 Faults for tests, NEURONPACK_STANDIN_FAULT: ``exit`` (the CPU compile fails), ``hang`` (it never serves),
-``incomplete`` (the last graph's entry never gets upstream's completion marker, as when neuronx-cc died).
+``incomplete`` (the last graph's entry never gets upstream's completion marker, as when neuronx-cc died),
+``metadata-v1`` (the last graph's metadata is schema version 1: upstream's ``_store_local`` names the file
+``.artifact_metadata_v1.json``, which 0.21's ``_is_cache_complete`` accepts and its loader does not read).
 """
 
 from __future__ import annotations
@@ -161,7 +163,8 @@ def cpu_compile(args: argparse.Namespace, stats: dict) -> None:
             neff.write_bytes(b"NEFF stand-in " + name.encode() + b" " + key.encode())
             if fault == "incomplete" and i == len(captured) - 1:
                 continue  # neuronx-cc died: no metadata, no .compilation_complete
-            metadata = create_metadata(cache_key=key, output_count=1)
+            version = 1 if fault == "metadata-v1" and i == len(captured) - 1 else 0
+            metadata = create_metadata(cache_key=key, output_count=1, version=version)
             cache._store_local(key, CompilationArtifacts(str(entry / "graph.hlo"), str(neff), metadata), root)
         stats["compiled"] += 1
     nki_kernel(args, stats, may_compile=True)
