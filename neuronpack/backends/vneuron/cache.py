@@ -18,10 +18,15 @@ Facts from vllm_neuron/compile/cache.py (0.21; the tests run that file on what t
 - NKI kernel results live in ``<root>/nki/<key>.json`` (vllm_neuron/nki/nki_cache.py), fetched from the remote root's
   ``nki/`` the same way: packaged, without their ``.lock`` and ``.tmp.*`` files.
 
+On the pod, ``fill_local_root`` makes the plugin's local root anew at every start from the (verified) artifact, so
+every lookup is a local hit and nothing an earlier run left there (an altered NEFF, an entry compiled at start) is
+ever served: docs/neuron.md, "The pod's local cache".
+
 Example::
 
-    packed = package_entries(work_root, staging / CACHE_DIR)
+    packed = package_entries(work_root, staging / CACHE_DIR, (0,))
     packed.entries, packed.nki, packed.dropped     # 12, 0, 41
+    fill_local_root(artifact / CACHE_DIR, plugin_root)   # ["0123...", ...]: the entries now local
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuronpack.artifacts.store import key_lock
 from neuronpack.errors import ArtifactError, BuildError
+from neuronpack.fsutil import make_staging_dir, remove_dead_staging, remove_tree
 
 CACHE_DIR = "compile_cache"  # inside the artifact: the root handed to the plugin's remote-cache lookup
 NKI_DIR = "nki"
@@ -146,3 +153,37 @@ def check_packaged(cache: Path, versions: tuple[int, ...]) -> int:
             raise ArtifactError(f"packaged cache entry {entry.name} is not loadable: {problem}", where=str(entry),
                                 fix="rebuild the artifact with `neuronpack compile --force`")
     return len(entries)
+
+
+def fill_local_root(packaged: Path, root: Path) -> list[str]:
+    """Make the plugin's local cache ``root`` a fresh copy of an artifact's ``packaged`` cache (entries and NKI
+    results), replacing whatever was there; the names of the entries. The copy is built beside ``root`` and swapped
+    in with two renames, so a server of the same artifact already running keeps finding every entry. The copies
+    are ordinary files of this user (the plugin writes ``.cache_accessed`` into an entry on every hit)."""
+    root = Path(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with key_lock(root.parent, f".{root.name}"):  # two servers of one artifact starting at once take turns
+        return _fill(packaged, root)
+
+
+def _fill(packaged: Path, root: Path) -> list[str]:
+    label = f"{root.name}-"
+    remove_dead_staging(root.parent, label)
+    staging = make_staging_dir(root.parent, f"{label}pid{os.getpid()}-")
+    try:
+        for source in [*entry_dirs(packaged), packaged / NKI_DIR]:
+            if source.is_dir():  # entries are flat; no mode is copied (an artifact's are read-only)
+                (staging / source.name).mkdir()
+                for path in source.iterdir():
+                    shutil.copyfile(path, staging / source.name / path.name)
+        old = None
+        if root.exists():
+            old = make_staging_dir(root.parent, f"{label}pid{os.getpid()}-old-") / "old"
+            os.rename(root, old)
+        os.rename(staging, root)
+    except BaseException:
+        remove_tree(staging)
+        raise
+    if old is not None:
+        remove_tree(old.parent)
+    return [entry.name for entry in entry_dirs(root)]

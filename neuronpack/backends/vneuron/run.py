@@ -63,7 +63,7 @@ def run_cpu_compile(config: PluginConfig, *, model_dir: Path, cache_base: Path, 
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=compile_env(config, cache_base), start_new_session=True)
         try:
-            while not _healthy(port):
+            while not healthy(f"http://127.0.0.1:{port}/health"):
                 code = proc.poll()
                 if code is not None:
                     raise BuildError(f"the plugin's CPU compile exited with code {code} before it served "
@@ -79,26 +79,20 @@ def run_cpu_compile(config: PluginConfig, *, model_dir: Path, cache_base: Path, 
                     task.describe(f"vLLM Neuron CPU compile: {elapsed:.0f} s")
                 time.sleep(poll)
         finally:
-            _stop(proc)
+            stop_group(proc)
     return time.monotonic() - start
 
 
-# --- private ---------------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _healthy(port: int) -> bool:
+def healthy(url: str) -> bool:
+    """Whether vLLM's server answers ``GET /health`` (it serves only after ``compile_or_warm_up_model`` returned)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_group(proc: subprocess.Popen) -> None:
     """Stop the child's whole process group (vLLM starts engine and worker processes of its own)."""
     if proc.poll() is not None:
         return
@@ -112,6 +106,13 @@ def _stop(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+# --- private ---------------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _last_line(log_path: Path) -> str:
