@@ -54,7 +54,7 @@ class VneuronBackend:
     quantizes_on_load = True  # no offline NxDI quantization: the plugin quantizes through its own neuron_config
 
     def availability(self) -> Availability:
-        from neuronpack.backends.neuron.support_matrix import is_new_plugin
+        from neuronpack.backends.neuron.support_matrix import installed_versions, is_new_plugin, pairing_of
 
         available = sdk_availability("vllm_neuron")  # the plugin imports and the Neuron compiler is there
         if not available.ok:
@@ -63,7 +63,14 @@ class VneuronBackend:
         if not is_new_plugin(plugin.version):
             return Availability(False, f"vllm-neuron {plugin.version} is the classic NxDI plugin, not the SDK 2.31+ "
                                        "one (0.21 / 0.24)")
-        return available if vllm.ok else Availability(False, vllm.reason)
+        if not vllm.ok:
+            return Availability(False, vllm.reason)
+        pairing = pairing_of(installed_versions(), target=self.name)
+        if pairing is None:
+            return Availability(False, f"vllm-neuron {plugin.version} with vllm {vllm.version} is not a stack "
+                                       "neuronpack packages for (vllm-neuron 0.21 / 0.24 with their vLLM: "
+                                       "docs/neuron.md, support matrix)")
+        return Availability(False, f"{pairing.name}: {pairing.refused}") if pairing.refused else available
 
     def versions(self) -> dict[str, str]:
         return versions_of(VNEURON_DISTS)

@@ -40,6 +40,7 @@ from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.vllm.launch import API_SERVER, VllmCommand
 from neuronpack.backends.vneuron.backend import plugin_cache_root
 from neuronpack.backends.vneuron.config import PluginConfig
+from neuronpack.backends.vneuron.variables import CACHE_ROOT, guard_env
 from neuronpack.errors import ServeError
 
 TARGET = "vneuron"
@@ -52,11 +53,9 @@ def default_cache_base(key: str) -> Path:
 
 
 def serve_env(config: PluginConfig, cache_base: Path) -> dict[str, str]:
-    """The environment ``vllm serve`` needs so that every graph is a local hit (see the module docstring)."""
-    return {**config.env, "VLLM_CACHE_ROOT": str(cache_base), "VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1",
-            "VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND": "1", "NEURON_LIBTORCH_DISABLE_GRAPH_CAPTURE_BACKEND": "1",
-            "VLLM_NEURON_DISABLE_COMPILE_CACHE": "0", "NEURON_LIBTORCH_DISABLE_COMPILE_CACHE": "0",
-            "VLLM_NEURON_CPU_COMPILE": "0"}
+    """The environment ``vllm serve`` needs so that every graph is a local hit (see the module docstring and
+    variables.py, where each name is confirmed)."""
+    return {**config.env, CACHE_ROOT: str(cache_base), **guard_env()}
 
 
 def plugin_serve_command(artifact_dir: Path, manifest: Manifest, *, host: str = "127.0.0.1", port: int = 8000,

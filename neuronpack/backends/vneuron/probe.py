@@ -22,10 +22,11 @@ from __future__ import annotations
 import importlib
 import json
 
+from neuronpack.backends.vneuron.variables import POD_VARIABLES
+
 RESOLVERS = ("vllm_neuron.envs", "libtorch_neuronx_lite.envs")
-# the variables the pod's environment sets so that a graph the artifact lacks is an error, not a compile
-GUARDS = ("VLLM_NEURON_DISABLE_WARMUP_COMPILE", "VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND",
-          "NEURON_LIBTORCH_DISABLE_GRAPH_CAPTURE_BACKEND")
+# the variables the pod's environment turns on so that a graph the artifact lacks is an error, not a compile
+GUARDS = tuple(v.name for v in POD_VARIABLES if v.value == "1")
 
 
 def probe() -> dict:

@@ -32,10 +32,13 @@ from neuronpack.errors import BuildError
 from neuronpack.progress import NullReporter, Reporter
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
-# variables that would send the build's entries elsewhere, disable the cache or turn a miss into an error
+# variables that would send the build's entries elsewhere, disable the cache or the graph capture the CPU compile
+# runs on, or turn a miss into an error (the pod's own guards, launch.py, among them)
 CLEARED_ENV = ("VLLM_NEURON_REMOTE_CACHE", "VLLM_NEURON_ASSERT_CACHE_HIT", "VLLM_NEURON_DISABLE_WARMUP_COMPILE",
-               "VLLM_NEURON_DISABLE_COMPILE_CACHE", "NEURON_LIBTORCH_REMOTE_CACHE", "NEURON_LIBTORCH_ASSERT_CACHE_HIT",
-               "NEURON_LIBTORCH_CACHE_ROOT", "VLLM_NEURON_CPU_MODE")
+               "VLLM_NEURON_DISABLE_COMPILE_CACHE", "VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND",
+               "NEURON_LIBTORCH_REMOTE_CACHE", "NEURON_LIBTORCH_ASSERT_CACHE_HIT", "NEURON_LIBTORCH_CACHE_ROOT",
+               "NEURON_LIBTORCH_DISABLE_COMPILE_CACHE", "NEURON_LIBTORCH_DISABLE_GRAPH_CAPTURE_BACKEND",
+               "VLLM_NEURON_CPU_MODE")
 STOP_GRACE = 30.0  # seconds between SIGTERM and SIGKILL
 
 
