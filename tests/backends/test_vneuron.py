@@ -25,6 +25,7 @@ from tests.backends.vneuron_plugin import (
     plugin_env,
     print_command,
     upstream_plugin,
+    with_plugin_version,
 )
 
 pytestmark = PLUGIN_MARKS
@@ -82,12 +83,7 @@ def test_a_missing_packaged_entry_is_one_line_before_vllm_starts(built, tmp_path
 
 
 def test_a_different_plugin_version_is_one_line_before_vllm_starts(built, tmp_path):
-    newer = tmp_path / "newer"
-    (newer / "vllm_neuron-0.21.0.1.0.1.dist-info").mkdir(parents=True)
-    (newer / "vllm_neuron-0.21.0.1.0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: vllm-neuron\nVersion: 0.21.0.1.0.1\n")
-    env = plugin_env(tmp_path)
-    env["PYTHONPATH"] = f"{newer}:{env['PYTHONPATH']}"
+    env = with_plugin_version(tmp_path, "0.21.0.1.0.1")
     out = neuronpack("serve", str(built["llama"]["artifact"]), "--print-command", env=env)
     assert out.returncode == 1
     [line] = error_lines(out.stderr)

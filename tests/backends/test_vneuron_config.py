@@ -100,14 +100,9 @@ def test_doctor_names_the_sdk_231_pairing_and_the_path_this_machine_gets(tmp_pat
 def test_a_machine_with_vllm_neuron_029_is_refused_by_name_in_doctor_and_compile(tmp_path, tiny_llama):
     """vllm-neuron 0.29 (SDK 2.33): its default native route's cache entries are documented nowhere neuronpack could
     hold them to, so the stack is a refused row of the support matrix, named with the reason and what to do."""
-    from tests.backends.vneuron_plugin import error_lines, neuronpack, plugin_env
+    from tests.backends.vneuron_plugin import error_lines, neuronpack, with_plugin_version
 
-    newer = tmp_path / "plugin-029"
-    (newer / "vllm_neuron-0.29.0.1.0.0.dist-info").mkdir(parents=True)
-    (newer / "vllm_neuron-0.29.0.1.0.0.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: vllm-neuron\nVersion: 0.29.0.1.0.0\n")
-    env = plugin_env(tmp_path)
-    env["PYTHONPATH"] = f"{newer}:{env['PYTHONPATH']}"
+    env = with_plugin_version(tmp_path, "0.29.0.1.0.0")
     report = json.loads(neuronpack("doctor", "--format", "json", env=env).stdout)
     assert report["serving"]["pairing"] == "sdk-2.33-vllm-neuron-0.29" and report["serving"]["refused"]
     assert "native route" in report["serving"]["path"] and "vllm-neuron 0.21 or 0.24" in report["serving"]["path"]

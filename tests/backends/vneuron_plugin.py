@@ -45,6 +45,17 @@ def plugin_env(tmp: Path, *, standin: bool = True, **extra: str) -> dict[str, st
     return env
 
 
+def with_plugin_version(tmp: Path, version: str) -> dict[str, str]:
+    """``plugin_env(tmp)`` with the metadata of vllm-neuron ``version`` first on PYTHONPATH (the installed version
+    neuronpack reads; the plugin's code stays the stand-in + 0.21 sources)."""
+    dist = tmp / f"plugin-{version}" / f"vllm_neuron-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-neuron\nVersion: {version}\n")
+    env = plugin_env(tmp)
+    env["PYTHONPATH"] = f"{dist.parent}:{env['PYTHONPATH']}"
+    return env
+
+
 def neuronpack(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "neuronpack", *args], capture_output=True, text=True, env=env,
                           timeout=timeout, stdin=subprocess.DEVNULL)
