@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.artifacts.manifest_json import MANIFEST_NAME, complete_manifest_json
 from neuronpack.artifacts.store import key_lock, new_staging, publish, record_failure
-from neuronpack.backends.select import NEURON_FRAMEWORKS
 from neuronpack.errors import BackendUnavailableError, BuildError, NeuronpackError
 from neuronpack.fsutil import disk_full, remove_tree
 from neuronpack.pipeline.inputs import resolve_inputs
@@ -237,7 +236,7 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             manifest = manifest.model_copy(update={"accuracy": accuracy})
         manifest = manifest.model_copy(update={"timings": {k: round(v, 3) for k, v in timings.items()}})
         write_manifest(staging, manifest)  # last: only now can the directory load as valid
-        publish(staging, final, replace=replace, read_only=inputs.backend.name in NEURON_FRAMEWORKS)
+        publish(staging, final, replace=replace, framework=inputs.backend.name)
     except NeuronpackError as exc:
         remove_tree(staging)
         record_failure(final.parent, key, exc.one_line(), traceback.format_exc())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -144,6 +145,29 @@ def test_a_plugin_that_resolves_another_root_is_refused_before_vllm_starts(built
     assert "unset NEURON_LIBTORCH_CACHE_ROOT" in line and "stand-in vLLM serving" not in out
 
 
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs util-linux setpriv")
+@pytest.mark.parametrize("copy", ["built", "pulled"])
+def test_an_unprivileged_pod_serves_a_built_or_a_pulled_artifact(built, tmp_path, copy):
+    """Both are read-only (artifacts/modes.py); the pod's local root is its own, so the plugin marks its hits there and
+    a restart replaces it. Root without capabilities (setpriv) obeys the permission bits as any user does."""
+    artifact = built["llama"]["artifact"]
+    env = plugin_env(tmp_path)
+    if copy == "pulled":
+        store = f"file://{tmp_path / 'store'}"
+        assert neuronpack("push", str(artifact), store, "--progress", "none", env=env).returncode == 0
+        pulled = neuronpack("pull", artifact.name, "--from", store, "--root", str(tmp_path / "pod"), "--progress",
+                            "none", env=env)
+        assert pulled.returncode == 0, pulled.stderr
+        artifact = tmp_path / "pod" / "neuron-compiled-artifacts" / artifact.name
+    assert {stat.S_IMODE(p.stat().st_mode) for p in artifact.rglob("*") if p.is_file()} == {0o444}
+    unprivileged = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"]
+    for _start in range(2):
+        stats, output = _serve(artifact, env, prefix=unprivileged)
+        graphs = len(entries(artifact))
+        assert (stats["local_hits"], stats["compiled"]) == (graphs, 0)
+        assert f"{graphs} of {graphs} packaged graphs were local hits" in output  # .cache_accessed written
+
+
 def test_push_to_s3_then_serve_by_url_starts_with_every_graph_from_the_artifact(built, tmp_path, monkeypatch):
     """The S3 store is what the plugin lacks: CI pushes once, a pod serves s3://.../<key> (pulled, verified)."""
     from tests.artifacts.conftest import use_s3
@@ -179,11 +203,11 @@ def _upstream_compile(plugin, argv: list[str], monkeypatch) -> dict[str, Path]:
     return found
 
 
-def _serve(artifact: Path | str, env: dict[str, str], *, expect_exit: bool = False):
+def _serve(artifact: Path | str, env: dict[str, str], *, expect_exit: bool = False, prefix: list[str] = ()):
     """`neuronpack serve` on a free port: (the stand-in's /stats, the output) once it answers and was stopped with
     SIGTERM, or the output of a start that exits 1 (``expect_exit``). Either way no vLLM is left running."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port)],
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             text=True)
     try:
