@@ -133,8 +133,9 @@ def verify_command(
     ] = False,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Check schema, key, every file's size and sha256, and that this machine's toolchain matches (exit 1 naming the
-    first problem)."""
+    """Check an artifact's schema, key, files (size and sha256) and this machine's toolchain.
+
+    Exit 1 naming the first problem; --no-env-check skips the toolchain."""
     from neuronpack.pipeline import verify_artifact
 
     m = verify_artifact(artifact, check_env=not no_env)
@@ -189,9 +190,10 @@ def gc_command(
     endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs; prune
-    digest-cache entries of files that are gone (with --remote: old keys of a remote store, and keys whose push never
-    committed)."""
+    """Remove old artifacts, dead builds' leftovers and failed-build logs, or old keys of a --remote store.
+
+    Locally it also removes invalid directories and prunes digest-cache entries of files that are gone; with --remote
+    it removes old keys and keys whose push never committed."""
     from neuronpack.artifacts.listing import parse_duration, plan_gc, run_gc
     from neuronpack.artifacts.store import artifacts_root
 
