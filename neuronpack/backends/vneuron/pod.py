@@ -25,9 +25,11 @@ import sys
 import time
 from pathlib import Path
 
+from neuronpack.backends.vneuron.backend import plugin_cache_root
 from neuronpack.backends.vneuron.cache import CACHE_DIR, entry_dirs, fill_local_root
 from neuronpack.backends.vneuron.probe import GUARDS
 from neuronpack.backends.vneuron.run import healthy, stop_group
+from neuronpack.backends.vneuron.variables import CACHE_ROOT
 from neuronpack.errors import NeuronpackError, ServeError
 
 ACCESSED = ".cache_accessed"  # written by the plugin's get_local on every local hit (0.21 cache.py)
@@ -37,10 +39,10 @@ POLL = 0.5
 def start(artifact: Path, vllm_argv: list[str], environ: dict[str, str] | None = None) -> int:
     """Fill, check, run and watch (module docstring); vLLM's exit status. ServeError before vLLM starts."""
     environ = dict(os.environ if environ is None else environ)
-    if "VLLM_CACHE_ROOT" not in environ:
-        raise ServeError("VLLM_CACHE_ROOT is not set", where="the pod's environment",
+    if CACHE_ROOT not in environ:
+        raise ServeError(f"{CACHE_ROOT} is not set", where="the pod's environment",
                          fix="start vneuron artifacts with `neuronpack serve`")
-    root = Path(environ["VLLM_CACHE_ROOT"]) / "neuron" / "compile_cache"
+    root = plugin_cache_root(Path(environ[CACHE_ROOT]))
     packaged = fill_local_root(Path(artifact) / CACHE_DIR, root)
     _say(f"local compile cache {root}: {len(packaged)} graphs copied from the artifact")
     for note in check_plugin(vllm_argv[0], root, environ):
@@ -63,7 +65,7 @@ def check_plugin(python: str, root: Path, environ: dict[str, str]) -> list[str]:
     for module, resolved in found["roots"].items():
         if os.path.realpath(resolved) != os.path.realpath(root):
             raise ServeError(f"the plugin's {module} resolves its compile cache to {resolved}, not to the root "
-                             f"filled from the artifact ({root}): every graph would be compiled at start",
+                             f"filled from the artifact ({root}): no graph would be found there",
                              where="the pod's environment",
                              fix="unset NEURON_LIBTORCH_CACHE_ROOT (and any cache root the image sets)")
     read, unread = [], []
