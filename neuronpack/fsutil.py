@@ -185,18 +185,9 @@ def move_into_place(staging: Path, out: Path, *, replace: bool = False) -> Path:
     return out
 
 
-def make_read_only(root: Path) -> None:
-    """Clear every write bit below ``root`` (files and directories, root included): a server started on a published
-    artifact (vLLM's compile-in-place fallback) cannot rewrite or add files there. Root ignores permissions."""
-    root = Path(root)
-    for path in sorted(root.rglob("*"), reverse=True) + [root]:
-        if path.is_symlink():
-            continue
-        os.chmod(path, path.stat().st_mode & ~0o222)
-
-
 def remove_tree(path: Path) -> None:
-    """rmtree that also removes read-only trees (make_read_only): write bits are restored on directories first."""
+    """rmtree that also removes read-only trees (a published Neuron artifact, artifacts/modes.py): write bits are
+    restored on directories first."""
     path = Path(path)
     if not path.exists():
         return

@@ -15,7 +15,7 @@ upstream source from DIR with device-only imports stubbed (tools/upstream_stubs.
   max_prompt_length check: DIR/vllm-0.13.0 + DIR/vllm-neuron-0.4.1, DIR/vllm-0.16.0 + DIR/vllm-neuron-0.5.0
 - vLLM 0.21.0's parser + EngineArgs on the vneuron recipes' serve command (the SDK 2.31+ plugin), then the
   plugin's own envs.py (vllm-neuron 0.21, ../shared/upstream/vllm-neuron-0.21/src) on the environment serve sets: the
-  resolver must give the root serve intends, the remote cache and assert-cache-hit must be on:
+  resolver must give the root serve fills, a local miss must be fatal and graph capture off:
   DIR/vllm-0.21.0 (+ the plugin's sources from ../shared)
 - on every vLLM column, ``serve --tool-call-parser`` against that vLLM's own ToolParserManager registry (what
   validate_api_server_args checks at start), and ``serve --structured-outputs`` on a host-sampling artifact: the

@@ -10,6 +10,7 @@ Example::
 
     weights_precision(read_manifest(path)).describe()   # "int8 per-channel, lm_head included (from the checkpoint)"
     weights_precision(read_manifest(path)).to_dict()["dtype"]   # "int8"
+    compute_dtype(read_manifest(path))   # "bfloat16": activations, and the modules kept float
 """
 
 from __future__ import annotations
@@ -60,14 +61,20 @@ def weights_precision(manifest: Manifest) -> WeightsPrecision:
     if section is not None:
         return WeightsPrecision(section.dtype, "recipe", section.granularity, section.include_lm_head,
                                 tuple(section.skip))
-    config = manifest.model.config
-    found = _checkpoint_precision(config)
+    found = _checkpoint_precision(manifest.model.config)
     if found is not None:
         return found
+    return WeightsPrecision(compute_dtype(manifest), "float")
+
+
+def compute_dtype(manifest: Manifest) -> str:
+    """The float dtype the model computes in (and keeps unquantized modules in): the recipe's ``model.dtype``, its
+    ``auto`` resolved to the checkpoint's ``torch_dtype``."""
     dtype = manifest.recipe.model.dtype
     if dtype == "auto":
+        config = manifest.model.config
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "auto")
-    return WeightsPrecision(dtype, "float")
+    return dtype
 
 
 def _checkpoint_precision(config: Mapping[str, Any]) -> WeightsPrecision | None:

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from neuronpack.fsutil import make_read_only, make_staging_dir, move_into_place, write_text_atomic
+from neuronpack.artifacts.modes import set_published_modes
+from neuronpack.fsutil import make_staging_dir, move_into_place, write_text_atomic
 
 ARTIFACTS_DIRNAME = "neuron-compiled-artifacts"
 ROOT_ENV = "NEURONPACK_ARTIFACTS_ROOT"
@@ -60,12 +61,11 @@ def new_staging(parent: Path, key: str) -> Path:
     return make_staging_dir(hidden_dir(parent, "staging"), f"{key[:16]}-{os.getpid()}-")
 
 
-def publish(staging: Path, final: Path, *, replace: bool = False, read_only: bool = False) -> Path:
-    """Make ``staging`` visible as ``final`` in one rename after fsyncing its content (manifest already written).
-    ``read_only``: clear its write bits first (Neuron artifacts: vLLM's fallback compile writes into the directory
-    it loads from; `gc` and `--force` still remove such artifacts)."""
-    if read_only:
-        make_read_only(staging)
+def publish(staging: Path, final: Path, *, framework: str, replace: bool = False) -> Path:
+    """Make ``staging`` visible as ``final`` in one rename after fsyncing its content (manifest already written),
+    with the modes of artifacts/modes.py's rule for ``framework`` (the same for a build and a pull; `gc` and
+    `--force` still remove a read-only artifact)."""
+    set_published_modes(staging, framework)
     return move_into_place(staging, final, replace=replace)
 
 

@@ -55,8 +55,6 @@ class Backend(Protocol):
     # True when the framework quantizes at load time and must be given the unquantized checkpoint (TNx); the
     # pipeline then skips offline quantization and the recipe's [quantization] only configures the backend.
     quantizes_on_load: bool
-    # Published with every write bit cleared (Neuron artifacts: vLLM's fallback compiles into the directory it loads).
-    publishes_read_only: bool
     # compile --check-accuracy runs before the build (NxDI's CPU run, before neuronx-cc) instead of on the artifact.
     checks_accuracy_before_compile: bool
     # Dotted paths of the key's compile inputs that only serving reads: left out of the graph key (graph_key.py).

@@ -20,6 +20,7 @@ from neuronpack.backends.neuron.packages import (
 )
 from neuronpack.backends.select import ENV_FRAMEWORK, ENV_VLLM_FRAMEWORK, auto_framework, choose_framework
 from neuronpack.backends.torch_aot.target import cxx_compiler
+from neuronpack.backends.vneuron.variables import POD_VARIABLES
 
 VALIDATED = (
     "recipe -> NxDI NeuronConfig / TNx from_pretrained mapping, for every shipped recipe (contract tests)",
@@ -28,20 +29,23 @@ VALIDATED = (
     "the launch line of each serving target (vLLM 0.9 V0, the AWS fork 2.24.0, vllm-neuron 0.4.1 / 0.5.0) against "
     "a stand-in; `make upstream-check` runs upstream's own parsers and config classes on them",
     "vneuron (vllm-neuron 0.21): the packaged compile cache against the plugin's own 0.21 cache code (entries written "
-    "by its _store_local, complete by its _is_cache_complete, hit by its get_local / fetch_remote_or_compile with the "
-    "environment serve sets), with a stand-in for the CPU compile itself",
+    "by its _store_local, loadable by its _build_cache_artifact, local hits for its compile() with the environment "
+    "serve sets, a device start through its parallel_compile), with a stand-in for the CPU compile and the worker",
 )
 NOT_VALIDATED = (
     "not run on hardware: no Neuron compile or load has run from this code; the nxd and tnx backends are written "
     "against upstream source (NxDI 0.9, transformers-neuronx 0.13, vLLM 0.9 / 0.13 / 0.16, vllm-neuron 0.4.1 / 0.5.0)",
     "vLLM itself serving a neuronpack artifact on Trainium/Inferentia",
     "vneuron: no real vllm-neuron, vLLM 0.21 / 0.24, neuronx-cc or Trn2 ran; 0.24's cache library "
-    "(libtorch-neuronx-lite) was read from its docs only",
+    "(libtorch-neuronx-lite) was read from its docs only; NEURON_LIBTORCH_ASSERT_CACHE_HIT is named by no AWS page and "
+    "is not relied on (the pod checks its guards with the installed plugin and watches its cache root instead)",
 )
 
 
 def serving_path(pairing: support_matrix.Pairing | None, plugin_version: str | None) -> str:
     """Which artifacts this machine serves, in one sentence (doctor)."""
+    if pairing is not None and pairing.refused:
+        return f"none: {pairing.refused}"
     if pairing is not None and pairing.target == "vneuron":
         return "the SDK 2.31+ vLLM Neuron plugin: compile with --framework vneuron (a vneuron recipe)"
     if pairing is not None:
@@ -56,7 +60,7 @@ def serving_report(installed: dict[str, str | None] | None = None) -> dict:
     installed = support_matrix.installed_versions() if installed is None else installed
     pairing = support_matrix.pairing_of(installed)
     return {"installed": installed, "pairing": None if pairing is None else pairing.name,
-            "path": serving_path(pairing, installed.get("vllm-neuron")),
+            "refused": bool(pairing and pairing.refused), "path": serving_path(pairing, installed.get("vllm-neuron")),
             "supported": [p.to_dict() for p in support_matrix.PAIRINGS]}
 
 
@@ -92,6 +96,7 @@ def environment_report(environ: Mapping[str, str] | None = None) -> dict:
         "framework": {"auto": auto.name, "auto_reason": auto.reason, "effective": effective_dict,
                       "env_names": [ENV_FRAMEWORK, ENV_VLLM_FRAMEWORK]},
         "serving": serving_report(),
+        "vneuron_variables": [v.to_dict() for v in POD_VARIABLES],
         "env": relevant_env(environ),
         "validated": list(VALIDATED),
         "not_validated": list(NOT_VALIDATED),

@@ -35,7 +35,6 @@ from neuronpack.backends.neuron.support_matrix import is_new_plugin
 from neuronpack.errors import NeuronpackError
 
 FRAMEWORKS = ("nxd", "tnx", "vneuron", "torch")
-NEURON_FRAMEWORKS = ("nxd", "tnx", "vneuron")  # served by vLLM; published read-only
 ENV_FRAMEWORK = "NEURONPACK_FRAMEWORK"
 ENV_VLLM_FRAMEWORK = "VLLM_NEURON_FRAMEWORK"
 FRAMEWORK_MODULES = {"nxd": "neuronx_distributed_inference", "tnx": "transformers_neuronx"}

@@ -63,8 +63,9 @@ def _root(
 def _typer_app(names: list[str]) -> typer.Typer:
     cli = typer.Typer(
         name="neuronpack",
-        help="Compile and package LLMs ahead of time for AWS Neuron (NxD Inference / transformers-neuronx) and vLLM, "
-        "with a portable PyTorch backend that runs on any CPU.",
+        help="Compile and package LLMs ahead of time for AWS Neuron and vLLM (NxD Inference, transformers-neuronx, the "
+        "vLLM Neuron plugin), with a portable PyTorch backend that runs on any CPU.\n\n"
+        "Run `neuronpack COMMAND --help` for a command's details.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,

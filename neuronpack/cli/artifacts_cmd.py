@@ -36,9 +36,12 @@ def _check_duration(value: str | None) -> str | None:
 
 
 def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputFormat.text) -> None:
-    """Show an artifact's manifest as a readable table."""
+    """Show an artifact's manifest as a readable table.
+
+    One row says what the weights are and where a quantization came from (the recipe's [quantization], or a
+    checkpoint quantized before the compile); `--format json` prints the whole manifest plus `weights_precision`."""
     from neuronpack.artifacts.manifest import read_manifest
-    from neuronpack.artifacts.precision import weights_precision
+    from neuronpack.artifacts.precision import compute_dtype, weights_precision
 
     m = read_manifest(artifact)
     precision = weights_precision(m)
@@ -58,12 +61,12 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("framework", f"{m.framework}  ({m.build.get('framework_reason', '')})"),
         ("versions", ", ".join(f"{k} {v}" for k, v in sorted(m.versions.items()))),
         ("target", ", ".join(f"{k}={v}" for k, v in sorted(m.target.items()) if not isinstance(v, dict))),
-        ("dtype", recipe.model.dtype),
-        ("weights", precision.describe()),
+        ("compute dtype", compute_dtype(m)),
+        ("weights", precision.describe()),  # what they are and where a quantization came from: the one such row
+        *_kv_cache_row(recipe),
         ("batch / tp", f"{recipe.target.batch_size} / {recipe.target.tp_degree}"),
         *_bucket_rows(m),
         ("max model len", str(m.serve.max_model_len)),
-        ("quantization", _section_line(section.get("quantization"))),
         ("speculation", _section_line(section.get("speculation"))),
         ("lora", _lora_line(recipe.lora)),
         ("files", f"{len(m.files)} ({human_bytes(m.total_size)})"),
@@ -85,6 +88,13 @@ def _bucket_rows(m) -> list[tuple[str, str]]:
                 ("compile-cache entries", str((m.build.get("vneuron") or {}).get("entries")))]
     return [("context buckets", ", ".join(map(str, m.buckets.context))),
             ("token-gen buckets", ", ".join(map(str, m.buckets.token_generation)))]
+
+
+def _kv_cache_row(recipe) -> list[tuple[str, str]]:
+    quantization = recipe.quantization
+    if quantization is None or not quantization.kv_cache:
+        return []
+    return [("kv cache", "quantized (the recipe's [quantization] kv_cache = true)")]
 
 
 def _section_line(section: dict | None) -> str:
@@ -123,8 +133,9 @@ def verify_command(
     ] = False,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Check schema, key, every file's size and sha256, and that this machine's toolchain matches (exit 1 naming the
-    first problem)."""
+    """Check an artifact's schema, key, files (size and sha256) and this machine's toolchain.
+
+    Exit 1 naming the first problem; --no-env-check skips the toolchain."""
     from neuronpack.pipeline import verify_artifact
 
     m = verify_artifact(artifact, check_env=not no_env)
@@ -179,9 +190,10 @@ def gc_command(
     endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Remove old artifacts, staging leftovers of dead builds, invalid directories and failed-build logs; prune
-    digest-cache entries of files that are gone (with --remote: old keys of a remote store, and keys whose push never
-    committed)."""
+    """Remove old artifacts, dead builds' leftovers and failed-build logs, or old keys of a --remote store.
+
+    Locally it also removes invalid directories and prunes digest-cache entries of files that are gone; with --remote
+    it removes old keys and keys whose push never committed."""
     from neuronpack.artifacts.listing import parse_duration, plan_gc, run_gc
     from neuronpack.artifacts.store import artifacts_root
 

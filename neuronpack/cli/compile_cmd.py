@@ -62,8 +62,9 @@ def compile_command(
     progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
-    """Compile MODEL with a recipe into <root>/neuron-compiled-artifacts/<key>/ (a cache hit returns it at once;
-    with --remote, a key stored there is pulled instead of built)."""
+    """Compile MODEL with a recipe into <root>/neuron-compiled-artifacts/<key>/.
+
+    A cache hit returns the artifact at once; with --remote, a key stored there is pulled instead of built."""
     from neuronpack.pipeline import compile_model
 
     reporter = RichReporter(quiet=quiet, progress=progress)

@@ -17,9 +17,11 @@ _STATE_STYLE = {"ok": "green", "placeholder": "yellow", "broken": "red", "missin
 
 
 def doctor_command(*, output_format: FormatOpt = OutputFormat.text) -> None:
-    """Show the toolchain neuronpack sees: Python, torch, C++ compiler, each Neuron package (importable,
-    PyPI placeholder or missing), neuronx-cc, platform target, the framework `auto` picks and why, and the
-    environment variables in force."""
+    """Show the toolchain neuronpack sees and which framework `compile` would use, and why.
+
+    Python, torch, the C++ compiler, each Neuron package (importable, PyPI placeholder or missing), neuronx-cc, the
+    platform target, the framework `auto` picks, the serving pairing of the support matrix (or why it is refused),
+    the environment variables in force, and which vLLM Neuron plugin variables a vneuron pod relies on."""
     from neuronpack.backends.environment import environment_report
 
     report = environment_report()
@@ -58,7 +60,9 @@ def _text(report: dict[str, Any]) -> RenderableType:
                   cell(eff["reason"]))
     serving = report["serving"]
     stack = ", ".join(f"{d} {v}" for d, v in serving["installed"].items() if v) or "none installed"
-    if serving["pairing"]:
+    if serving["pairing"] and serving["refused"]:
+        table.add_row("serving pairing", f"[red]refused: {cell(serving['pairing'])}[/]", cell(stack))
+    elif serving["pairing"]:
         table.add_row("serving pairing", f"[green]{serving['pairing']}[/]", cell(stack))
     else:
         table.add_row("serving pairing", "[yellow]not a declared pairing[/]",
@@ -67,5 +71,11 @@ def _text(report: dict[str, Any]) -> RenderableType:
     table.add_row("serving path", "", cell(serving["path"]))
     for name, value in report["env"].items():
         table.add_row(f"${name}", "set", cell(value))
+    variables = report["vneuron_variables"]
+    relied = ", ".join(f"{v['name']}={v['value']}" for v in variables if v["value"] is not None)
+    unconfirmed = "; ".join(f"{v['name']} ({v['confirmed'].removeprefix('unconfirmed: ')})" for v in variables
+                            if v["confirmed"].startswith("unconfirmed"))
     return Group(table, Text("validated here: " + "; ".join(report["validated"])),
-                 Text("NOT validated here: " + "; ".join(report["not_validated"])))
+                 Text("NOT validated here: " + "; ".join(report["not_validated"])),
+                 Text(f"vneuron pods get {relied} and a VLLM_CACHE_ROOT filled from the artifact (names confirmed in "
+                      f"vllm-neuron 0.21's source and 0.24's docs); not confirmed, so not relied on: {unconfirmed}"))

@@ -43,8 +43,10 @@ def convert_eagle_command(
     progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
-    """Convert an EAGLE draft for NxDI: add the target's lm_head (EAGLE-1/2) or embed_tokens (EAGLE-3), rename
-    EAGLE-3's midlayer.* to layers.0.*, write config.json with fc_bias and the NeuronConfig hints.
+    """Convert an EAGLE draft for NxD Inference: the target's head added, config.json written for NxDI.
+
+    EAGLE-1/2 drafts get the target's lm_head, EAGLE-3 drafts its embed_tokens and their midlayer.* renamed to
+    layers.0.*; config.json gets fc_bias and the NeuronConfig hints.
 
     Of the target it reads only the head or embedding it adds (in row chunks), never its other weights.
     """

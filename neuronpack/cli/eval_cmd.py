@@ -47,9 +47,10 @@ def eval_command(
     progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
-    """Run ARTIFACT and its reference checkpoint on the same prompts, teacher-forced, and judge per-position agreement
-    by the thresholds of the artifact's precision (exit 0 pass, 1 fail, 3 not run: nxd artifacts run through NxD
-    Inference on the CPU where it imports; transformers-neuronx ones need a device)."""
+    """Compare ARTIFACT with its reference checkpoint on the same prompts, teacher-forced.
+
+    Per-position agreement is judged by the thresholds of the artifact's precision (exit 0 pass, 1 fail, 3 not run:
+    nxd artifacts run through NxD Inference on the CPU where it imports; transformers-neuronx ones need a device)."""
     from neuronpack.accuracy import THRESHOLDS, check_accuracy, load_prompts, subject_from_manifest, with_thresholds
     from neuronpack.artifacts.manifest import read_manifest
 

@@ -47,8 +47,10 @@ def pull_command(
     progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
 ) -> None:
-    """Download an artifact by key into <root>/neuron-compiled-artifacts/<key>/: files in parallel, each checked
-    against the manifest's size and sha256, installed atomically (an interrupted pull resumes)."""
+    """Download an artifact by key into <root>/neuron-compiled-artifacts/<key>/.
+
+    Files move in parallel, each checked against the manifest's size and sha256, and the artifact is installed
+    atomically; an interrupted pull resumes."""
     from neuronpack.artifacts.remote import open_transport
     from neuronpack.artifacts.remote.pull import pull_artifact
     from neuronpack.artifacts.remote.transport import is_key

@@ -313,7 +313,7 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
             manifest = manifest.model_copy(update={"accuracy": accuracy})
         manifest = manifest.model_copy(update={"timings": {k: round(v, 3) for k, v in timings.items()}})
         write_manifest(staging, manifest)  # last: only now can the directory load as valid
-        publish(staging, final, replace=replace, read_only=inputs.backend.publishes_read_only)
+        publish(staging, final, replace=replace, framework=inputs.backend.name)
     except NeuronpackError as exc:
         remove_tree(staging)
         record_failure(final.parent, key, exc.one_line(), traceback.format_exc())

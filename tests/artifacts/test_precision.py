@@ -40,7 +40,7 @@ def test_inspect_and_ls_show_an_int8_checkpoints_precision(tiny_llama, tmp_path)
     """An artifact compiled from a checkpoint `neuronpack quantize` made (the recipe has no [quantization]) used to
     read "quantization None" in inspect."""
     runner = CliRunner(env={"COLUMNS": "400"})  # wide enough for ls's row of a long tmp path on one line
-    int8 = tmp_path / "int8"
+    int8 = tmp_path / "checkpoint-q"  # a name that does not say int8: only the weights row may
     done = runner.invoke(app, ["quantize", str(tiny_llama), "--out", str(int8), "--dtype", "int8",
                                "--include-lm-head", "--quiet"])
     assert done.exit_code == 0, done.output
@@ -52,6 +52,11 @@ def test_inspect_and_ls_show_an_int8_checkpoints_precision(tiny_llama, tmp_path)
 
     shown = runner.invoke(app, ["inspect", path])
     assert shown.exit_code == 0 and expected in shown.stdout
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in shown.stdout.splitlines()
+            if line.count("│") == 3}
+    # one row says what the weights are; none contradicts it (it read "quantization  none" two rows below)
+    assert [field for field, value in rows.items() if "int8" in value or "quantiz" in field] == ["weights"]
+    assert rows["compute dtype"] == "float32"  # the quantized checkpoint's torch_dtype, not "auto"
     as_json = json.loads(runner.invoke(app, ["inspect", path, "--format", "json"]).stdout)
     assert as_json["weights_precision"]["dtype"] == "int8"
     assert as_json["weights_precision"]["lm_head_quantized"] is True

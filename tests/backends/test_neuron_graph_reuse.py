@@ -6,7 +6,7 @@
   tests/upstream/test_nxdi_eval.py.
 - tnx: TNx's saved NEFFs take the weights as inputs at to_neuron() (transformers_neuronx/base.py: load() then
   to_neuron(), NEFFs matched by HLO hash): neffs/ is the donor's, nothing is compiled.
-- vneuron: tests/backends/test_vneuron.py holds the plugin's cache entries to vllm-neuron 0.21's own code.
+- vneuron: tests/backends/vneuron/test_pod.py holds a fine-tune's carried-over entries to vllm-neuron 0.21's own code.
 """
 
 from __future__ import annotations

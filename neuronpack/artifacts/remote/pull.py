@@ -104,7 +104,7 @@ def pull_artifact(transport: Transport, key: str, final: Path, *, manifest: Mani
             downloaded, reused = _fill(transport, key, manifest, staging, reporter, workers)
             write_manifest(staging, manifest)  # last: only now is the directory an artifact
             check_files(staging, manifest, check_hashes=False)
-            publish(staging, final, replace=final.exists())
+            publish(staging, final, replace=final.exists(), framework=manifest.framework)
         except ArtifactError:
             shutil.rmtree(staging, ignore_errors=True)  # refused content is never kept for a resume
             raise

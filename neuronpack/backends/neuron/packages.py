@@ -58,6 +58,14 @@ RELEVANT_ENV = (
     "NEURONPACK_ARTIFACTS_ROOT",
     "NEURONPACK_CACHE_DIR",
     "BASE_COMPILE_WORK_DIR",
+    # the SDK 2.31+ plugin's: where its compile cache is, which route compiles, what a pod must not have set
+    "VLLM_CACHE_ROOT",
+    "NEURON_LIBTORCH_CACHE_ROOT",
+    "VLLM_NEURON_BACKEND",
+    "TORCH_CACHING_PRECOMPILE",
+    "VLLM_NEURON_CPU_COMPILE",
+    "VLLM_NEURON_DISABLE_WARMUP_COMPILE",
+    "NEURON_LIBTORCH_REMOTE_CACHE",
 )
 
 

@@ -32,6 +32,7 @@ class Pairing:
     target: str  # serving target: "vllm-v0" | "vllm-neuron"
     versions: dict[str, str | tuple[str, ...] | None]  # dist -> version prefix(es) (None: not pinned)
     note: str = ""
+    refused: str = ""  # set: a stack neuronpack knowingly builds nothing for: why, and what to do instead
 
     def matches(self, installed: dict[str, str | None], dists: tuple[str, ...] = SERVING_DISTS, *,
                 missing_ok: bool = False) -> bool:
@@ -47,7 +48,8 @@ class Pairing:
 
     def to_dict(self) -> dict:
         versions = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.versions.items()}
-        return {"name": self.name, "sdk": self.sdk, "target": self.target, "versions": versions, "note": self.note}
+        return {"name": self.name, "sdk": self.sdk, "target": self.target, "versions": versions, "note": self.note,
+                "refused": self.refused}
 
 
 PAIRINGS: tuple[Pairing, ...] = (
@@ -78,6 +80,17 @@ PAIRINGS: tuple[Pairing, ...] = (
             {"vllm": "0.24.", "vllm-neuron": "0.24.", "libtorch-neuronx-lite": None},
             "vllm-neuron 0.24.0.1.1.0 (vLLM 0.24, cache code in libtorch-neuronx-lite, NxDI absent from the images): "
             "framework vneuron"),
+    # SDK 2.33 (Oct 2026, beta). AWS's docs (guides/how-to-choose-compilation-route.md, how-to-precompile-cache.md,
+    # design/compilation/how_vllm_is_integrated_with_torchneuron.md at v2.33.0) make the native route the default and
+    # give no entry layout, metadata or CPU-compile output for it; SDK 2.34 (GA, multi-LoRA) names no plugin version.
+    Pairing("sdk-2.33-vllm-neuron-0.29", "2.33", "vneuron", {"vllm-neuron": "0.29."},
+            "vllm-neuron 0.29 (SDK 2.33, beta): native route (AOTAutograd -> torch-mlir -> StableHLO) by default",
+            refused="vllm-neuron 0.29 compiles through its native route by default, and neither its docs nor any "
+                    "source readable here say what its CPU compile leaves in the compile cache on that route (which "
+                    "files an entry holds, which metadata its loader reads); its Precompile Cache is off in CPU mode "
+                    "and on only when VLLM_NEURON_BACKEND is set. neuronpack packages only entries a loader was shown "
+                    "to read. Build vneuron artifacts with vllm-neuron 0.21 or 0.24 (SDK 2.31 / 2.32 images), or "
+                    "let a 0.29 pod compile at its first start"),
 )
 
 
@@ -87,7 +100,8 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def pairing_of(installed: dict[str, str | None], *, target: str | None = None) -> Pairing | None:
-    """The declared pairing this set of versions belongs to (optionally for one serving target), or None."""
+    """The declared pairing this set of versions belongs to (optionally for one serving target), or None. A refused
+    pairing is returned too (``refused`` says why): the caller refuses it by name."""
     for pairing in PAIRINGS:
         if (target is None or pairing.target == target) and pairing.matches(installed):
             return pairing

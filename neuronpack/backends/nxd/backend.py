@@ -55,7 +55,6 @@ class NxdBackend:
 
     name = "nxd"
     quantizes_on_load = False
-    publishes_read_only = True
     checks_accuracy_before_compile = True  # NxDI's CPU run judges the checkpoint before neuronx-cc runs
     graph_key_ignores = ()  # sampling is compiled on device; every recipe field can reach the traced model
 

@@ -52,7 +52,6 @@ class TnxBackend:
 
     name = "tnx"
     quantizes_on_load = True
-    publishes_read_only = True
     checks_accuracy_before_compile = False
     graph_key_ignores = ()
 

@@ -35,7 +35,6 @@ class TorchAotBackend:
 
     name = "torch"
     quantizes_on_load = False  # runs NxDI-format quantized checkpoints made by `neuronpack quantize`
-    publishes_read_only = False
     checks_accuracy_before_compile = False  # the check runs the built artifact against transformers
     # host-side sampling: the graphs return logits, the runtime samples with the request's (or these default) values
     graph_key_ignores = ("sampling",)

@@ -9,6 +9,7 @@ neuronpack builds that cache ahead of time and ships it as an artifact:
 - run.py: the plugin's own CPU compile (``VLLM_NEURON_CPU_COMPILE=1``) in a child process, stopped once it serves;
 - cache.py: upstream's rule for a complete cache entry, and packaging only what a lookup reads;
 - backend.py: the ``Backend`` (versions, target, compile_config, build, validate_artifact);
-- launch.py: ``neuronpack serve``: the artifact's entries handed to the plugin's remote-cache lookup, every miss an
-  error at start.
+- launch.py: ``neuronpack serve``: the pod's environment and command, every graph a local hit, a miss an error;
+- pod.py: what runs on the pod around vLLM: the local cache root made anew from the artifact, the installed plugin
+  asked (probe.py, in vLLM's Python) where its root is and which guards it reads, the root watched for a compile.
 """

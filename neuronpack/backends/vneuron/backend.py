@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.neuron.common import read_model_config
 from neuronpack.backends.neuron.packages import probe_package, sdk_availability, versions_of
-from neuronpack.backends.vneuron.cache import CACHE_DIR, check_packaged, package_entries
+from neuronpack.backends.vneuron.cache import CACHE_DIR, check_packaged, metadata_versions, package_entries
 from neuronpack.backends.vneuron.config import plugin_config, recipe_lnc, vneuron_instance
 from neuronpack.errors import ArtifactError, BuildError, UnsupportedModelError
 
@@ -52,13 +52,12 @@ class VneuronBackend:
 
     name = "vneuron"
     quantizes_on_load = True  # no offline NxDI quantization: the plugin quantizes through its own neuron_config
-    publishes_read_only = True
     checks_accuracy_before_compile = False
     # the CPU compile's time limit: how long neuronpack waits, not an input of any captured graph
     graph_key_ignores = ("vneuron.compile_timeout",)
 
     def availability(self) -> Availability:
-        from neuronpack.backends.neuron.support_matrix import is_new_plugin
+        from neuronpack.backends.neuron.support_matrix import installed_versions, is_new_plugin, pairing_of
 
         available = sdk_availability("vllm_neuron")  # the plugin imports and the Neuron compiler is there
         if not available.ok:
@@ -67,7 +66,14 @@ class VneuronBackend:
         if not is_new_plugin(plugin.version):
             return Availability(False, f"vllm-neuron {plugin.version} is the classic NxDI plugin, not the SDK 2.31+ "
                                        "one (0.21 / 0.24)")
-        return available if vllm.ok else Availability(False, vllm.reason)
+        if not vllm.ok:
+            return Availability(False, vllm.reason)
+        pairing = pairing_of(installed_versions(), target=self.name)
+        if pairing is None:
+            return Availability(False, f"vllm-neuron {plugin.version} with vllm {vllm.version} is not a stack "
+                                       "neuronpack packages for (vllm-neuron 0.21 / 0.24 with their vLLM: "
+                                       "docs/neuron.md, support matrix)")
+        return Availability(False, f"{pairing.name}: {pairing.refused}") if pairing.refused else available
 
     def versions(self) -> dict[str, str]:
         return versions_of(VNEURON_DISTS)
@@ -99,17 +105,18 @@ class VneuronBackend:
         request = dataclasses.replace(request, model_dir=Path(request.model_dir).absolute(),
                                       staging=Path(request.staging).absolute())
         if request.donor is not None:  # entries are keyed on the FX graph, never the weights: they carry over as is
-            entries = check_packaged(request.staging / CACHE_DIR)
+            entries = check_packaged(request.staging / CACHE_DIR, metadata_versions(self.versions()["vllm-neuron"]))
             self._copy_model_files(request)
             return {"vneuron": {"entries": entries}}
         config = plugin_config(request.recipe, read_model_config(request.model_dir))
+        readable = metadata_versions(self.versions()["vllm-neuron"])  # what the pod's loader will read
         work = request.staging / WORK_DIR
         work.mkdir()
         log = request.staging.parent / f"{request.staging.name}.vneuron-compile.log"  # kept when the build fails
         seconds = run_cpu_compile(config, model_dir=request.model_dir, cache_base=work / "vllm-cache",
                                   log_path=log, reporter=request.reporter)
         try:
-            packed = package_entries(plugin_cache_root(work / "vllm-cache"), request.staging / CACHE_DIR)
+            packed = package_entries(plugin_cache_root(work / "vllm-cache"), request.staging / CACHE_DIR, readable)
         except BuildError as exc:  # the staging directory goes with the failed build: point at the kept log
             raise BuildError(exc.what, where=str(log), fix=exc.fix) from None
         shutil.rmtree(work)
@@ -138,6 +145,10 @@ class VneuronBackend:
     def validate_artifact(self, artifact_dir: Path, manifest: Manifest) -> None:
         """The packaged cache is there and every entry complete (versions: check_toolchain, before this)."""
         cache = Path(artifact_dir) / CACHE_DIR
-        if check_packaged(cache) == 0:
+        try:
+            readable = metadata_versions(manifest.versions.get("vllm-neuron"))
+        except BuildError as exc:
+            raise ArtifactError(exc.what, where=str(artifact_dir), fix=exc.fix) from None
+        if check_packaged(cache, readable) == 0:
             raise ArtifactError("the artifact holds no compile-cache entry", where=str(cache),
                                 fix="rebuild it with `neuronpack compile --force`")

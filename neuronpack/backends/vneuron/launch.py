@@ -1,25 +1,33 @@
-"""`neuronpack serve` for a vneuron artifact: ``vllm serve`` with the compiled arguments, every graph a cache hit.
+"""`neuronpack serve` for a vneuron artifact: ``vllm serve`` with the compiled arguments, every graph a local hit.
 
-The artifact's ``compile_cache/`` is handed, read-only, to the plugin's own remote-cache mechanism and the server
-gets a fresh writable local root (vllm_neuron/compile/backend.py and cache.py, 0.21):
+Read from vllm-neuron 0.21's source (../shared/upstream: envs.py, compile/backend.py, capture_backend.py,
+parallel_compile.py) and 0.24's docs (design/compilation/compilation_cache.md, cpu_compilation.md):
 
-- ``VLLM_CACHE_ROOT=<fresh dir>``: the local root is ``$VLLM_CACHE_ROOT/neuron/compile_cache`` (envs.py's resolver
-  takes an explicit VLLM_CACHE_ROOT as is: no NFS probe, no /tmp fallback);
-- ``VLLM_NEURON_REMOTE_CACHE=<artifact>/compile_cache``: on a local miss, ``fetch_remote_or_compile`` copies the
-  complete entry (``copytree`` to ``<key>.tmp.<pid>``, then rename) instead of running neuronx-cc;
-- ``VLLM_NEURON_ASSERT_CACHE_HIT=1``: a key the artifact lacks raises at start (the remote miss is an error) instead
-  of an hour of compiling; ``VLLM_NEURON_DISABLE_WARMUP_COMPILE`` is not set, as it raises on a LOCAL miss before the
-  remote is consulted, and ``VLLM_NEURON_DISABLE_COMPILE_CACHE`` / ``VLLM_NEURON_CPU_COMPILE`` are forced off;
-- 0.24 moved this code into libtorch-neuronx-lite and renamed the variables ``NEURON_LIBTORCH_*``: its documented
-  ``NEURON_LIBTORCH_REMOTE_CACHE`` is set too, and ``NEURON_LIBTORCH_ASSERT_CACHE_HIT`` by the rename's pattern
-  (that library's source could not be read; docs/neuron.md says so);
+- a device start first CAPTURES every graph whose entry is not in the LOCAL root and ``parallel_compile`` runs
+  neuronx-cc on each, consulting neither the remote cache nor ``VLLM_NEURON_ASSERT_CACHE_HIT`` (capture_backend.py,
+  parallel_compile.py, 0.21). So an empty local root plus a remote cache, what this module used to set, recompiled
+  every graph at start without an error. Instead the pod fills the local root from the artifact at every start
+  (pod.py), so every lookup is a local hit, which is also how 0.24's docs have production use a CPU-compiled cache
+  ("synced to the local cache directory");
+- ``VLLM_CACHE_ROOT=<dir>``: the local root is ``$VLLM_CACHE_ROOT/neuron/compile_cache`` (0.21's envs.py takes an
+  explicit VLLM_CACHE_ROOT as is; 0.24's docs give the same path);
+- ``VLLM_NEURON_DISABLE_WARMUP_COMPILE=1``: a local miss raises instead of compiling (0.21 backend.py; the same name
+  in 0.24's docs); ``VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND=1`` (0.21 envs.py) and
+  ``NEURON_LIBTORCH_DISABLE_GRAPH_CAPTURE_BACKEND=1`` (0.24's cpu_compilation.md, "Preventing Compilation on
+  Production Instances"): no capture and parallel compile at start; the compile cache is forced on and CPU compile
+  off under both names. No remote cache is set: every entry is local. ``NEURON_LIBTORCH_ASSERT_CACHE_HIT``, which an
+  earlier version set by analogy, is named by no AWS page and is not set;
 - ``NEURON_PLATFORM_TARGET_OVERRIDE`` and ``NEURON_LOGICAL_NC_CONFIG`` as compiled (``resolve_target`` reads the
   variable first, so the pod hashes the build box's ``--target``).
+
+pod.py then checks with the installed plugin's own resolvers that these reach it, and watches the local root for a
+compile the guards did not stop.
 
 Example::
 
     cmd = plugin_serve_command(Path("/art/ab12..."), manifest, host="0.0.0.0", port=8000)
-    cmd.env["VLLM_NEURON_REMOTE_CACHE"]     # "/art/ab12.../compile_cache"
+    cmd.env["VLLM_NEURON_DISABLE_WARMUP_COMPILE"]     # "1"
+    cmd.argv[:4]      # [python, "-m", "neuronpack.backends.vneuron.pod", "/art/ab12..."]
 """
 
 from __future__ import annotations
@@ -31,11 +39,12 @@ from pathlib import Path
 from neuronpack.artifacts.manifest import Manifest
 from neuronpack.backends.vllm.launch import API_SERVER, VllmCommand
 from neuronpack.backends.vneuron.backend import plugin_cache_root
-from neuronpack.backends.vneuron.cache import CACHE_DIR
 from neuronpack.backends.vneuron.config import PluginConfig
+from neuronpack.backends.vneuron.variables import CACHE_ROOT, guard_env
 from neuronpack.errors import ServeError
 
 TARGET = "vneuron"
+POD = "neuronpack.backends.vneuron.pod"  # what runs vLLM on the pod: fill, check, watch
 
 
 def default_cache_base(key: str) -> Path:
@@ -43,13 +52,10 @@ def default_cache_base(key: str) -> Path:
     return Path(tempfile.gettempdir()) / "neuronpack-vllm" / key
 
 
-def serve_env(artifact_dir: Path, config: PluginConfig, cache_base: Path) -> dict[str, str]:
-    """The environment ``vllm serve`` needs so that every graph comes from the artifact (see the module docstring)."""
-    remote = str(Path(artifact_dir).absolute() / CACHE_DIR)
-    return {**config.env, "VLLM_CACHE_ROOT": str(cache_base), "VLLM_NEURON_REMOTE_CACHE": remote,
-            "VLLM_NEURON_ASSERT_CACHE_HIT": "1", "VLLM_NEURON_DISABLE_COMPILE_CACHE": "0",
-            "VLLM_NEURON_CPU_COMPILE": "0", "NEURON_LIBTORCH_REMOTE_CACHE": remote,
-            "NEURON_LIBTORCH_ASSERT_CACHE_HIT": "1"}
+def serve_env(config: PluginConfig, cache_base: Path) -> dict[str, str]:
+    """The environment ``vllm serve`` needs so that every graph is a local hit (see the module docstring and
+    variables.py, where each name is confirmed)."""
+    return {**config.env, CACHE_ROOT: str(cache_base), **guard_env()}
 
 
 def plugin_serve_command(artifact_dir: Path, manifest: Manifest, *, host: str = "127.0.0.1", port: int = 8000,
@@ -63,7 +69,8 @@ def plugin_serve_command(artifact_dir: Path, manifest: Manifest, *, host: str = 
                          fix="serve it with `neuronpack serve` without forcing the vneuron path")
     config = PluginConfig.from_dict(manifest.compile_config)
     model, revision, notes = _weights(artifact_dir, manifest, weights)
-    argv = [python, "-m", API_SERVER, "--model", model, "--host", host, "--port", str(port)]
+    argv = [python, "-m", POD, str(Path(artifact_dir).absolute()), "--",
+            python, "-m", API_SERVER, "--model", model, "--host", host, "--port", str(port)]
     if revision:
         argv += ["--revision", revision]
     if manifest.serve.served_model_name:
@@ -74,9 +81,10 @@ def plugin_serve_command(artifact_dir: Path, manifest: Manifest, *, host: str = 
     if tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     base = cache_base or default_cache_base(manifest.key)
-    notes.append(f"the plugin's local cache root is {plugin_cache_root(base)}; every graph is fetched from the "
-                 "artifact, and a missing one stops the server at start (VLLM_NEURON_ASSERT_CACHE_HIT)")
-    return VllmCommand(argv, serve_env(artifact_dir, config, base), cwd=None, notes=notes, target=TARGET)
+    notes.append(f"the plugin's local cache root {plugin_cache_root(base)} is made anew from the artifact at every "
+                 "start; a graph it lacks stops the server at start (VLLM_NEURON_DISABLE_WARMUP_COMPILE, and "
+                 "neuronpack watches that root)")
+    return VllmCommand(argv, serve_env(config, base), cwd=None, notes=notes, target=TARGET)
 
 
 def _weights(artifact_dir: Path, manifest: Manifest, weights: str | None) -> tuple[str, str | None, list[str]]:

@@ -32,10 +32,13 @@ from neuronpack.errors import BuildError
 from neuronpack.progress import NullReporter, Reporter
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
-# variables that would send the build's entries elsewhere, disable the cache or turn a miss into an error
+# variables that would send the build's entries elsewhere, disable the cache or the graph capture the CPU compile
+# runs on, or turn a miss into an error (the pod's own guards, launch.py, among them)
 CLEARED_ENV = ("VLLM_NEURON_REMOTE_CACHE", "VLLM_NEURON_ASSERT_CACHE_HIT", "VLLM_NEURON_DISABLE_WARMUP_COMPILE",
-               "VLLM_NEURON_DISABLE_COMPILE_CACHE", "NEURON_LIBTORCH_REMOTE_CACHE", "NEURON_LIBTORCH_ASSERT_CACHE_HIT",
-               "NEURON_LIBTORCH_CACHE_ROOT", "VLLM_NEURON_CPU_MODE")
+               "VLLM_NEURON_DISABLE_COMPILE_CACHE", "VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND",
+               "NEURON_LIBTORCH_REMOTE_CACHE", "NEURON_LIBTORCH_ASSERT_CACHE_HIT", "NEURON_LIBTORCH_CACHE_ROOT",
+               "NEURON_LIBTORCH_DISABLE_COMPILE_CACHE", "NEURON_LIBTORCH_DISABLE_GRAPH_CAPTURE_BACKEND",
+               "VLLM_NEURON_CPU_MODE")
 STOP_GRACE = 30.0  # seconds between SIGTERM and SIGKILL
 
 
@@ -63,7 +66,7 @@ def run_cpu_compile(config: PluginConfig, *, model_dir: Path, cache_base: Path, 
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=compile_env(config, cache_base), start_new_session=True)
         try:
-            while not _healthy(port):
+            while not healthy(f"http://127.0.0.1:{port}/health"):
                 code = proc.poll()
                 if code is not None:
                     raise BuildError(f"the plugin's CPU compile exited with code {code} before it served "
@@ -79,26 +82,20 @@ def run_cpu_compile(config: PluginConfig, *, model_dir: Path, cache_base: Path, 
                     task.describe(f"vLLM Neuron CPU compile: {elapsed:.0f} s")
                 time.sleep(poll)
         finally:
-            _stop(proc)
+            stop_group(proc)
     return time.monotonic() - start
 
 
-# --- private ---------------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _healthy(port: int) -> bool:
+def healthy(url: str) -> bool:
+    """Whether vLLM's server answers ``GET /health`` (it serves only after ``compile_or_warm_up_model`` returned)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_group(proc: subprocess.Popen) -> None:
     """Stop the child's whole process group (vLLM starts engine and worker processes of its own)."""
     if proc.poll() is not None:
         return
@@ -112,6 +109,13 @@ def _stop(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+# --- private ---------------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _last_line(log_path: Path) -> str:

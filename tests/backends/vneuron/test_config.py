@@ -95,3 +95,22 @@ def test_doctor_names_the_sdk_231_pairing_and_the_path_this_machine_gets(tmp_pat
     assert report["framework"]["auto"] == "vneuron"
     rows = {p["name"]: p for p in report["serving"]["supported"]}
     assert rows["sdk-2.32-vllm-neuron-0.24"]["versions"]["vllm"] == "0.24."
+
+
+def test_a_machine_with_vllm_neuron_029_is_refused_by_name_in_doctor_and_compile(tmp_path, tiny_llama):
+    """vllm-neuron 0.29 (SDK 2.33): its default native route's cache entries are documented nowhere neuronpack could
+    hold them to, so the stack is a refused row of the support matrix, named with the reason and what to do."""
+    from tests.backends.vneuron.plugin import error_lines, neuronpack, with_plugin_version
+
+    env = with_plugin_version(tmp_path, "0.29.0.1.0.0")
+    report = json.loads(neuronpack("doctor", "--format", "json", env=env).stdout)
+    assert report["serving"]["pairing"] == "sdk-2.33-vllm-neuron-0.29" and report["serving"]["refused"]
+    assert "native route" in report["serving"]["path"] and "vllm-neuron 0.21 or 0.24" in report["serving"]["path"]
+    shown = neuronpack("doctor", env={**env, "COLUMNS": "200"}).stdout
+    assert "refused: sdk-2.33-vllm-neuron-0.29" in shown
+    assert "not confirmed, so not relied on: NEURON_LIBTORCH_ASSERT_CACHE_HIT" in " ".join(shown.split())
+    out = neuronpack("compile", str(tiny_llama), "--recipe", str(RECIPES["llama"]), "--out-root", str(tmp_path),
+                     "--progress", "none", env=env)
+    assert out.returncode == 1
+    [line] = error_lines(out.stderr)
+    assert "cannot build here: sdk-2.33-vllm-neuron-0.29: vllm-neuron 0.29 compiles through its native route" in line

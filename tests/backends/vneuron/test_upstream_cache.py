@@ -3,71 +3,43 @@
 The plugin's CPU compile is stood in (vLLM, the worker and neuronx-cc cannot run here), but every cache entry is
 written by upstream's ``CompilationLock`` + ``_store_local`` into the root upstream's resolver gives; what
 ``neuronpack compile`` packages must pass upstream's ``_is_cache_complete`` / ``_build_cache_artifact``, and what
-``neuronpack serve`` hands the plugin must be a hit for upstream's ``get_local`` / ``fetch_remote_or_compile`` with a
-compile function that fails the test. Sources: ../shared/upstream/vllm-neuron-0.21 (skipped only where it is absent;
-CI has it).
+what the pod's start does is in test_pod.py. Sources: ../shared/upstream/vllm-neuron-0.21 (skipped only
+where it is absent; CI has it).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from neuronpack.backends.vneuron.backend import plugin_cache_root
 from tests.backends.vneuron.plugin import (
-    PLUGIN_SRC,
+    PLUGIN_MARKS,
     RECIPES,
-    compile_artifact,
+    entries,
     error_lines,
+    graph_count,
     neuronpack,
     plugin_env,
     print_command,
     upstream_plugin,
+    with_plugin_version,
 )
-from tests.helpers.tiny_models import make_tiny_checkpoint
 
-pytestmark = [pytest.mark.contract,
-              pytest.mark.skipif(not PLUGIN_SRC.is_dir(), reason=f"{PLUGIN_SRC} (vllm-neuron 0.21 sources) is absent")]
+pytestmark = PLUGIN_MARKS
 DEBUG_FILES = ("fxgraph.txt", "example_inputs.txt", "command.txt", "log-neuron-cc.txt", ".cache_accessed")
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """One artifact per shipped vneuron recipe, each on a tiny checkpoint of its architecture."""
-    base = tmp_path_factory.mktemp("vneuron")
-    out = {}
-    for name, recipe in RECIPES.items():
-        model = make_tiny_checkpoint(base / f"model-{name}", arch=name)
-        env = plugin_env(base)
-        artifact, result = compile_artifact(model, recipe, base / f"root-{name}", env)
-        out[name] = {"artifact": artifact, "result": result, "model": model, "tmp": base, "root": base / f"root-{name}"}
-    return out
-
-
-def _entries(artifact: Path) -> list[Path]:
-    return sorted(p for p in (artifact / "compile_cache").iterdir() if p.is_dir() and p.name != "nki")
-
-
-def _graphs(manifest: dict) -> int:
-    config = manifest["compile_config"]["neuron_config"]
-    return len(config["num_batched_tokens_buckets"]) + len(config["num_seqs_buckets"])
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_compile_packages_every_graph_complete_by_upstreams_rule(built, name):
     artifact = built[name]["artifact"]
     manifest = json.loads((artifact / "neuronpack.json").read_text())
-    entries = _entries(artifact)
-    assert len(entries) == _graphs(manifest) == manifest["build"]["vneuron"]["entries"]
+    packaged = entries(artifact)
+    assert len(packaged) == graph_count(manifest) == manifest["build"]["vneuron"]["entries"]
     with upstream_plugin() as plugin:
-        for entry in entries:
+        for entry in packaged:
             assert plugin.cache._is_cache_complete(str(entry)), entry
             found = plugin.cache._build_cache_artifact(str(entry), entry.name)  # metadata's cache_key == dir name
             assert found is not None and Path(found.neff_filename).is_file()
@@ -98,98 +70,12 @@ def test_the_key_holds_the_stack_versions_target_and_lnc(built):
     assert manifest["key_inputs"]["model"]["weights"]["files"]  # the weights by content
 
 
-def test_serve_hands_the_artifact_to_upstreams_remote_cache_and_every_graph_is_a_hit(built, tmp_path, monkeypatch):
-    artifact = built["llama"]["artifact"]
-    cmd = print_command(artifact, plugin_env(tmp_path))
-    env = cmd["env"]
-    assert env["VLLM_NEURON_REMOTE_CACHE"] == str(artifact / "compile_cache")
-    assert env["VLLM_NEURON_ASSERT_CACHE_HIT"] == "1" and "VLLM_NEURON_DISABLE_WARMUP_COMPILE" not in env
-    assert Path(env["VLLM_CACHE_ROOT"]).is_relative_to(tmp_path)  # a fresh, writable root (TMPDIR)
-    logged = print_command(artifact, plugin_env(tmp_path), "--request-log", "requests.jsonl")  # vLLM writes none:
-    assert "--request-log" not in logged["argv"] and "--enable-log-requests" in logged["notes"][-1]  # where instead
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-
-    def neuronx_cc():
-        pytest.fail("upstream fell back to compiling: a packaged entry was not a hit")
-
-    with upstream_plugin() as plugin:
-        root = plugin.envs.get_neuron_compile_cache_dir()
-        assert root == str(plugin_cache_root(Path(env["VLLM_CACHE_ROOT"])))  # the resolver gives serve's root
-        assert plugin.envs.VLLM_NEURON_ASSERT_CACHE_HIT and not plugin.envs.VLLM_NEURON_DISABLE_COMPILE_CACHE
-        assert not plugin.envs.VLLM_NEURON_CPU_COMPILE
-        keys = [entry.name for entry in _entries(artifact)]
-        for key in keys:
-            assert plugin.cache.get_local(key, root) is None  # fresh: nothing local yet
-            found = plugin.cache.fetch_remote_or_compile(
-                key, root, neuronx_cc, 30, remote_cache_dir=plugin.envs.VLLM_NEURON_REMOTE_CACHE,
-                assert_cache_hits=plugin.envs.VLLM_NEURON_ASSERT_CACHE_HIT)
-            assert Path(found.neff_filename).parent == Path(root) / key
-            assert plugin.cache.get_local(key, root) is not None  # the next start is a local hit
-        nki = plugin.nki_cache
-        for result in (artifact / "compile_cache" / "nki").glob("*.json"):
-            assert nki.get_nki_cache(result.stem) is None  # not local yet
-            assert nki._fetch_from_remote(result.stem) is not None  # upstream's NKI fetch from the artifact
-            assert nki.get_nki_cache(result.stem) is not None
-    assert neuronpack("verify", str(artifact), env=plugin_env(tmp_path)).returncode == 0  # the artifact untouched
-
-
-def test_a_graph_the_artifact_lacks_stops_upstreams_lookup_at_start(built, tmp_path, monkeypatch):
-    artifact = built["llama"]["artifact"]
-    remote = tmp_path / "remote"
-    shutil.copytree(artifact / "compile_cache", remote)
-    missing = _entries(artifact)[0].name
-    shutil.rmtree(remote / missing)
-    env = print_command(artifact, plugin_env(tmp_path))["env"]
-    for name, value in {**env, "VLLM_NEURON_REMOTE_CACHE": str(remote)}.items():
-        monkeypatch.setenv(name, value)
-    with upstream_plugin() as plugin:
-        root = plugin.envs.get_neuron_compile_cache_dir()
-        with pytest.raises(SystemExit, match=f"VLLM_NEURON_ASSERT_CACHE_HIT: remote compile cache miss for key "
-                                             f"{missing}"):
-            plugin.cache.fetch_remote_or_compile(
-                missing, root, lambda: pytest.fail("compiled instead of failing"), 30,
-                remote_cache_dir=plugin.envs.VLLM_NEURON_REMOTE_CACHE,
-                assert_cache_hits=plugin.envs.VLLM_NEURON_ASSERT_CACHE_HIT)
-
-
-def test_serve_starts_the_plugin_with_every_graph_fetched_then_local(built, tmp_path):
-    """`neuronpack serve` execs the (stand-in) vLLM server, whose start looks every graph up through upstream."""
-    artifact = built["llama"]["artifact"]
-    env = plugin_env(tmp_path)
-    graphs = len(_entries(artifact))
-    nki = {"nki_compiled": 0, "nki_hits": 1}
-    for expected in ({"local_hits": 0, "fetched": graphs, "compiled": 0, **nki},  # first start: from the artifact
-                     {"local_hits": graphs, "fetched": 0, "compiled": 0, **nki}):  # restart: the local root kept them
-        stats = _serve_stats(artifact, env)
-        assert stats == expected
-
-
-def test_push_to_s3_then_serve_by_url_starts_with_every_graph_from_the_artifact(built, tmp_path, monkeypatch):
-    """The S3 store is what the plugin lacks: CI pushes once, a pod serves s3://.../<key> (pulled, verified)."""
-    from tests.artifacts.conftest import use_s3
-    from tests.helpers.moto_s3 import MotoServer
-
-    artifact = built["qwen3"]["artifact"]
-    with MotoServer() as server:
-        store = use_s3(server, monkeypatch)
-        env = plugin_env(tmp_path)
-        pushed = neuronpack("push", str(artifact), store, "--progress", "none", env=env)
-        assert pushed.returncode == 0, pushed.stderr
-        url = f"{store}/{artifact.name}"
-        stats = _serve_stats(url, {**env, "NEURONPACK_ARTIFACTS_ROOT": str(tmp_path / "pod")})
-    assert stats == {"local_hits": 0, "fetched": len(_entries(artifact)), "compiled": 0, "nki_compiled": 0,
-                     "nki_hits": 1}
-    pulled = tmp_path / "pod" / "neuron-compiled-artifacts" / artifact.name
-    assert sorted(p.name for p in _entries(pulled)) == sorted(p.name for p in _entries(artifact))
-
-
 def test_a_missing_packaged_entry_is_one_line_before_vllm_starts(built, tmp_path):
     copy = tmp_path / built["llama"]["artifact"].name
     shutil.copytree(built["llama"]["artifact"], copy)
     for path in [copy, *copy.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    shutil.rmtree(_entries(copy)[0])
+    shutil.rmtree(entries(copy)[0])
     out = neuronpack("serve", str(copy), "--port", "1", env=plugin_env(tmp_path))
     assert out.returncode == 1
     assert len(error_lines(out.stderr)) == 1 and "Traceback" not in out.stderr
@@ -197,12 +83,7 @@ def test_a_missing_packaged_entry_is_one_line_before_vllm_starts(built, tmp_path
 
 
 def test_a_different_plugin_version_is_one_line_before_vllm_starts(built, tmp_path):
-    newer = tmp_path / "newer"
-    (newer / "vllm_neuron-0.21.0.1.0.1.dist-info").mkdir(parents=True)
-    (newer / "vllm_neuron-0.21.0.1.0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: vllm-neuron\nVersion: 0.21.0.1.0.1\n")
-    env = plugin_env(tmp_path)
-    env["PYTHONPATH"] = f"{newer}:{env['PYTHONPATH']}"
+    env = with_plugin_version(tmp_path, "0.21.0.1.0.1")
     out = neuronpack("serve", str(built["llama"]["artifact"]), "--print-command", env=env)
     assert out.returncode == 1
     [line] = error_lines(out.stderr)
@@ -210,7 +91,9 @@ def test_a_different_plugin_version_is_one_line_before_vllm_starts(built, tmp_pa
 
 
 @pytest.mark.parametrize(("fault", "sets", "message"), [
-    ("incomplete", (), "is incomplete: it has no .compilation_complete"),
+    ("incomplete", (), "cannot be packaged: it has no .compilation_complete"),
+    ("metadata-v1", (), "cannot be packaged: it has no readable .artifact_metadata_v0.json, the only metadata the "
+                        "plugin's loader reads (found .artifact_metadata_v1.json)"),
     ("exit", (), "exited with code 70 before it served (neuronx-cc compilation failed with -9"),
     ("hang", ("vneuron.compile_timeout=10",), "did not finish within 10 s"),
 ])
@@ -229,6 +112,39 @@ def test_a_failed_cpu_compile_is_one_line_and_publishes_nothing(built, tmp_path,
     assert not _processes_with(str(tmp_path / "root"))  # the (hung) compile's whole process group was stopped
 
 
+@pytest.mark.parametrize("versions", [(0,), (1,), (0, 1), (2, 0)])
+def test_neuronpacks_entry_rule_is_upstreams_loader(tmp_path, versions, monkeypatch):
+    """An entry passes neuronpack's rule exactly when 0.21's own loader (``_build_cache_artifact``) loads it. With
+    only ``.artifact_metadata_v1.json`` upstream's ``_is_cache_complete`` still says complete, and the pod's start
+    failed with "Required artifact metadata missing from cache" after `verify` had passed."""
+    from neuronpack.backends.vneuron.cache import entry_problem, metadata_versions
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    with upstream_plugin() as plugin:
+        from vllm_neuron.compile.artifacts import CompilationArtifacts
+        from vllm_neuron.compile.schema import create_metadata
+
+        key = "0123456789abcdef0123456789abcdef"
+        entry = tmp_path / key
+        entry.mkdir()
+        (entry / "graph.hlo").write_bytes(b"hlo")
+        neff = entry / plugin.cache.get_neff_filename(str(entry))
+        neff.write_bytes(b"neff")
+        for version in versions:  # each through upstream's own writer (the file name comes from the version)
+            plugin.cache.save_artifact_metadata(str(entry), create_metadata(cache_key=key, version=version))
+        plugin.cache._store_local(key, CompilationArtifacts(str(entry / "graph.hlo"), str(neff),
+                                                            create_metadata(cache_key=key, version=versions[0])),
+                                  str(tmp_path))
+        assert plugin.cache._is_cache_complete(str(entry))  # any version: complete for upstream
+        try:
+            plugin.cache._build_cache_artifact(str(entry), key)
+            loads = True
+        except RuntimeError as exc:
+            assert "Required artifact metadata missing from cache" in str(exc)
+            loads = False
+    assert (entry_problem(entry, metadata_versions("0.21.0.1.0.0")) is None) == loads == (0 in versions)
+
+
 def test_compile_without_the_plugin_is_one_line(tmp_path, built):
     out = neuronpack("compile", str(built["llama"]["model"]), "--recipe", str(RECIPES["llama"]), "--out-root",
                      str(tmp_path), env=plugin_env(tmp_path, standin=False))
@@ -237,57 +153,7 @@ def test_compile_without_the_plugin_is_one_line(tmp_path, built):
     assert "framework vneuron cannot build here: vllm-neuron is not installed" in line
 
 
-def test_a_fine_tune_takes_every_cache_entry_without_a_cpu_compile(built, tmp_path):
-    """A new checkpoint of the same model: the plugin's entries are keyed on graphs (create_cache_hash: FX graph,
-    shapes, compiler), so they carry over as they are; no CPU compile runs, and upstream's own lookups at the pod's
-    start hit every entry while vLLM loads the NEW weights."""
-    from tests.helpers.tiny_models import fine_tune_copy
-
-    donor = built["llama"]
-    tuned = fine_tune_copy(donor["model"], tmp_path / "fine-tune")
-    artifact, result = compile_artifact(tuned, RECIPES["llama"], donor["root"], plugin_env(donor["tmp"]))
-    assert result["key"] != donor["result"]["key"] and result["graphs_from"]["key"] == donor["result"]["key"]
-    manifest = json.loads((artifact / "neuronpack.json").read_text())
-    assert "compile_seconds" not in manifest["build"]["vneuron"]  # the plugin's CPU compile never started
-    entries = _entries(artifact)
-    assert [e.name for e in entries] == [e.name for e in _entries(donor["artifact"])]
-    with upstream_plugin() as plugin:
-        for entry in entries:
-            assert plugin.cache._build_cache_artifact(str(entry), entry.name) is not None
-    env = plugin_env(tmp_path)
-    assert _serve_stats(artifact, env) == {"local_hits": 0, "fetched": len(entries), "compiled": 0,
-                                           "nki_compiled": 0, "nki_hits": 1}
-    argv = print_command(artifact, env)["argv"]
-    assert argv[argv.index("--model") + 1] == str(tuned)  # vLLM reads the fine-tune's weights
-
-
 # --- helpers ---------------------------------------------------------------------------------------------------------
-def _serve_stats(artifact: Path | str, env: dict[str, str]) -> dict:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/stats", timeout=2).json()
-            except httpx.TransportError:
-                time.sleep(0.2)
-        pytest.fail("the served plugin never answered")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _processes_with(text: str) -> list[str]:
     import psutil
 

@@ -15,10 +15,16 @@ warm-ups and goes on serving (it never exits); otherwise each graph is looked up
 which the stand-in refuses (exit 1, FATAL like CompilationLock). One NKI kernel goes through upstream's
 ``nki_cache.compile_with_cache`` the same way (its key from ``create_nki_cache_key``, its result in ``<root>/nki/``).
 Either way it then serves ``GET /health``, ``/v1/models`` and ``/stats`` ({"local_hits", "fetched", "compiled",
-"nki_compiled", "nki_hits"}) until SIGTERM.
+"nki_compiled", "nki_hits", "loaded"}) until SIGTERM. A device start (not CPU compile) follows 0.21's worker order,
+graph capture and upstream's ``parallel_compile`` first (see ``serve_lookups``).
 
 Faults for tests, NEURONPACK_STANDIN_FAULT: ``exit`` (the CPU compile fails), ``hang`` (it never serves),
-``incomplete`` (the last graph's entry never gets upstream's completion marker, as when neuronx-cc died).
+``incomplete`` (the last graph's entry never gets upstream's completion marker, as when neuronx-cc died),
+``metadata-v1`` (the last graph's metadata is schema version 1: upstream's ``_store_local`` names the file
+``.artifact_metadata_v1.json``, which 0.21's ``_is_cache_complete`` accepts and its loader does not read); at a
+device start ``new-graph`` (one decode bucket more than was compiled: a graph the artifact lacks) and
+``ignore-guards`` (a plugin for which ``VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND`` and
+``VLLM_NEURON_DISABLE_WARMUP_COMPILE`` do nothing). Several faults are comma-separated.
 """
 
 from __future__ import annotations
@@ -77,14 +83,21 @@ def graphs(args: argparse.Namespace) -> list[tuple[str, torch.fx.GraphModule, li
     kv = torch.empty(2, args.num_gpu_blocks_override, args.block_size, heads, head_dim, dtype=dtype, device=meta)
     neuron_config = args.additional_config.get("neuron_config", {})
     out = []
+    seqs_buckets = neuron_config.get("num_seqs_buckets", [args.max_num_seqs])
+    if "new-graph" in faults() and not os.environ.get("VLLM_NEURON_CPU_COMPILE") == "1":
+        seqs_buckets = [*seqs_buckets, max(seqs_buckets) + 1]
     for tokens in neuron_config.get("num_batched_tokens_buckets", [args.max_num_batched_tokens]):
         ids = torch.empty(tokens, dtype=torch.int32, device=meta)
         out.append((f"prefill-{tokens}", _trace(args), [ids, ids, kv]))
     blocks_per_seq = math.ceil(args.max_model_len / args.block_size)
-    for seqs in neuron_config.get("num_seqs_buckets", [args.max_num_seqs]):
+    for seqs in seqs_buckets:
         ids = torch.empty(seqs, blocks_per_seq, dtype=torch.int32, device=meta)
         out.append((f"decode-{seqs}", _trace(args), [ids, ids, kv]))
     return out
+
+
+def faults() -> set[str]:
+    return set(filter(None, os.environ.get("NEURONPACK_STANDIN_FAULT", "").split(",")))
 
 
 def _trace(args: argparse.Namespace) -> torch.fx.GraphModule:
@@ -92,8 +105,12 @@ def _trace(args: argparse.Namespace) -> torch.fx.GraphModule:
 
 
 def compiler_options() -> dict:
-    # the logical NeuronCore config reaches neuronx-cc as an argument; --target is resolved by upstream (env first)
-    return {"compiler_args": f"--lnc {os.environ.get('NEURON_LOGICAL_NC_CONFIG', '1')}"}
+    """The backend options of every graph, as upstream hashes them: ``compile()`` and ``capture()`` both apply
+    ``_apply_platform_compiler_args`` first (trn2 gains an fp8 compiler flag). The logical NeuronCore config reaches
+    neuronx-cc as an argument; --target is resolved by upstream (env first)."""
+    from vllm_neuron.compile.backend import _apply_platform_compiler_args
+
+    return _apply_platform_compiler_args({"compiler_args": f"--lnc {os.environ.get('NEURON_LOGICAL_NC_CONFIG', '1')}"})
 
 
 def rms_norm_kernel(x, weight):
@@ -132,7 +149,7 @@ def cpu_compile(args: argparse.Namespace, stats: dict) -> None:
     from vllm_neuron.compile.schema import create_metadata
 
     root = envs.get_neuron_compile_cache_dir()
-    fault = os.environ.get("NEURONPACK_STANDIN_FAULT")
+    fault = faults()
     captured = graphs(args)
     for i, (name, gm, inputs) in enumerate(captured):
         options = compiler_options()
@@ -140,7 +157,7 @@ def cpu_compile(args: argparse.Namespace, stats: dict) -> None:
         if cache.get_local(key, root):
             stats["local_hits"] += 1
             continue
-        if fault == "exit" and i == 1:
+        if "exit" in fault and i == 1:
             print(f"neuronx-cc compilation failed with -9 for {name}", file=sys.stderr)
             sys.exit(70)
         with cache._lock(key, root) as lock:
@@ -159,42 +176,70 @@ def cpu_compile(args: argparse.Namespace, stats: dict) -> None:
             (entry / cache.VLLM_NEURON_GRAPH_HLO_FILE).write_bytes(str(gm.graph).encode())
             neff = entry / cache.get_neff_filename(str(entry))
             neff.write_bytes(b"NEFF stand-in " + name.encode() + b" " + key.encode())
-            if fault == "incomplete" and i == len(captured) - 1:
+            if "incomplete" in fault and i == len(captured) - 1:
                 continue  # neuronx-cc died: no metadata, no .compilation_complete
-            metadata = create_metadata(cache_key=key, output_count=1)
+            version = 1 if "metadata-v1" in fault and i == len(captured) - 1 else 0
+            metadata = create_metadata(cache_key=key, output_count=1, version=version)
             cache._store_local(key, CompilationArtifacts(str(entry / "graph.hlo"), str(neff), metadata), root)
         stats["compiled"] += 1
     nki_kernel(args, stats, may_compile=True)
 
 
 def serve_lookups(args: argparse.Namespace, stats: dict) -> None:
-    """Each graph as backend.compile() looks it up (0.21): local, then remote under the lock, else neuronx-cc."""
+    """A device start as 0.21's worker runs it (``compile_or_warm_up_model``, neuron_worker.py ~907-1000), through
+    upstream's own cache code: with the graph capture backend on (the default; off with
+    ``VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND``) every graph is captured first, as ``capture()`` does
+    (capture_backend.py: a LOCAL hit is skipped, a miss gets its HLO and metadata written into the local root; the
+    remote cache and the hit assertions are not consulted there), and upstream's ``parallel_compile()`` then runs
+    neuronx-cc (the stand-in on PATH) on every captured HLO. Then the warm-ups look every graph up in ``compile()``'s
+    order (backend.py 0.21): local, ``VLLM_NEURON_DISABLE_WARMUP_COMPILE`` / ``VLLM_NEURON_ASSERT_CACHE_HIT``, remote
+    under the lock, else neuronx-cc. ``loaded``: the sha256 of each NEFF the start would load, by key."""
+    import hashlib
+
     from vllm_neuron import envs
     from vllm_neuron.compile import cache
+    from vllm_neuron.compile.schema import create_metadata
 
     root = envs.get_neuron_compile_cache_dir()
+    captured = [(name, gm, inputs, cache.create_cache_hash(gm, inputs, compiler_options()))
+                for name, gm, inputs in graphs(args)]
+    guards = "ignore-guards" not in faults()
+    if not (guards and envs.VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND):
+        missed = []
+        for _name, gm, _inputs, key in captured:
+            if cache.get_local(key, root):
+                continue  # capture(): "Local cache hit ... Skipping graph capture."
+            workdir = Path(root) / key
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / cache.VLLM_NEURON_GRAPH_HLO_FILE).write_bytes(str(gm.graph).encode())
+            cache.save_artifact_metadata(str(workdir), create_metadata(cache_key=key, output_count=1))
+            missed.append(key)
+        from vllm_neuron.compile.parallel_compile import parallel_compile
+
+        parallel_compile(compiler_options())  # upstream's: compiles every captured HLO without a complete entry
+        stats["compiled"] += sum(cache._is_cache_complete(str(Path(root) / key)) for key in missed)
     use_cache = not envs.VLLM_NEURON_DISABLE_COMPILE_CACHE
     assert_hits, remote = envs.VLLM_NEURON_ASSERT_CACHE_HIT, envs.VLLM_NEURON_REMOTE_CACHE
-    for name, gm, inputs in graphs(args):
-        key = cache.create_cache_hash(gm, inputs, compiler_options())
+    for name, _gm, _inputs, key in captured:
         found = cache.get_local(key, root) if use_cache else None
         if found:
             stats["local_hits"] += 1
-            continue
-        if envs.VLLM_NEURON_DISABLE_WARMUP_COMPILE:
-            raise RuntimeError(f"VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss for key {key}.")
-        if assert_hits and not remote:
-            raise RuntimeError(f"VLLM_NEURON_ASSERT_CACHE_HIT: local compile cache miss for key {key} and remote "
-                               "cache is disabled.")
+        else:
+            if guards and envs.VLLM_NEURON_DISABLE_WARMUP_COMPILE:
+                raise RuntimeError(f"VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss for key {key}.")
+            if assert_hits and not remote:
+                raise RuntimeError(f"VLLM_NEURON_ASSERT_CACHE_HIT: local compile cache miss for key {key} and "
+                                   "remote cache is disabled.")
 
-        def neuronx_cc(name=name, key=key):
-            print(f"stand-in: neuronx-cc would compile {name} ({key}) at server start", file=sys.stderr)
-            raise RuntimeError(f"neuronx-cc is not available to compile {key}")
+            def neuronx_cc(name=name, key=key):
+                print(f"stand-in: neuronx-cc would compile {name} ({key}) at server start", file=sys.stderr)
+                raise RuntimeError(f"neuronx-cc is not available to compile {key}")
 
-        cache.fetch_remote_or_compile(key, root, neuronx_cc, envs.VLLM_NEURON_COMPILATION_TIMEOUT,
-                                      invalidate=not use_cache, remote_cache_dir=remote,
-                                      assert_cache_hits=assert_hits)
-        stats["fetched"] += 1
+            found = cache.fetch_remote_or_compile(key, root, neuronx_cc, envs.VLLM_NEURON_COMPILATION_TIMEOUT,
+                                                  invalidate=not use_cache, remote_cache_dir=remote,
+                                                  assert_cache_hits=assert_hits)
+            stats["fetched"] += 1
+        stats["loaded"][key] = hashlib.sha256(Path(found.neff_filename).read_bytes()).hexdigest()
     nki_kernel(args, stats, may_compile=False)
 
 
@@ -227,9 +272,9 @@ def serve(args: argparse.Namespace, stats: dict) -> None:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    stats = {"local_hits": 0, "fetched": 0, "compiled": 0, "nki_compiled": 0, "nki_hits": 0}
+    stats = {"local_hits": 0, "fetched": 0, "compiled": 0, "nki_compiled": 0, "nki_hits": 0, "loaded": {}}
     if os.environ.get("VLLM_NEURON_CPU_COMPILE") == "1":
-        if os.environ.get("NEURONPACK_STANDIN_FAULT") == "hang":
+        if "hang" in faults():
             time.sleep(3600)
         cpu_compile(args, stats)
     else:
