@@ -25,3 +25,7 @@ bool int8_rows_times_weight(const float* x, int64_t M, int64_t K, const int8_t* 
 #include <ATen/core/Tensor.h>
 bool int8_gemm(const at::Tensor& x, const at::Tensor& weight, const float* scale, int64_t scale_n, const float* bias,
                at::Tensor& out);
+
+// How int8_gemm takes bfloat16 rows: -1 by default, 0 bfloat16 tiles of the weights, 1 two int8 rows. Returns the
+// old setting.
+int int8_bf16_prefill(int mode);

@@ -565,6 +565,10 @@ at::Tensor linear_int8(const at::Tensor& x_in, const at::Tensor& weight, const a
 TORCH_LIBRARY(neuronpack, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor weight, Tensor scale, Tensor? bias=None) -> Tensor");
+  // how a prefill's bfloat16 rows meet int8 weights (int8_gemm.cpp): -1 default, 0 bfloat16 tiles, 1 two int8 rows;
+  // returns the old setting
+  m.def("set_int8_bf16_prefill(int mode) -> int",
+        [](int64_t mode) { return int64_t{int8_bf16_prefill(static_cast<int>(mode))}; });
 #ifdef NEURONPACK_AVX512
   m.def("has_kernel() -> bool", []() { return true; });  // whether this build has the kernel (else: at::linear)
   // whether bfloat16 runs vdpbf16ps and int8 vpdpbusd where the CPU has them (default) or the widening kernels;
