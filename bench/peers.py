@@ -35,13 +35,14 @@ neuronpack and llama.cpp alternating; a figure is the median over rounds, a rati
 (neuronpack over llama.cpp) with its spread (min-max). llama.cpp runs in a child process of ``--llama-python`` (a
 venv with llama-cpp-python; its build is independent of torch's), one per GGUF and thread count, alive for all
 rounds (its warm-up first), timed around ``Llama.generate`` (greedy sampler, Python loop included, as neuronpack's
-argmax loop is). Output: a table on stdout, ``docs/bench/<--out>.json`` and ``.png``.
+argmax loop is). Output: a table on stdout, ``docs/bench/peers.json`` / ``peers-large.json`` (``--out``) and
+``.png``.
 
     python3 -m venv /tmp/llamacpp-venv
     CMAKE_ARGS="-DGGML_NATIVE=ON" /tmp/llamacpp-venv/bin/pip install llama-cpp-python
     .venv/bin/python bench/peers.py --llama-python /tmp/llamacpp-venv/bin/python --threads 1,2
     .venv/bin/python bench/peers.py --shape smollm2-1.7b --llama-src /tmp/llama.cpp --tokens 32 --rounds 3 \
-        --out peers-1.7b ...
+        --llama-python ... --threads 1,2
 
 Without ``--gguf`` it converts the checkpoint (``--llama-src``: an unpacked llama.cpp tree with
 ``convert_hf_to_gguf.py`` and ``gguf-py``, e.g. the ``vendor/llama.cpp`` of the unpacked llama-cpp-python sdist);
@@ -95,6 +96,7 @@ water goes will learn it again."""
 LONG = [{"role": "user", "content": f"Read this passage and summarise it in three sentences.\n\n{PASSAGE}"}]
 PROMPTS = {"short": SHORT, "long": LONG}
 SEQ_LEN, MAX_CONTEXT = 1024, 512
+OUTPUT = {"smollm2-135m": "peers.json", "smollm2-1.7b": "peers-large.json"}  # in docs/bench/, with a .png
 INSTALL = ("llama_cpp is not importable by {python}: make a venv for it, e.g. `python3 -m venv /tmp/llamacpp-venv && "
            "CMAKE_ARGS=-DGGML_NATIVE=ON /tmp/llamacpp-venv/bin/pip install llama-cpp-python`, and pass "
            "--llama-python /tmp/llamacpp-venv/bin/python")
@@ -254,6 +256,7 @@ def measure(threads: int, args, artifacts: dict, ggufs: dict, prompts: dict[str,
         runs = {(side, name): [] for side in sides for name in prompts}
         try:
             for round_ in range(args.rounds):  # paired rounds: contention from other jobs hits every side alike
+                print(f"{threads} thread(s), {p or kind}: round {round_ + 1} of {args.rounds}", file=sys.stderr)
                 order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
                 for name, prompt in prompts.items():
                     for side in order:
@@ -293,6 +296,8 @@ def measure(threads: int, args, artifacts: dict, ggufs: dict, prompts: dict[str,
                         sums[side]["decode_tok_s"] * step_bytes / (bandwidth * 1e9), 3)
             rows.append(row)
         rows[-1]["llama_system_info"], rows[-1]["llama_cpp_python"] = info["system_info"], info["llama_cpp_python"]
+        # what is measured so far, should a long run be stopped
+        (args.workdir / f"partial-{threads}t.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -364,7 +369,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds (medians and spreads over them)")
     parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
                         help="run transformers too (default: on SmolLM2-135M only)")
-    parser.add_argument("--out", default="peers", help="name of the JSON / PNG in docs/bench/")
+    parser.add_argument("--out", default=None, help="name of the JSON / PNG in docs/bench/ (default: by --shape)")
     args = parser.parse_args()
     if args.llama_worker:
         llama_worker(json.loads(args.llama_worker))
@@ -421,7 +426,7 @@ def main() -> None:
     }
     from _common import save_results
 
-    plot(rows, save_results(args.out, report).with_suffix(".png"), model)
+    plot(rows, save_results(args.out or Path(OUTPUT[args.shape]).stem, report).with_suffix(".png"), model)
     print_table(report)
 
 
