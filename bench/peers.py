@@ -243,7 +243,7 @@ def measure(threads: int, args, artifacts: dict, ggufs: dict, prompts: dict[str,
     hf_ref: dict[tuple[str, str], dict] = {}  # (dtype, prompt) -> transformers' summary
     rows = []
     jobs = [(p, PRECISIONS[p][2]) for p in artifacts]
-    jobs += [(None, kind) for kind in ggufs if kind not in {PRECISIONS[p][2] for p in artifacts}]
+    jobs += [(None, "q4_k_m")] if "q4_k_m" in ggufs else []  # for reference: no precision of ours has its bytes
     for p, kind in jobs:
         sides = {"llama": LlamaChild(args.llama_python, Path(ggufs[kind]["path"]), threads, prompts["short"])}
         compute, int8, _, hf_dtype = PRECISIONS[p] if p else ("float32", False, kind, "float32")
