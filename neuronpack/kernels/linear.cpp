@@ -14,8 +14,9 @@
 // Measured in docs/portable-backend.md (bench/linears.py).
 //
 // More rows (a prefill) or a CPU without AVX-512: at::linear, the same GEMM F.linear runs; up to 256 float32 rows
-// oneDNN's matmul (many_float_rows); int8 weights against float32 x, int8_gemm.cpp's integer GEMMs. Built for
-// torch's CPU capability by neuronpack/kernels/__init__.py; registered as torch.ops.neuronpack.linear / linear_int8.
+// oneDNN's matmul (many_float_rows); int8 weights against float32 or bfloat16 x, int8_gemm.cpp's integer GEMMs.
+// Built for torch's CPU capability by neuronpack/kernels/__init__.py; registered as torch.ops.neuronpack.linear /
+// linear_int8.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -508,14 +509,14 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& weight, const std::o
 #endif
 }
 
-// More rows than the kernel takes, float32 x against a plain int8 [N, K] weight: int8_gemm.cpp's integer GEMMs.
-// (bfloat16 x keeps at::linear: its bfloat16 GEMM runs about as fast, ~200 against ~185 GOP/s on SmolLM2's shapes
-// with the weights in cache, at bfloat16's precision, which x already has.)
+// More rows than the kernel takes, float32 or bfloat16 x against a plain int8 [N, K] weight: int8_gemm.cpp's integer
+// GEMMs, which never convert the weights (the float path below converts all of them to x's dtype on every call: for
+// bfloat16 x that cost more than the GEMM at short prompts, bench/int8_prefill.py).
 bool many_int8_rows(const at::Tensor& x, const at::Tensor& weight) {
   const int64_t K = x.size(-1);
-  return x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == at::kFloat &&
-         weight.scalar_type() == at::kChar && weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == K &&
-         K > 0 && x.numel() / K > kMaxRows;
+  return x.device().is_cpu() && weight.device().is_cpu() &&
+         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && weight.scalar_type() == at::kChar &&
+         weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == K && K > 0 && x.numel() / K > kMaxRows;
 }
 
 // Weight-only int8: (x @ weight.T) * scale + bias in float32, then x's dtype. scale: [N, 1], [N] or [1].
@@ -523,15 +524,14 @@ at::Tensor linear_int8(const at::Tensor& x_in, const at::Tensor& weight, const a
                        const std::optional<at::Tensor>& bias) {
   const int64_t N = weight.size(0);
   const bool has_bias = bias.has_value() && bias->defined();
-  if (many_int8_rows(x_in, weight) && (!has_bias || bias->scalar_type() == at::kFloat)) {
+  if (many_int8_rows(x_in, weight) &&
+      (!has_bias || bias->scalar_type() == at::kFloat || bias->scalar_type() == x_in.scalar_type())) {
     // a prefill: integer GEMMs (int8_gemm.cpp), unless x holds an inf or a NaN
     const at::Tensor x = x_in.contiguous();
     const at::Tensor s = scale.to(at::kFloat).contiguous();
-    const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
+    const at::Tensor b = has_bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
     at::Tensor y = at::empty(out_sizes(x, N), x.options());
-    if (int8_gemm(x.data_ptr<float>(), x.numel() / x.size(-1), x.size(-1), weight, s.data_ptr<float>(), s.numel(),
-                  has_bias ? b.data_ptr<float>() : nullptr, y.data_ptr<float>()))
-      return y;
+    if (int8_gemm(x, weight, s.data_ptr<float>(), s.numel(), has_bias ? b.data_ptr<float>() : nullptr, y)) return y;
   }
   if (!kernel_applies(x_in, weight) || weight.scalar_type() != at::kChar ||
       (has_bias && bias->scalar_type() != x_in.scalar_type())) {
@@ -565,6 +565,10 @@ at::Tensor linear_int8(const at::Tensor& x_in, const at::Tensor& weight, const a
 TORCH_LIBRARY(neuronpack, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor weight, Tensor scale, Tensor? bias=None) -> Tensor");
+  // how a prefill's bfloat16 rows meet int8 weights (int8_gemm.cpp): -1 default, 0 bfloat16 tiles, 1 two int8 rows;
+  // returns the old setting
+  m.def("set_int8_bf16_prefill(int mode) -> int",
+        [](int64_t mode) { return int64_t{int8_bf16_prefill(static_cast<int>(mode))}; });
 #ifdef NEURONPACK_AVX512
   m.def("has_kernel() -> bool", []() { return true; });  // whether this build has the kernel (else: at::linear)
   // whether bfloat16 runs vdpbf16ps and int8 vpdpbusd where the CPU has them (default) or the widening kernels;
