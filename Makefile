@@ -93,9 +93,9 @@ test-fast: install lint
 DEMO_RECIPE := recipes/smollm2-135m-cpu.toml
 DEMO_ARTIFACT = $$($(NP) compile $(DEMO_MODEL) --recipe $(DEMO_RECIPE) --out-root $(DEMO_DIR) --quiet | tail -n 1)
 BENCH = cache_hit decode serve compile compile_reuse quantize eagle lora remote speculation int8_rows prefill_budget
-BENCH_MORE = buckets_plan convert_eagle eagle_draft grammar_libraries linears prefix_cache serve_memory structured
+BENCH_MORE = buckets_plan convert_eagle eagle_draft grammar_libraries int8_prefill linears prefix_cache serve_memory structured
 # the benchmarks that measure SmolLM2 get the demo's checkpoint (--model); BENCH_ARGS_<name>: what else a run passes
-BENCH_WITH_MODEL = compile compile_reuse convert_eagle decode eagle_draft eval_clients grammar_libraries int8_rows lora \
+BENCH_WITH_MODEL = compile compile_reuse convert_eagle decode eagle_draft eval_clients grammar_libraries int8_prefill int8_rows lora \
 	prefill_budget prefix_cache remote serve soak speculation structured
 BENCH_ARGS_prefill_budget = --budgets 1,default,128,256,512
 BENCH_ARGS_serve_memory = "$(DEMO_ARTIFACT)"
@@ -117,7 +117,7 @@ LLAMA_PYTHON ?= /tmp/llamacpp-venv/bin/python
 LLAMA_SRC ?= /tmp/llama.cpp
 PEERS_THREADS ?= 1,2
 bench-peers: install $(DEMO_MODEL)/config.json
-	PYTHONPATH="$(PEERS_PYTHONPATH)" $(PY) bench/peers.py --model $(DEMO_MODEL) --llama-python $(LLAMA_PYTHON) \
+	PYTHONPATH="$(PEERS_PYTHONPATH)" $(PY) -m bench.peers --model $(DEMO_MODEL) --llama-python $(LLAMA_PYTHON) \
 		--llama-src $(LLAMA_SRC) --threads $(PEERS_THREADS)
 
 # neuronpack serve vs llama-server (continuous batching) at 1 / 4 / 8 concurrent requests; llama-server built from

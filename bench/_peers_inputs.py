@@ -125,7 +125,7 @@ def int8_checkpoint(model_dir: Path, workdir: Path) -> Path:
 
 def build_precision(model_dir: Path, precision: str, workdir: Path, *, seq_len: int, max_context: int) -> Path:
     """The batch-1 artifact of ``precision`` (a PRECISIONS key) in ``workdir`` (built, or reused when present)."""
-    from _common import build_artifact
+    from bench._common import build_artifact
 
     compute, int8, _, _ = PRECISIONS[precision]
     source = int8_checkpoint(model_dir, workdir) if int8 else model_dir

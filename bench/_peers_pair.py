@@ -3,7 +3,7 @@
 bench/peers.py loads one precision at a time, so it cannot pair two of ours; docs/portable-backend.md ("A model past
 135M") and docs/quantize.md cite the runs (docs/bench/history/peers-large-pair-*.json).
 
-    .venv/bin/python bench/_peers_pair.py OUT.json ROUNDS WORKDIR int8-bf16,bfloat16 [THREADS]
+    .venv/bin/python -m bench._peers_pair OUT.json ROUNDS WORKDIR int8-bf16,bfloat16 [THREADS]
 
 WORKDIR is bench/peers.py's (its artifact-<precision>-b1-512 directories and SmolLM2-1.7B-random's tokenizer). Run it
 with PYTHONPATH=<an older checkout> for that code's kernels.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 import transformers
-from peers import PROMPTS
 
+from bench.peers import PROMPTS
 from neuronpack.backends.torch_aot import load_artifact
 from neuronpack.kernels import load_kernels
 

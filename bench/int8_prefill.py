@@ -22,14 +22,13 @@ model, 41 and 494 rows, against the bfloat16 model's own linears (``bf16 weights
 ``--rounds`` paired rounds in alternating order, a ratio the median (min-max) of the per-round ratios to ``bf16
 weights``.
 
-    .venv/bin/python bench/int8_prefill.py --model .demo/SmolLM2-135M-Instruct [--threads 1,2] [--rounds 5]
+    .venv/bin/python -m bench.int8_prefill --model .demo/SmolLM2-135M-Instruct [--threads 1,2] [--rounds 5]
 
 Output: a table on stdout, docs/bench/int8_prefill.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -38,7 +37,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _common import save_results
+
+from bench._common import bench_parser, save_results
 
 ROWS = (41, 128, 256, 494)  # a short chat prompt .. the long prompt of bench/peers.py
 CANDIDATES = ("dequantize", "bf16 tiles", "two int8 rows", "one int8 row", "per-32 blocks")
@@ -163,15 +163,11 @@ def speed(threads: int, rows: int, shape_name: str, copies: int, rounds: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="SmolLM2-135M-Instruct checkpoint (make demo)")
-    parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = bench_parser("int8_prefill", __doc__, model="required", rounds=5, out=True)
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma separated (as bench/peers.py)")
     parser.add_argument("--layers", type=int, default=4, help="copies of each layer's weights (streamed)")
-    parser.add_argument("--out", default="int8_prefill")
     args = parser.parse_args()
-    from peers import PASSAGE
-
+    from bench.peers import PASSAGE
     from neuronpack.kernels import load_kernels
 
     load_kernels()

@@ -61,7 +61,7 @@ import sys
 import time
 from pathlib import Path
 
-from _peers_inputs import (
+from bench._peers_inputs import (
     PRECISIONS,
     SHAPES,
     artifact_step_bytes,
@@ -138,8 +138,9 @@ class LlamaChild:
 
     def __init__(self, python: str, gguf: Path, threads: int, warmup: list[int]) -> None:
         spec = {"gguf": str(gguf), "threads": threads, "warmup": warmup}
-        self.proc = subprocess.Popen([python, __file__, "--llama-worker", json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        # this module in llama.cpp's own venv, from the checkout (bench/ is a package; it imports no neuronpack)
+        self.proc = subprocess.Popen([python, "-m", "bench.peers", "--llama-worker", json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         self.info = self._read()
 
     def _read(self) -> dict:
@@ -232,8 +233,8 @@ def measure(threads: int, args, artifacts: dict, ggufs: dict, prompts: dict[str,
 
     import torch
     import transformers
-    from _common import read_bandwidth_gbs
 
+    from bench._common import read_bandwidth_gbs
     from neuronpack.backends.torch_aot import load_artifact
 
     torch.set_num_threads(threads)
@@ -424,7 +425,7 @@ def main() -> None:
                  "llama.cpp timed around llama-cpp-python's Llama.generate in its own process"),
         "results": rows,
     }
-    from _common import save_results
+    from bench._common import save_results
 
     plot(rows, save_results(args.out or Path(OUTPUT[args.shape]).stem, report).with_suffix(".png"), model)
     print_table(report)

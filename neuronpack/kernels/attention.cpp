@@ -8,7 +8,7 @@
 // Attention runs in torch ops (``attention_reference`` below): scores rounded to the dtype, scaled in it, softmax in
 // float32 (rounding as ATen's: see ``probabilities``), probabilities rounded to the dtype, and the cached and own
 // parts of the weighted sum each rounded to the dtype before they are added. Accumulation is in float32, in this
-// kernel's order (torch's matmul and sum have theirs: tests/models/test_decode_attention.py, ``decode_case``).
+// kernel's order (torch's matmul and sum have theirs: tests/kernels/test_decode_attention.py, ``decode_case``).
 //
 // Why a kernel: Inductor's loops for this sum each score across the lanes of one vector and divide by the softmax's
 // sum inside the weighted sum (~2 ms of an 8-row SmolLM2 step at ~60 cached positions). Here 16 cached positions
