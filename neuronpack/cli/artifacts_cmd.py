@@ -70,6 +70,7 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("speculation", _section_line(section.get("speculation"))),
         ("lora", _lora_line(recipe.lora)),
         ("files", f"{len(m.files)} ({human_bytes(m.total_size)})"),
+        ("graphs", _graphs_line(m.graphs)),
         ("timings", ", ".join(f"{k} {v:.2f}s" for k, v in m.timings.items())),
         ("created", str(m.created_at)),
         ("accuracy", _accuracy_line(m.accuracy)),
@@ -112,6 +113,18 @@ def _lora_line(lora) -> str:
     adapters = ", ".join(f"{a.name} ({lora_path(a.name)})" for a in lora.adapters)
     return (f"{adapters}; max_loras {lora.max_loras}, max_rank {lora.max_rank}, "
             f"{'/'.join(lora.target_modules)}")
+
+
+def _graphs_line(graphs: dict | None) -> str:
+    """The graph key and where the compiled graphs came from (compiled here, or a donor's: compile.md)."""
+    if not graphs:
+        return "no graph key (built before graph keys)"
+    donor = graphs.get("from")
+    if not donor:
+        return f"graph key {graphs['key'][:16]}, compiled here ({graphs['seconds']:.1f} s)"
+    where = donor["source"] if "://" in str(donor["source"]) else "local store"
+    return (f"graph key {graphs['key'][:16]}, from {donor['key'][:16]} ({where}; {graphs['seconds']:.1f} s of "
+            "compile saved)")
 
 
 def _accuracy_line(accuracy: dict | None) -> str:

@@ -8,6 +8,7 @@ tests/backends/test_torch_aot_reuse.py, the Neuron frameworks are held to upstre
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -156,6 +157,9 @@ def test_the_cli_reports_the_reuse_and_no_reuse_turns_it_off(donor, tiny_llama, 
     assert graphs["key"] == built.manifest.graphs["key"]
     assert summary["graphs_from"]["compile_seconds_saved"] == graphs["seconds"]
     assert f"reusing the compiled graphs of {donor_key[:16]}" in out.stderr
+    shown = subprocess.run([sys.executable, "-m", "neuronpack", "inspect", summary["path"]], capture_output=True,
+                           text=True, check=True, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert f"graph key {graphs['key'][:16]}, from {donor_key[:16]} (local store;" in shown
     shutil.rmtree(summary["path"])
     again = subprocess.run([*args, "--no-reuse"], capture_output=True, text=True, check=True)
     assert "reusing" not in again.stderr and again.stdout.strip().splitlines()[-1] == summary["path"]
