@@ -62,8 +62,10 @@ def buckets_command(
     no_bucketing: Annotated[bool, typer.Option("--no-bucketing", help="one bucket each (bucketing off)")] = False,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
-    """Print the bucket plan for a sequence length (NxDI's auto formula unless lists are given); `buckets plan`
-    plans buckets from a request log."""
+    """Print the bucket plan for a sequence length, or plan buckets from a request log (`buckets plan`).
+
+    Without lists the plan is NxDI's auto formula; `neuronpack buckets plan --traffic FILE` chooses them from what a
+    server recorded."""
     if ctx.invoked_subcommand is not None:
         return
     if seq_len is None:
