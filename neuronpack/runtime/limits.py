@@ -7,5 +7,6 @@ DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024  # a larger request body gets 413
 DEFAULT_MAX_WAITING = 128  # requests that may wait for a batch slot; one more gets 503
 DEFAULT_REQUEST_TIMEOUT = 600.0  # seconds from arrival (queue + generation); 0 disables it
 DEFAULT_SHUTDOWN_GRACE = 25.0  # seconds on SIGTERM; under Kubernetes' default 30 s terminationGracePeriodSeconds
-DEFAULT_PREFIX_CACHE_MIB = 512.0  # KV-cache rows beyond the batch that keep cached prefixes (engine/prefix_cache.py)
+DEFAULT_PREFIX_CACHE_MIB = 512.0  # the block pool beyond the batch that keeps cached prefixes (engine/prefix_cache.py)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 64  # token positions of one step while streams decode (bench/chunked_prefill.py)
 RETRY_AFTER_SECONDS = 1  # what a 503 (queue full, shutting down) tells clients to wait

@@ -2,15 +2,18 @@
 head_dim]``, read by the layer graphs through per-layer views of the first n rows and written here with the K/V the
 graphs return (``store``).
 
-It is addressed by row and keeps no bookkeeping of its own: which sequence holds which row is the runtime's
-``RowAllocator`` (runtime/engine/kv_rows.py), which keeps a step's rows packed into rows 0..n-1 and hands the copies
-that does (compaction, parallel sampling's shared prompt) to ``copy_rows``. A caller that runs rows that are not packed
+It is addressed by row (and pool block) and keeps no bookkeeping of its own: which sequence holds which row is the
+runtime's ``RowAllocator`` (runtime/engine/kv_rows.py), which keeps a step's rows packed into one window of adjacent
+rows and hands the moves that do it (compaction, parallel sampling's shared prompt, the prefix pool's block copies)
+to ``move``. A caller that runs rows that are not packed
 (the backend's own tests, a bench) gets ``gathered`` copies of them instead of views: correct, only slower.
 
 Example::
 
     cache = KvCache.for_config(config)                 # zeros, resident only where written
     cache.copy_rows([(3, 0, 12)])                       # row 3's first 12 positions into row 0
+    cache.reserve_blocks(64, 16)                        # a pool of 64 blocks of 16 positions (prefix caching)
+    cache.move([BlockCopy(row=0, slots=(0,), blocks=(5,), to_pool=True)])  # kv_rows.py: row 0's 0..15 -> block 5
     k_rows, v_rows = cache.views(1)                     # per-layer views cache[l, :1]
     cache.store(torch.arange(1), starts, new_k, new_v)  # the step's K/V at their positions
 """
@@ -27,11 +30,15 @@ if TYPE_CHECKING:
 
 
 class KvCache:
-    """The cache tensors and their row views."""
+    """The cache tensors and their row views; with ``reserve_blocks`` a pool of blocks beyond the rows
+    (``[layers, blocks, kv_heads, block_size, head_dim]``, K and V) that keeps cached prefixes, reached by
+    ``move`` only."""
 
     def __init__(self, shape: tuple[int, int, int, int, int], dtype) -> None:
         self.k = untouched_zeros(shape, dtype)
         self.v = untouched_zeros(shape, dtype)
+        self.block_k: torch.Tensor | None = None
+        self.block_v: torch.Tensor | None = None
         # Per-layer views of the first n rows (contiguous), built once per n on first use.
         self._views: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
@@ -67,15 +74,32 @@ class KvCache:
         """Bytes of one row, every layer, K and V."""
         return 2 * self.k[:, 0].numel() * self.k.element_size()
 
-    def with_rows(self, rows: int) -> KvCache:
-        """A zeroed cache like this one with ``rows`` rows (the runtime's batch rows plus its prefix-cache rows)."""
-        shape = tuple(self.k.shape)
-        return KvCache((shape[0], rows, *shape[2:]), self.k.dtype)
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one position of a row, every layer, K and V."""
+        return 2 * self.k[:, 0, :, 0].numel() * self.k.element_size()
 
-    def gathered(self, rows: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per-layer K and V copies of ``rows``, in that order (a step over rows that are not packed)."""
+    @property
+    def blocks(self) -> int:
+        """Blocks of the prefix pool (0: none reserved)."""
+        return 0 if self.block_k is None else self.block_k.shape[1]
+
+    def reserve_blocks(self, blocks: int, block_size: int) -> None:
+        """A pool of ``blocks`` blocks of ``block_size`` positions (zeros, resident only where written); a pool of
+        another shape replaces the old one."""
+        layers, _, kv, _, hd = self.k.shape
+        shape = (layers, blocks, kv, block_size, hd)
+        if self.block_k is None or tuple(self.block_k.shape) != shape:
+            self.block_k = untouched_zeros(shape, self.k.dtype)
+            self.block_v = untouched_zeros(shape, self.k.dtype)
+
+    def gathered(self, rows: Sequence[int], positions: int | None = None
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K and V copies of ``rows``, in that order, of their first ``positions`` (default: all; a step
+        over rows that are not packed reads only the positions below its starts)."""
         index = list(rows)
-        return [k[index] for k in self.k], [v[index] for v in self.v]
+        end = self.k.shape[3] if positions is None else positions
+        return [k[index, :, :end] for k in self.k], [v[index, :, :end] for v in self.v]
 
     def store(self, rows, starts, new_k, new_v) -> None:
         """Write a step's K/V ([layers, n, kv, T, hd]) into ``rows`` at positions ``starts[i]..``."""
@@ -92,6 +116,40 @@ class KvCache:
             for src, dst, length in copies:
                 for cache in (self.k, self.v):
                     cache[:, dst, :, :length] = cache[:, src, :, :length]
+
+    def move(self, moves: Sequence) -> None:
+        """Apply the runtime's row moves in order (runtime/engine/kv_rows.py, read by their fields): a copy
+        ``(src, dst, length)``, a swap (``a``, ``b``, ``length_a``, ``length_b``: two rows exchange their first
+        positions) and a block copy (``row``, ``slots``, ``blocks``, ``to_pool``: blocks of a row to or from the
+        pool)."""
+        import torch
+
+        with torch.inference_mode():
+            for move in moves:
+                if hasattr(move, "to_pool"):
+                    self._copy_blocks(move)
+                elif hasattr(move, "length_a"):
+                    for cache in (self.k, self.v):
+                        saved = cache[:, move.a, :, :move.length_a].clone()
+                        cache[:, move.a, :, :move.length_b] = cache[:, move.b, :, :move.length_b]
+                        cache[:, move.b, :, :move.length_a] = saved
+                else:
+                    self.copy_rows([move])
+
+    def _copy_blocks(self, move) -> None:
+        import torch
+
+        if self.block_k is None or self.block_v is None:
+            raise ValueError("a block copy needs a block pool (reserve_blocks)")
+        layers, _, kv, size, hd = self.block_k.shape
+        blocks = torch.tensor(move.blocks)
+        positions = (torch.tensor(move.slots).view(-1, 1) * size + torch.arange(size)).view(-1)  # [n * size]
+        for cache, pool in ((self.k, self.block_k), (self.v, self.block_v)):
+            row = cache[:, move.row]  # a view [layers, kv, S, hd]
+            if move.to_pool:  # row positions [layers, kv, n * size, hd] -> blocks [layers, n, kv, size, hd]
+                pool[:, blocks] = row[:, :, positions].view(layers, kv, len(blocks), size, hd).permute(0, 2, 1, 3, 4)
+            else:
+                row[:, :, positions] = pool[:, blocks].permute(0, 2, 1, 3, 4).reshape(layers, kv, -1, hd)
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype):

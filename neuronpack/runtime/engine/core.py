@@ -74,6 +74,7 @@ from neuronpack.runtime.engine.requests import (
     check_request,
     new_request_state,
     run_to_completion,
+    step_token_budget,
 )
 from neuronpack.runtime.engine.runner import ModelRunner
 from neuronpack.runtime.engine.sampling import DEFAULT_GLOBAL_TOPK, sample
@@ -120,15 +121,15 @@ class Engine:
         self.metrics = metrics or EngineMetrics(model.batch_size, speculation.length if speculation else 0)
         self.runner = ModelRunner(model, self.speculator)
         self.prefix_caching = prefix_caching if prefix_caching is not None else PrefixCaching()
-        self.prefix_caching_off_reason, cache_rows = self.prefix_caching.rows_for(model, self.runner.proposer)
-        if cache_rows:
-            model.reserve_rows(model.batch_size + cache_rows)  # rows that only keep prefixes (kv_rows.py)
+        self.prefix_caching_off_reason, cache_blocks = self.prefix_caching.blocks_for(model, self.runner.proposer)
+        if cache_blocks:
+            model.reserve_blocks(cache_blocks, self.prefix_caching.block_size)  # the pool that keeps prefixes
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(
-            model.batch_size, speculation.length if speculation else 0, cache_rows,
-            None if self.prefix_caching_off_reason else self.prefix_caching.block_size)
-        self._row_bytes = getattr(model, "kv_row_bytes", 0) if cache_rows else 0
-        if not self.prefix_caching_off_reason:
-            self.metrics.prefix_cache_budget.set(self.prefix_caching.memory_mib * 2**20)
+            model.batch_size, speculation.length if speculation else 0, cache_blocks,
+            None if self.prefix_caching_off_reason else self.prefix_caching.block_size, max_chunk=self.runner.chunk)
+        self._block_bytes = self.prefix_caching.block_bytes(getattr(model, "kv_token_bytes", 0))
+        if not self.prefix_caching_off_reason:  # what the pool holds at most: the budget in whole blocks
+            self.metrics.prefix_cache_budget.set(cache_blocks * self._block_bytes)
         model.kv_user = self  # the KV cache is the model's: an engine that sees another user here forgets its prefixes
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -141,7 +142,8 @@ class Engine:
         # loads on one thread (no pool) and gives the loop its threads here.
         self.loop_threads: int | None = None
         self.limits = limits or EngineLimits()
-        self.max_prefill_tokens = max(1, self.limits.max_prefill_tokens or max(model.context_buckets))
+        self.max_num_batched_tokens = step_token_budget(self.limits.max_num_batched_tokens, model.batch_size,
+                                                        speculation.length if speculation else 0)
         self.admission = Admission(model.batch_size, self.limits.max_waiting, self.metrics)
         self.grammars = GrammarCompiler(tokenizer.to_json_str, vocab_size=model.vocab_size,
                                         eos_token_ids=sorted(self.eos_token_ids))
@@ -198,9 +200,10 @@ class Engine:
 
     def summary(self) -> EngineSummary:
         """What serving reports once loaded: batch, lengths, the loop's threads, the prefix cache's rows."""
-        rows = self.scheduler.rows
         return EngineSummary(self.model.batch_size, self.max_model_len, self.max_prompt_len, self.loop_threads,
-                             rows.cache_rows, getattr(self.model, "kv_row_bytes", 0), self.prefix_caching_off_reason)
+                             self.scheduler.rows.cache_blocks, self.prefix_caching.block_size, self._block_bytes,
+                             self.prefix_caching.memory_mib, self.prefix_caching_off_reason,
+                             self.max_num_batched_tokens)
 
     @property
     def in_flight(self) -> int:
@@ -242,8 +245,8 @@ class Engine:
         if sched.idle:
             self._update_load()
             return False
-        # No stream running: fill every free row at once; otherwise interleave prefills of a bounded cost.
-        plan = sched.schedule_prefills(sched.free_rows, self.max_prefill_tokens if sched.running else None)
+        # Prompts' chunks within what the step's token budget leaves after the decode step's tokens.
+        plan = sched.schedule_prefills(token_budget=sched.prefill_budget(self.max_num_batched_tokens))
         self.runner.move_rows(plan.moves)
         if plan.prefills:
             self._prefill(plan)
@@ -303,6 +306,8 @@ class Engine:
         outputs = self.runner.prefill(plan.prefills)
         for group in plan.prefills:
             seqs, out = members[group.request_id], outputs[group.request_id]
+            if out.error is None and not out.done:
+                continue  # more chunks to come in later steps
             started = time.monotonic()
             try:
                 if out.error is not None:
@@ -319,7 +324,7 @@ class Engine:
             self.metrics.prefill_seconds.observe(out.seconds + time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(group.prompt_ids))
             if group.cache_query:
-                self.metrics.observe_prefix_cache(len(group.prompt_ids), group.start)
+                self.metrics.observe_prefix_cache(len(group.prompt_ids), seqs[0].num_cached_tokens)
             for i, member in enumerate(seqs):
                 member.prefilled = i == 0 or not group.scoring_only  # a scoring-only group copies nothing
                 if group.scoring_only:
@@ -376,6 +381,7 @@ class Engine:
         out = StepOutput(seq.request_id, tokens[:kept], text, finish_reason, len(seq.prompt_ids),
                          len(seq.output.token_ids), logprobs=logprobs[:kept] if logprobs is not None else None,
                          prompt_logprobs=prompt_lp, stop_reason=seq.output.stop_reason,
+                         num_cached_tokens=seq.num_cached_tokens,
                          speculation=seq.spec.to_dict() if finished and seq.spec is not None else None)
         if finished:
             self.scheduler.release(seq)
@@ -390,10 +396,11 @@ class Engine:
     def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
                               prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.scheduler.discard(seq, keep=reason is not FinishReason.ERROR)
+        self.runner.forget(seq.request_id)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival)
         self.admission.retire()
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
-                         prompt_logprobs=prompt_logprobs,
+                         prompt_logprobs=prompt_logprobs, num_cached_tokens=seq.num_cached_tokens,
                          speculation=seq.spec.to_dict() if seq.spec is not None else None)
         self._deliver(seq, out)
 
@@ -407,4 +414,4 @@ class Engine:
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
-        self.metrics.prefix_cache_usage.set(self.scheduler.rows.cache_rows_in_use * self._row_bytes)
+        self.metrics.prefix_cache_usage.set(self.scheduler.rows.cache_blocks_in_use * self._block_bytes)

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from neuronpack.errors import InvalidRequestError, ServeError
 from neuronpack.runtime.engine.logprobs import MAX_LOGPROBS, TokenLogprobs
+from neuronpack.runtime.engine.prefix_cache import USEFUL_BLOCKS
 from neuronpack.runtime.engine.sampling import RowSampler, SamplingParams
 from neuronpack.runtime.engine.speculation.stats import SpecStats
 from neuronpack.runtime.engine.stopping import Decoder, FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
+from neuronpack.runtime.limits import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from neuronpack.runtime.structured import CompiledGrammar, Constraint
 
 if TYPE_CHECKING:
@@ -34,38 +36,57 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 class EngineLimits:
     """Load limits. ``max_waiting``: requests that may wait for a slot beyond the batch (None: unbounded);
     ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never);
-    ``max_prefill_tokens``: token positions the prompts prefilled between two decode steps may take in their one
-    call (prompts x the longest; None: the longest prompt the artifact takes; a longer prompt still goes, alone)."""
+    ``max_num_batched_tokens``: token positions one engine step may run while streams decode (vLLM's
+    ``--max-num-batched-tokens``): the decode step's tokens first, the prompts' chunks in what is left (None:
+    ``DEFAULT_MAX_NUM_BATCHED_TOKENS``)."""
 
     max_waiting: int | None = None
     request_timeout: float | None = None
-    max_prefill_tokens: int | None = None
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class EngineSummary:
     """What a server says about its engine once loaded (``Engine.summary()``): the compiled batch, the lengths, the
-    loop's torch threads (None: as the process has them), and the prefix cache: its rows beyond the batch and the
-    bytes of one KV row, or why it is off."""
+    loop's torch threads (None: as the process has them), the prefix cache (its pool of blocks beyond the batch,
+    the bytes of one block, the budget asked for; or why it is off) and the step's token budget."""
 
     batch_size: int
     max_model_len: int
     max_prompt_len: int
     threads: int | None
-    cache_rows: int
-    kv_row_bytes: int
+    cache_blocks: int
+    block_size: int
+    block_bytes: int
+    cache_budget_mib: float
     prefix_caching_off: str | None  # None: prefix caching is on
+    max_num_batched_tokens: int
 
     @property
     def cache_mib(self) -> float:
-        """MiB of KV rows kept for cached prefixes beyond the batch."""
-        return self.cache_rows * self.kv_row_bytes / 2**20
+        """MiB of the block pool kept for cached prefixes beyond the batch."""
+        return self.cache_blocks * self.block_bytes / 2**20
+
+    def prefix_cache_line(self) -> str:
+        """What ``serve`` says at start about the prefix cache: its pool, or that the budget buys nothing useful."""
+        if self.prefix_caching_off is not None:
+            return f"prefix caching off: {self.prefix_caching_off}"
+        if self.cache_blocks < USEFUL_BLOCKS:
+            useful = USEFUL_BLOCKS * self.block_bytes / 2**20
+            return (f"prefix caching: --prefix-cache-memory {self.cache_budget_mib:g} MiB holds {self.cache_blocks} "
+                    f"blocks of {self.block_size} tokens ({self.block_bytes / 2**20:.3f} MiB each), too few to keep a "
+                    f"useful prefix: only the batch's free rows keep prefixes (give it {useful:.2f} MiB or more)")
+        return (f"prefix caching: {self.cache_blocks} blocks of {self.block_size} tokens "
+                f"({self.cache_blocks * self.block_size} tokens, {self.cache_mib:.1f} MiB) beyond the batch, whose "
+                f"free rows keep prefixes too")
 
 
 class CompiledModel(Protocol):
     """What the runner drives (``neuronpack.backends.torch_aot.CompiledLM``). A slot is a KV-cache row: which
-    sequence holds which is the engine's ``RowAllocator`` (kv_rows.py); a decode or verify step runs on rows
-    0..n-1 (any order), which the allocator keeps packed with the copies it hands to ``copy_rows``."""
+    sequence holds which is the engine's ``RowAllocator`` (kv_rows.py); a decode or verify step runs on one window
+    of adjacent rows (any order), which the allocator keeps packed with the moves it hands to ``move_kv`` (a model
+    without it gets only ``copy_rows``' copies). With ``reserve_blocks`` / ``kv_token_bytes``, a pool of KV blocks
+    beyond the rows keeps cached prefixes."""
 
     batch_size: int
     context_buckets: tuple[int, ...]
@@ -108,6 +129,10 @@ class CompiledModel(Protocol):
 
     def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
         """Apply ``(src, dst, length)`` copies in order: cache positions 0..length-1 of row src into row dst."""
+        ...
+
+    def move_kv(self, moves: Sequence[Any]) -> None:
+        """Apply the allocator's moves in order: ``RowCopy``, ``RowSwap`` and ``BlockCopy`` (kv_rows.py)."""
         ...
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> Tensor:
@@ -161,6 +186,7 @@ class StepOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
     stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
     speculation: dict[str, Any] | None = None  # on the last output of a speculating engine: SpecStats.to_dict()
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (vLLM's RequestOutput field)
 
 
 @dataclass(eq=False)
@@ -182,6 +208,7 @@ class RequestState:
     spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
     constraint: Constraint | None = None  # the request's grammar state (constrained decoding only)
     prefilled: bool = False  # its row holds its prompt's KV (set once its prefill succeeded)
+    num_cached_tokens: int = 0  # prompt tokens whose KV the prefix cache supplied (set when it gets its row)
 
     def take(self, tokens: Sequence[int]) -> tuple[str, int, FinishReason | None]:
         """Append emitted ``tokens`` one by one through the grammar and the stop rules, up to the first that ends the
@@ -226,6 +253,21 @@ class RequestState:
     def scoring_only(self) -> bool:
         """max_tokens 0: the prompt is scored (prompt logprobs), nothing is generated."""
         return self.output.rules.max_tokens == 0
+
+
+def step_token_budget(requested: int | None, batch_size: int, spec_length: int = 0) -> int:
+    """The step's token budget (``EngineLimits.max_num_batched_tokens``, default ``DEFAULT_MAX_NUM_BATCHED_TOKENS``):
+    at least one prompt token beyond a full batch's decode step (one token per row, k + 1 speculating), or a
+    ServeError saying so."""
+    decode = batch_size * (1 + spec_length)
+    budget = DEFAULT_MAX_NUM_BATCHED_TOKENS if requested is None else requested
+    if budget <= decode:
+        if requested is None:
+            return decode + DEFAULT_MAX_NUM_BATCHED_TOKENS
+        raise ServeError(f"a step budget of {budget} tokens leaves no token for prompts once a full batch decodes "
+                         f"({decode} tokens a step)", where="--max-num-batched-tokens",
+                         fix=f"pass more than {decode}")
+    return budget
 
 
 def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_len: int, vocab_size: int,

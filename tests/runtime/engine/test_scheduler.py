@@ -26,6 +26,7 @@ class Seq:
     adapter: int = 0
     prompt_logprobs: int | None = None
     forks: list = field(default_factory=list)
+    num_cached_tokens: int = 0
 
     @property
     def last_token(self) -> int:
@@ -69,36 +70,78 @@ def test_admission_is_fifo_into_the_lowest_free_rows():
     assert sched.free_rows == 0 and list(sched.waiting) == seqs[3:]
 
 
-def test_a_freed_row_is_packed_before_the_next_phase():
+def test_the_decoding_rows_are_packed_into_the_cheapest_window():
+    """A decode step runs on one window of adjacent rows: a row freed at its edge moves nothing; a hole inside it
+    moves whichever side copies fewer positions."""
     sched = SlotScheduler(batch_size=4)
-    a, b, c = Seq("a"), Seq("b", prompt_ids=[1, 2]), Seq("c", prompt_ids=[1, 2, 3, 4])
-    for seq in (a, b, c):
+    a, b, c = Seq("a"), Seq("b", prompt_ids=[1, 2]), Seq("c", prompt_ids=list(range(20)))
+    d = Seq("d", prompt_ids=list(range(30)))
+    for seq in (a, b, c, d):
         sched.add(seq)
-    prefilled(sched.schedule_prefills(limit=3), sched)
-    c.output.append(41)  # c: 4 prompt + 2 sampled -> positions 0..4 cached
-    sched.release(a)  # a finished: row 0 is a hole below b and c
+    prefilled(sched.schedule_prefills(limit=4), sched)
+    sched.release(a)  # row 0: the window is rows 1..3 as they are
     plan = sched.schedule_decode()
-    assert plan.moves == (RowCopy(src=2, dst=0, length=5),)  # c moves down; b stays in row 1
-    assert plan.decodes == (DecodeRow("c", 0, 41, 5), DecodeRow("b", 1, 40, 2))
-    assert sched.running == [c, b] and sched.schedule_decode().moves == ()
+    assert plan.moves == () and [r.row for r in plan.decodes] == [1, 2, 3]
+    sched.release(c)  # row 2 is a hole between b (2 positions) and d (30): b moves up next to d
+    plan = sched.schedule_decode()
+    assert plan.moves == (RowCopy(src=1, dst=2, length=2),)
+    assert plan.decodes == (DecodeRow("b", 2, 40, 2), DecodeRow("d", 3, 40, 30))
+    assert sched.running == [b, d] and sched.schedule_decode().moves == ()
 
 
-def test_the_token_budget_bounds_one_prefill_call_and_a_long_prompt_goes_alone():
-    """Prompts share a prefill call while prompts x the longest stays within the budget (FIFO, nothing skipped);
-    a prompt longer than the budget is still admitted, alone; without a budget every free row fills."""
-    sched = SlotScheduler(batch_size=8)
+def chunks_until_done(sched: SlotScheduler, budget: int | None) -> list[list[tuple[str, int, int]]]:
+    """Plan prefill steps until nothing waits or is being prefilled: each step's (request, start, stop) chunks."""
+    steps = []
+    while sched.waiting or sched.prefilling:
+        plan = sched.schedule_prefills(token_budget=budget)
+        steps.append([(g.request_id, g.start, g.stop) for g in plan.prefills])
+        prefilled(StepPlan(prefills=tuple(g for g in plan.prefills if g.done)), sched)
+    return steps
+
+
+def test_prompts_are_cut_into_chunks_within_the_token_budget():
+    """Each step's chunks share one call within the budget (chunks x the longest); every prompt's chunks follow on
+    from position 0 to its end, oldest first; without a budget each prompt goes whole (up to ``max_chunk``)."""
     lengths = [10, 10, 30, 5, 5, 50]
+    sched = SlotScheduler(batch_size=8)
     for i, n in enumerate(lengths):
         sched.add(Seq(f"r{i}", prompt_ids=list(range(n))))
-    admitted = [[g.request_id for g in sched.schedule_prefills(8, token_budget=40).prefills] for _ in range(4)]
-    # r0 + r1: 2 x 10; + r2 would be 3 x 30. r2 alone (30); + r3: 2 x 30. r3 + r4: 2 x 5; + r5: 3 x 50. r5 alone.
-    assert admitted == [["r0", "r1"], ["r2"], ["r3", "r4"], ["r5"]]
-    assert not sched.waiting
-    for i in range(2):
-        sched.add(Seq(f"s{i}", prompt_ids=list(range(30))))
-    assert len(sched.schedule_prefills(limit=2).prefills) == 2  # no budget: the limit (free rows) alone
-    sched.add(Seq("t", prompt_ids=[1]))
-    assert sched.schedule_prefills(limit=8, token_budget=40).prefills == ()  # no row left
+    steps = chunks_until_done(sched, 40)
+    covered: dict[str, int] = {}
+    for step in steps:
+        assert len(step) * max(stop - start for _, start, stop in step) <= 40
+        for rid, start, stop in step:
+            assert covered.get(rid, 0) == start < stop
+            covered[rid] = stop
+    assert covered == {f"r{i}": n for i, n in enumerate(lengths)}
+    assert steps[0] == [("r0", 0, 10), ("r1", 0, 10), ("r2", 0, 10), ("r3", 0, 5)]
+    whole = SlotScheduler(batch_size=8, max_chunk=32)
+    for i, n in enumerate(lengths):
+        whole.add(Seq(f"r{i}", prompt_ids=list(range(n))))
+    assert chunks_until_done(whole, None) == [[("r0", 0, 10), ("r1", 0, 10), ("r2", 0, 30), ("r3", 0, 5),
+                                               ("r4", 0, 5), ("r5", 0, 32)], [("r5", 32, 50)]]
+
+
+def test_a_long_prompt_goes_in_chunks_between_decode_steps_that_never_stop():
+    """While a stream decodes, a 50-token prompt takes what the step's budget leaves after the decode token, one
+    chunk a step; the stream is in every decode step, and the prompt decodes only after its last chunk."""
+    sched = SlotScheduler(batch_size=2, max_chunk=16)
+    stream, long = Seq("stream", max_tokens=100), Seq("long", prompt_ids=list(range(50)))
+    sched.add(stream)
+    prefilled(sched.schedule_prefills(token_budget=sched.prefill_budget(8)), sched)
+    sched.add(long)
+    assert sched.prefill_budget(8) == 7  # 8 - the stream's decode token
+    chunks = []
+    while True:
+        plan = sched.schedule_prefills(token_budget=sched.prefill_budget(8))
+        chunks += [(g.start, g.stop) for g in plan.prefills]
+        prefilled(StepPlan(prefills=tuple(g for g in plan.prefills if g.done)), sched)
+        decodes = [d.request_id for d in sched.schedule_decode().decodes]
+        stream.output.append(41)
+        if decodes != ["stream"]:
+            break
+    assert chunks == [(i, min(i + 7, 50)) for i in range(0, 50, 7)] and decodes == ["stream", "long"]
+    assert sched.prefill_budget(None) is None and SlotScheduler(2, max_chunk=16).prefill_budget(8) == 16
 
 
 def test_a_fork_group_takes_its_rows_at_once_and_keeps_fifo():
