@@ -93,13 +93,10 @@ class KvCache:
             self.block_k = untouched_zeros(shape, self.k.dtype)
             self.block_v = untouched_zeros(shape, self.k.dtype)
 
-    def gathered(self, rows: Sequence[int], positions: int | None = None
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per-layer K and V copies of ``rows``, in that order, of their first ``positions`` (default: all; a step
-        over rows that are not packed reads only the positions below its starts)."""
+    def gathered(self, rows: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K and V copies of ``rows``, in that order (a step over rows that are not packed)."""
         index = list(rows)
-        end = self.k.shape[3] if positions is None else positions
-        return [k[index, :, :end] for k in self.k], [v[index, :, :end] for v in self.v]
+        return [k[index] for k in self.k], [v[index] for v in self.v]
 
     def store(self, rows, starts, new_k, new_v) -> None:
         """Write a step's K/V ([layers, n, kv, T, hd]) into ``rows`` at positions ``starts[i]..``."""

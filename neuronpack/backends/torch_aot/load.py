@@ -261,7 +261,7 @@ class CompiledLM:
             lora = tuple(torch.empty_like(a).index_copy_(0, order, a) for a in lora)
         n_past = max(1, int(starts.max()))  # cached positions any row reads (at least 1: a dimension of 0 fails)
         with torch.inference_mode():
-            caches = self._cache.span(first, n) if packed else self._cache.gathered(slots, n_past)
+            caches = self._cache.span(first, n) if packed else self._cache.gathered(slots)
             logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, caches, *lora,
                                                       hidden_layers=hidden_layers)
             self._cache.store(torch.arange(first, first + n) if packed else torch.tensor(slots), starts, new_k, new_v)

@@ -248,10 +248,13 @@ class Engine:
         # Prompts' chunks within what the step's token budget leaves after the decode step's tokens.
         plan = sched.schedule_prefills(token_budget=sched.prefill_budget(self.max_num_batched_tokens))
         self.runner.move_rows(plan.moves)
+        # A prompt whose last chunk runs in this step (and its forks) decodes from the next one: the step's token
+        # budget did not count it.
+        fresh = {sched.at(row).request_id for g in plan.prefills if g.done for row in g.rows}
         if plan.prefills:
             self._prefill(plan)
         # Planned after the prefills' first tokens: a sequence may end there and free its row.
-        plan = sched.schedule_decode()
+        plan = sched.schedule_decode(skip=fresh)
         self.runner.move_rows(plan.moves)
         if plan.decodes:
             self._decode(plan)

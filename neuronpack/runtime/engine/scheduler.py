@@ -27,7 +27,7 @@ Example::
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -199,9 +199,11 @@ class SlotScheduler(Generic[S]):
         progress.first = False
         return group
 
-    def schedule_decode(self) -> StepPlan:
-        """Pack the decoding rows into one window; one decode row per decoding sequence, in row order."""
-        decoding = self.decoding
+    def schedule_decode(self, skip: Collection[str] = ()) -> StepPlan:
+        """Pack the decoding rows into one window; one decode row per decoding sequence, in row order. ``skip``:
+        request ids that do not decode this step (prompts whose last chunk ran in it: the step's token budget did
+        not count them)."""
+        decoding = [s for s in self.decoding if s.request_id not in skip]
         moves = self._compact(decoding)
         decodes = tuple(DecodeRow(s.request_id, self.rows.row(s), s.last_token, s.next_position,  # type: ignore[arg-type]
                                   s.adapter,
@@ -210,13 +212,13 @@ class SlotScheduler(Generic[S]):
         return StepPlan(moves=moves, decodes=decodes)
 
     def _compact(self, decoding: list[S]) -> tuple[Move, ...]:
-        # A decoding sequence's row holds positions 0..next_position-1 (its last token is not cached yet); one being
-        # prefilled holds what its chunks wrote; a fork waiting for its leader's prompt holds nothing yet.
+        # A sequence being prefilled holds what its chunks wrote; a fork waiting for its leader's prompt holds
+        # nothing yet; any other holds positions 0..next_position-1 (its last token is not cached yet).
         computed = {id(p.seq): p.computed for p in self.prefilling}
-        members = {id(s) for s in decoding}
+        computed |= {id(self.rows.at(c.dst)): 0 for p in self.prefilling for c in p.forks}
 
         def length(s: S) -> int:
-            return s.next_position if id(s) in members else computed.get(id(s), 0)
+            return computed.get(id(s), s.next_position)
 
         return tuple(self.rows.compact(length, set(decoding)))
 
