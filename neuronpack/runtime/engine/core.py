@@ -2,26 +2,25 @@
 
 One loop (a background thread when serving, the caller's thread for ``generate``) repeats a step: take submitted /
 aborted requests from a thread-safe inbox, then twice schedule / execute / update (vLLM v1's split): the scheduler
-(scheduler.py) plans the prefills of waiting prompts into free rows (``StepPlan``, plan.py), the runner (runner.py)
-runs them on the model (all of them in one call), the engine samples their first tokens; then the scheduler plans
-one decode step over the running sequences only (the compiled graph runs at the batch of running sequences, so one
-request alone costs a batch-1 step), the runner runs it and the engine samples one token per sequence. While streams
-are decoding, the prompts prefilled between two decode steps share one call of at most
-``EngineLimits.max_prefill_tokens`` token positions (prompts x the longest; default: the longest prompt the artifact
-takes), so they never stall the streams for longer than one longest prompt would, and prompts that arrive together
-(short ones, a burst of clients) are prefilled together instead of one per decode step (vLLM's token budget per
-step). Which sequence holds which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the
-row copies the model's cache (and an EAGLE draft's) apply.
+(scheduler.py) plans this step's prompt chunks (``StepPlan``, plan.py), the runner (runner.py) runs them on the
+model (sharing one call), the engine samples the first tokens of the prompts whose last chunk ran; then the
+scheduler plans one decode step over the decoding sequences only (the compiled graph runs at the batch of decoding
+sequences, so one request alone costs a batch-1 step), the runner runs it and the engine samples one token per
+sequence. Chunked prefill interleaved with decoding (vLLM's ``--max-num-batched-tokens``): while streams decode, a
+step runs at most ``EngineLimits.max_num_batched_tokens`` token positions, the decode step's tokens first and the
+prompts' chunks (prompts x the longest chunk) in what is left, so a long prompt is prefilled over several steps and
+never stalls the streams for more than one step; with nothing decoding a step takes one chunk of the largest
+context bucket (or the budget, if larger). A prompt whose last chunk ran in a step decodes from the next one. Which
+sequence holds which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the row moves
+the model's cache (and an EAGLE draft's) apply.
 
 Prefix caching (``PrefixCaching``, prefix_cache.py; on unless turned off, vLLM's automatic prefix caching): a row
-a sequence gave back keeps its KV, a prompt that starts with tokens some free or cache row holds gets that prefix
-copied into its row and is prefilled from the first uncached position (``PrefillGroup.start``), and
-``/metrics`` counts the prompt tokens looked up and found. A prompt asking for prompt logprobs is prefilled whole
-(its every position's logits are needed); an EAGLE artifact does not reuse prefixes (its draft model's KV of a
-prompt is built from the target's hidden states of that prompt, which a cache hit does not compute).
-
-Chunked prefill: a prompt longer than the largest context bucket (up to ``max_model_len`` - 1 tokens) is prefilled
-by the runner in chunks of that bucket, each from the position after the previous one, in one step.
+a sequence gave back keeps its KV while other rows are free, a prompt takes the free row holding its longest prefix
+(topped up from the block pool beyond the batch, kv_blocks.py) and is prefilled from the first uncached position
+(``PrefillGroup.start``); ``/metrics`` counts the prompt tokens looked up and found, and every ``StepOutput``
+carries the request's ``num_cached_tokens``. A prompt asking for prompt logprobs is prefilled whole (its every
+position's logits are needed); an EAGLE artifact does not reuse prefixes (its draft model's KV of a prompt is built
+from the target's hidden states of that prompt, which a cache hit does not compute).
 
 Limits are checked when a request is submitted (``requests.check_request``: HTTP 400 before anything streams;
 ``max_tokens`` is clamped to what fits, like vLLM). ``max_tokens`` 0 scores the prompt only (prompt logprobs).

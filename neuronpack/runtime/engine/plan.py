@@ -13,7 +13,7 @@ Example::
     plan.prefills     # (PrefillGroup(request_id="r7", row=3, prompt_ids=[...], fork_copies=(RowCopy(3, 4, 12),)),)
     plan.prefills[0].tokens   # the chunk this step prefills (positions start..stop-1; all of a short prompt)
     plan = scheduler.schedule_decode()
-    plan.decodes      # (DecodeRow("r1", row=0, token=42, position=17, num_draft=4), ...): rows 0..n-1 in order
+    plan.decodes      # (DecodeRow("r1", row=0, token=42, position=17, num_draft=4), ...): adjacent rows, in order
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class DecodeRow:
 @dataclass(frozen=True)
 class StepPlan:
     """One phase of a step: row moves to apply first (compaction after sequences ended), then the prefills or the
-    decode rows (rows 0..n-1, in row order)."""
+    decode rows (one window of adjacent rows, in row order)."""
 
     moves: tuple[Move, ...] = ()
     prefills: tuple[PrefillGroup, ...] = ()

@@ -2,9 +2,11 @@
 kv_rows.py) and the plans of each step (``StepPlan``, plan.py), torch-free and without a model, so the policy is
 testable on its own.
 
-A sequence takes the lowest free row when it is admitted (to be prefilled), keeps it while it decodes, and gives it
-back the moment it finishes or is aborted; before each phase the allocator packs the running rows into rows
-0..n-1 (a decode step runs at the batch of running sequences) and the plan carries the copies that does.
+A sequence takes a free row when it is admitted (``RowAllocator``: the one holding its longest cached prefix, else
+the least recently used), keeps it while its prompt is prefilled chunk by chunk (``prefilling``: as many of its
+tokens a step as the step's token budget leaves, at most ``max_chunk``) and while it decodes, and gives it back the
+moment it finishes or is aborted; before each decode step the allocator packs the decoding rows into one window of
+adjacent rows (the decode graph runs on them) and the plan carries the moves that do it.
 
 Parallel sampling (``n`` > 1) shares one prefill: the first sequence of a fork group waits in the queue carrying the
 others (``forks``), and the group is admitted only when every member gets a row at once, so the prompt's KV can be
@@ -19,9 +21,9 @@ Example::
 
     sched = SlotScheduler(batch_size=4)
     sched.add(seq)
-    plan = sched.schedule_prefills(limit=4, token_budget=64)  # seq takes row 0: plan.prefills[0].row == 0
+    plan = sched.schedule_prefills(token_budget=sched.prefill_budget(64))  # seq's first chunk in its row
     ...                                      # the runner prefills it, the engine samples its first token
-    plan = sched.schedule_decode()           # plan.decodes: one DecodeRow per running sequence, rows 0..n-1
+    plan = sched.schedule_decode()           # plan.decodes: one DecodeRow per decoding sequence, adjacent rows
 """
 
 from __future__ import annotations
