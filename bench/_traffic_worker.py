@@ -2,7 +2,7 @@
 code to measure (this checkout, or an older commit's ``git archive``): it uses only the engine API both have
 (``Engine``, ``GenerationRequest``, ``PrefixCaching``, ``RowAllocator.lookup``) and prints one JSON object.
 
-    PYTHONPATH=CODE python -P bench/_traffic_worker.py replay|stream ARTIFACT --threads 1 [--budgets 0,64,512,4096]
+    PYTHONPATH=CODE python -P bench/_traffic_worker.py replay|stream|copies ARTIFACT --threads 1 [--budgets 0,64,512]
 """
 
 from __future__ import annotations
@@ -64,6 +64,38 @@ def replay(lm, tok, budgets: list[float], prefixes: int, length: int, repeats: i
     return out
 
 
+def copies(lm, length: int, rounds: int = 5) -> dict:
+    """What the row moves cost against the prefill they save, on the model's own cache (this checkout only): a
+    ``length``-token prefix into the pool and back (``BlockCopy``), a swap of two rows of ``length`` positions
+    (``RowSwap``, what packing does instead of dropping a prefix), a row copy, and prefilling ``length`` tokens."""
+    from neuronpack.runtime.engine.kv_rows import BlockCopy, RowCopy, RowSwap
+
+    blocks = length // 16
+    lm.reserve_blocks(max(blocks, 1), 16)
+    prompt = list(range(100, 100 + length))
+    lm.prefill([0], [prompt[:512]])
+    moves = {"to pool": [BlockCopy(0, tuple(range(blocks)), tuple(range(blocks)), True)],
+             "from pool": [BlockCopy(1, tuple(range(blocks)), tuple(range(blocks)), False)],
+             "row swap": [RowSwap(0, 1, length, length)], "row copy": [RowCopy(0, 1, length)]}
+    out = {}
+    for name, move in moves.items():
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            lm.move_kv(move)
+            times.append(time.perf_counter() - started)
+        out[f"{name}_ms"] = statistics.median(times) * 1000
+    times = []
+    for _ in range(max(2, rounds // 2)):
+        started = time.perf_counter()
+        for at in range(0, length, 512):
+            lm.prefill([0], [prompt[at:at + 512]], starts=[at] if at else None)
+        times.append(time.perf_counter() - started)
+    out["prefill_ms"] = statistics.median(times) * 1000
+    out["tokens"] = length
+    return out
+
+
 def stream(lm, tok, long_tokens: int, before_tokens: int) -> dict:
     """A stream decodes alone for ``before_tokens`` tokens, then a ``long_tokens``-token prompt arrives: the
     stream's gaps before it (the decode step), while it is prefilled (until its first token), and its TTFT."""
@@ -103,7 +135,7 @@ def stream(lm, tok, long_tokens: int, before_tokens: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=("replay", "stream"))
+    parser.add_argument("scenario", choices=("replay", "stream", "copies"))
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budgets", default="0,64,512,4096")
@@ -116,6 +148,8 @@ def main() -> None:
     if args.scenario == "replay":
         result = replay(lm, tok, [float(b) for b in args.budgets.split(",")], args.prefixes, args.length,
                         args.repeats)
+    elif args.scenario == "copies":
+        result = copies(lm, args.length)
     else:
         result = stream(lm, tok, args.long, 20)
     print(json.dumps(result))

@@ -14,6 +14,8 @@ process, stepped on the process's thread (no HTTP). Each side runs in its own fr
 * **stream**: one stream decodes alone for 20 tokens, then a 1,000-token prompt arrives. Figures: the stream's
   median decode step alone, its p99 and longest gap from the arrival until the long prompt's first token (+0.5 s),
   and the long prompt's time to first token. Target: p99 gap <= 3x the median decode step.
+* **copies** (after only): what moving a 600-token prefix's KV costs (into the block pool and back, a row swap, a
+  row copy) against prefilling it, the work a hit saves.
 
 Output: a table on stdout, docs/bench/serving_traffic.json and .png.
 
@@ -67,6 +69,9 @@ def main() -> None:
                 runs[side][scenario].append(run_side(sides[side], scenario, args.artifact, args.threads))
                 print(f"round {r + 1} {scenario} {side}: {runs[side][scenario][-1]}", file=sys.stderr)
     results = {side: {sc: summarize(rs) for sc, rs in by.items()} for side, by in runs.items()}
+    moves = run_side(ROOT, "copies", args.artifact, args.threads)
+    print("a 600-token prefix's KV moved (ms): " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in moves.items()
+                                                              if k.endswith("_ms")) + " (prefill: the work saved)")
     print(f"{'':8} {'budget MiB':>10} {'hit tokens':>10} {'of unbounded':>12} {'prefixes held':>13} {'per MiB':>8}")
     for side, res in results.items():
         replay = res["replay"]
@@ -91,7 +96,8 @@ def main() -> None:
     save_results(args.out, {"artifact": str(args.artifact), "threads": args.threads, "rounds": args.rounds,
                             "before_commit": args.before_commit, "budgets_mib": list(BUDGETS),
                             "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                            "ttft_long_after_over_before": ttft, "results": results, "runs": runs})
+                            "ttft_long_after_over_before": ttft, "kv_moves_600_tokens": moves, "results": results,
+                            "runs": runs})
     with figure(args.out, figsize=(9, 3.6), ncols=2) as (_, axes):
         grouped_bars(axes[0], [f"{b} MiB" if b < BUDGETS[-1] else "unbounded" for b in BUDGETS],
                      {side: [results[side]["replay"][f"{b}"]["hit_tokens"] for b in BUDGETS] for side in sides},
