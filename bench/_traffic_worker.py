@@ -96,13 +96,18 @@ def copies(lm, length: int, rounds: int = 5) -> dict:
     return out
 
 
-def stream(lm, tok, long_tokens: int, before_tokens: int) -> dict:
+def stream(lm, tok, long_tokens: int, before_tokens: int, step_tokens: int | None = None) -> dict:
     """A stream decodes alone for ``before_tokens`` tokens, then a ``long_tokens``-token prompt arrives: the
     stream's gaps before it (the decode step), while it is prefilled (until its first token), and its TTFT."""
     from neuronpack.runtime.engine import Engine
 
     rng = random.Random(7)
-    engine = Engine(lm, tok)
+    if step_tokens is None:
+        engine = Engine(lm, tok)
+    else:  # this checkout's step budget (--step-tokens)
+        from neuronpack.runtime.engine.requests import EngineLimits
+
+        engine = Engine(lm, tok, limits=EngineLimits(max_num_batched_tokens=step_tokens))
     times: dict[str, list[float]] = {"stream": [], "long": []}
 
     def sink_for(name):
@@ -124,7 +129,7 @@ def stream(lm, tok, long_tokens: int, before_tokens: int) -> dict:
         engine.step()
     first = times["long"][0]
     ticks = times["stream"]
-    alone = [b - a for a, b in zip(ticks[1:before_tokens], ticks[2:before_tokens], strict=True)]
+    alone = [b - a for a, b in zip(ticks[1:before_tokens - 1], ticks[2:before_tokens], strict=True)]
     last_before = max(t for t in ticks if t < arrived)
     during = [t for t in ticks if t >= arrived and t <= first + 0.5]
     window = [last_before, *during]
@@ -143,6 +148,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--long", type=int, default=1000)
+    parser.add_argument("--step-tokens", type=int, default=None, help="stream: the step budget (default: the engine's)")
     args = parser.parse_args()
     lm, tok = load(args.artifact, args.threads)
     if args.scenario == "replay":
@@ -151,7 +157,7 @@ def main() -> None:
     elif args.scenario == "copies":
         result = copies(lm, args.length)
     else:
-        result = stream(lm, tok, args.long, 20)
+        result = stream(lm, tok, args.long, 20, args.step_tokens)
     print(json.dumps(result))
 
 

@@ -82,13 +82,17 @@ class KvCache:
     @property
     def blocks(self) -> int:
         """Blocks of the prefix pool (0: none reserved)."""
-        return 0 if self.block_k is None else self.block_k.shape[1]
+        return 0 if self.block_k is None else self.block_k.shape[2]
 
     def reserve_blocks(self, blocks: int, block_size: int) -> None:
-        """A pool of ``blocks`` blocks of ``block_size`` positions (zeros, resident only where written); a pool of
-        another shape replaces the old one."""
+        """A pool of at least ``blocks`` blocks of ``block_size`` positions (zeros, resident only where written):
+        never fewer than it has (another engine on this model may address them); another block size replaces it.
+        Laid out ``[layers, kv_heads, blocks, block_size, head_dim]``, like a row's positions: a run of blocks is
+        one strided copy."""
         layers, _, kv, _, hd = self.k.shape
-        shape = (layers, blocks, kv, block_size, hd)
+        if self.block_k is not None and self.block_k.shape[3] == block_size:
+            blocks = max(blocks, self.block_k.shape[2])
+        shape = (layers, kv, blocks, block_size, hd)
         if self.block_k is None or tuple(self.block_k.shape) != shape:
             self.block_k = untouched_zeros(shape, self.k.dtype)
             self.block_v = untouched_zeros(shape, self.k.dtype)
@@ -134,19 +138,28 @@ class KvCache:
                     self.copy_rows([move])
 
     def _copy_blocks(self, move) -> None:
-        import torch
-
         if self.block_k is None or self.block_v is None:
             raise ValueError("a block copy needs a block pool (reserve_blocks)")
-        layers, _, kv, size, hd = self.block_k.shape
-        blocks = torch.tensor(move.blocks)
-        positions = (torch.tensor(move.slots).view(-1, 1) * size + torch.arange(size)).view(-1)  # [n * size]
-        for cache, pool in ((self.k, self.block_k), (self.v, self.block_v)):
-            row = cache[:, move.row]  # a view [layers, kv, S, hd]
-            if move.to_pool:  # row positions [layers, kv, n * size, hd] -> blocks [layers, n, kv, size, hd]
-                pool[:, blocks] = row[:, :, positions].view(layers, kv, len(blocks), size, hd).permute(0, 2, 1, 3, 4)
-            else:
-                row[:, :, positions] = pool[:, blocks].permute(0, 2, 1, 3, 4).reshape(layers, kv, -1, hd)
+        layers, kv, _, size, hd = self.block_k.shape
+        for slot, block, n in _runs(move.slots, move.blocks):  # consecutive slots in consecutive blocks: one copy
+            for cache, pool in ((self.k, self.block_k), (self.v, self.block_v)):
+                row = cache[:, move.row, :, slot * size:(slot + n) * size].view(layers, kv, n, size, hd)
+                blocks = pool[:, :, block:block + n]
+                if move.to_pool:
+                    blocks.copy_(row)
+                else:
+                    row.copy_(blocks)
+
+
+def _runs(slots: Sequence[int], blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(first slot, first block, length) of each run where slots and blocks both go up by one."""
+    runs: list[tuple[int, int, int]] = []
+    for slot, block in zip(slots, blocks, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == slot and runs[-1][1] + runs[-1][2] == block:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((slot, block, 1))
+    return runs
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype):

@@ -240,6 +240,8 @@ class Engine:
         sched = self.scheduler
         if getattr(self.model, "kv_user", self) is not self:  # another engine wrote (or reallocated) this KV cache
             sched.rows.forget_cached()
+            if sched.rows.cache_blocks:  # its pool may have been replaced (another block size): ours again
+                self.model.reserve_blocks(sched.rows.cache_blocks, self.prefix_caching.block_size)
         self.model.kv_user = self
         if sched.idle:
             self._update_load()
