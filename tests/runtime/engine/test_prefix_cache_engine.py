@@ -1,7 +1,8 @@
 """Prefix caching and chunked prefill on a real compiled artifact (batch 4, context buckets [16, 64], seq_len 128):
-greedy tokens are transformers' and the same with the cache on or off, whatever is reused (in place, copied, from a
-cache row, across parallel samples, speculation, structured outputs, prompt logprobs); the counters say what was
-reused; random request sets with shared prefixes, aborts and evictions never emit a wrong token or leak a row."""
+greedy tokens are transformers' and the same with the cache on or off, whatever is reused (in place, from the block
+pool, across parallel samples, speculation, structured outputs, prompt logprobs); the counters say what was reused;
+rows keep prompts sent one at a time; a stream gets a token every step while a long prompt is prefilled in chunks;
+random arrivals, pool and step budgets never emit a wrong token, pass a budget or leak a row."""
 
 from __future__ import annotations
 
@@ -88,6 +89,50 @@ def test_a_budget_below_a_few_blocks_is_said_and_keeps_prefixes_in_free_rows(com
     engine.generate(request([*PREFIX, 1], 2))
     engine.generate(request([*PREFIX, 2], 2))
     assert counters(engine)[1] == 40
+
+
+def test_prompts_sent_one_at_a_time_keep_their_rows_and_the_first_hits_again(compiled_lm, artifact_tokenizer):
+    """The issue's case, with no pool at all: four distinct prompts one at a time each take an empty row and leave
+    their prefix there; the first, sent again, finds all but its last token."""
+    engine = Engine(compiled_lm, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=0))
+    prompts = [[random.Random(100 + i).randrange(3, 380) for _ in range(60)] for i in range(4)]
+    first = [engine.generate(request(p, 4)).token_ids for p in prompts]
+    hits = counters(engine)[1]
+    outputs = []
+    engine.submit(request(prompts[0], 4), outputs.append)
+    while engine.step():
+        pass
+    assert counters(engine)[1] == hits + 59 and outputs[0].num_cached_tokens == 59
+    assert [t for out in outputs for t in out.token_ids] == first[0]
+
+
+def test_a_stream_gets_a_token_every_step_while_a_long_prompt_is_prefilled(compiled_lm, artifact_tokenizer):
+    """A 120-token prompt arrives while a stream decodes, with a step budget of 16 tokens: it is prefilled 15 tokens
+    a step (8 steps), the stream gets one token in every one of them, no step runs more than 16 token positions,
+    and both get the tokens they get alone."""
+    counted = CountingModel(compiled_lm)
+    engine = Engine(counted, artifact_tokenizer, limits=EngineLimits(max_num_batched_tokens=16), prefix_caching=OFF)
+    stream, long = request(list(range(3, 13)), 60), request([random.Random(5).randrange(3, 380) for _ in range(120)], 4)
+    alone = [_alone(compiled_lm, artifact_tokenizer, r.prompt_ids, r.max_tokens) for r in (stream, long)]
+    tokens: dict[str, list[int]] = {stream.request_id: [], long.request_id: []}
+
+    def sink(out):
+        tokens[out.request_id].extend(out.token_ids)
+
+    engine.submit(stream, sink)
+    engine.step()
+    engine.step()
+    engine.submit(long, sink)
+    steps = 0
+    while not tokens[long.request_id]:
+        before, counted.positions = len(tokens[stream.request_id]), 0
+        engine.step()
+        steps += 1
+        assert len(tokens[stream.request_id]) == before + 1 and counted.positions <= 16
+    assert steps == 8  # 120 tokens, 15 a step
+    while engine.step():
+        pass
+    assert [tokens[r.request_id] for r in (stream, long)] == alone
 
 
 def test_cache_off_reuses_nothing(compiled_lm, artifact_tokenizer):
