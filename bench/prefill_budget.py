@@ -5,7 +5,7 @@ bench/peers_serve.py serves it) in one process, the engine stepped in this threa
 starts decoding, then 7 chat prompts arrive at once. The budgets of ``--budgets`` side by side (``EngineLimits.
 max_num_batched_tokens``), ``--rounds`` rounds, the order rotating every round:
 
-* ``default``: ``DEFAULT_MAX_NUM_BATCHED_TOKENS`` token positions a step;
+* ``default``: the automatic budget (step_budget.py: a chunk of about 2 measured decode steps);
 * any number N (more than the batch): the decode step's tokens, then chunks of the waiting prompts in what is left
   (prompts x the longest chunk).
 
@@ -79,14 +79,13 @@ def main() -> None:
     parser.add_argument("--budgets", default="16,default,128,256", help="comma-separated: numbers or 'default'")
     args = parser.parse_args()
     from neuronpack.backends.torch_aot import load_artifact
-    from neuronpack.runtime.limits import DEFAULT_MAX_NUM_BATCHED_TOKENS
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
     artifact, prompts = batch8_artifact(args, args.dtype)
     torch.set_num_threads(args.threads)
     lm = load_artifact(artifact)
     tokenizer = ArtifactTokenizer.from_dir(artifact)
-    policies = {f"budget {b}" if b != "default" else f"default ({DEFAULT_MAX_NUM_BATCHED_TOKENS})":
+    policies = {f"budget {b}" if b != "default" else "automatic":
                 None if b == "default" else int(b) for b in args.budgets.split(",")}
     load_before = os.getloadavg()
     rounds: dict[str, list[dict]] = {name: [] for name in policies}

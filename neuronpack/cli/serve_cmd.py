@@ -16,7 +16,6 @@ from neuronpack.cli._console import OutputFormat, RichReporter, print_result, st
 from neuronpack.cli._options import EndpointOpt, FormatOpt, QuietOpt, RootOpt, SetOpt, check_plain_text
 from neuronpack.runtime.limits import (
     DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_WAITING,
     DEFAULT_PREFIX_CACHE_MIB,
     DEFAULT_REQUEST_TIMEOUT,
@@ -96,8 +95,8 @@ def serve_command(
         int | None, typer.Option("--max-num-batched-tokens", "--max-prefill-tokens", min=1,
                                  help="torch artifacts: token positions one step runs while streams decode (vLLM's "
                                       "name): the decode tokens, then chunks of waiting prompts in what is left "
-                                      f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS}; --max-prefill-tokens: its old "
-                                      "name)")
+                                      "(default: what keeps a stream's gap near 3 decode steps, measured; "
+                                      "--max-prefill-tokens: its old name)")
     ] = None,
     enable_prefix_caching: Annotated[
         bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching",

@@ -148,8 +148,7 @@ class TorchLaunch:
                       f"max model length {s.max_model_len}, largest prompt {s.max_prompt_len}, "
                       f"{s.threads} compute thread{'' if s.threads == 1 else 's'})")
         reporter.info(s.prefix_cache_line())
-        reporter.info(f"chunked prefill: {s.max_num_batched_tokens} tokens a step while streams decode "
-                      f"(--max-num-batched-tokens)")
+        reporter.info(s.chunked_prefill_line())
         return ServedApp(app, loaded, s)
 
     def start(self, reporter: Reporter) -> None:

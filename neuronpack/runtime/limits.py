@@ -8,5 +8,4 @@ DEFAULT_MAX_WAITING = 128  # requests that may wait for a batch slot; one more g
 DEFAULT_REQUEST_TIMEOUT = 600.0  # seconds from arrival (queue + generation); 0 disables it
 DEFAULT_SHUTDOWN_GRACE = 25.0  # seconds on SIGTERM; under Kubernetes' default 30 s terminationGracePeriodSeconds
 DEFAULT_PREFIX_CACHE_MIB = 512.0  # the block pool beyond the batch that keeps cached prefixes (engine/prefix_cache.py)
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 32  # token positions of one step while streams decode (bench/serving_traffic.py)
 RETRY_AFTER_SECONDS = 1  # what a 503 (queue full, shutting down) tells clients to wait

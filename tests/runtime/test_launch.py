@@ -10,7 +10,6 @@ import pytest
 from neuronpack.errors import ServeError
 from neuronpack.progress import NullReporter
 from neuronpack.runtime.launch import ServeLimits, ServeOptions, TorchLaunch, refuse_options, serve_launch
-from neuronpack.runtime.limits import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from tests.runtime.serving import LiveServer
 
 REFUSED = [  # (framework, options, what the one line names)
@@ -75,8 +74,7 @@ def test_a_torch_artifact_is_built_reported_and_served(serve_artifact, tiny_llam
     assert reporter.messages[-2] == (f"prefix caching: {summary.cache_blocks} blocks of 16 tokens "
                                      f"({summary.cache_blocks * 16} tokens, {summary.cache_mib:.1f} MiB) beyond the "
                                      "batch, whose free rows keep prefixes too")
-    assert reporter.messages[-1] == (f"chunked prefill: {DEFAULT_MAX_NUM_BATCHED_TOKENS} tokens a step while streams "
-                                     "decode (--max-num-batched-tokens)")
+    assert reporter.messages[-1] == summary.chunked_prefill_line() and "2 decode steps" in reporter.messages[-1]
     tok = engine.tokenizer
     with LiveServer(served.app) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none")

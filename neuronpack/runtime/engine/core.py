@@ -7,9 +7,10 @@ model (sharing one call), the engine samples the first tokens of the prompts who
 scheduler plans one decode step over the decoding sequences only (the compiled graph runs at the batch of decoding
 sequences, so one request alone costs a batch-1 step), the runner runs it and the engine samples one token per
 sequence. Chunked prefill interleaved with decoding (vLLM's ``--max-num-batched-tokens``): while streams decode, a
-step runs at most ``EngineLimits.max_num_batched_tokens`` token positions, the decode step's tokens first and the
-prompts' chunks (prompts x the longest chunk) in what is left, so a long prompt is prefilled over several steps and
-never stalls the streams for more than one step; with nothing decoding a step takes one chunk of the largest
+step runs at most ``EngineLimits.max_num_batched_tokens`` token positions (unset: as many as keep a stream's gap
+near 3 decode steps by the measured timings, step_budget.py), the decode step's tokens first and the prompts'
+chunks (prompts x the longest chunk) in what is left, so a long prompt is prefilled over several steps and never
+stalls the streams for more than one step; with nothing decoding a step takes one chunk of the largest
 context bucket (or the budget, if larger). A prompt whose last chunk ran in a step decodes from the next one. Which
 sequence holds which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the row moves
 the model's cache (and an EAGLE draft's) apply.
@@ -81,6 +82,7 @@ from neuronpack.runtime.engine.scheduler import SlotScheduler
 from neuronpack.runtime.engine.speculation.acceptance import Accepted
 from neuronpack.runtime.engine.speculation.config import SpeculationConfig
 from neuronpack.runtime.engine.speculation.step import SpecRow, SpeculativeStep
+from neuronpack.runtime.engine.step_budget import StepBudget
 from neuronpack.runtime.engine.stopping import FinishReason
 from neuronpack.runtime.structured import GrammarCompiler, Masks, mask_logits
 
@@ -141,8 +143,8 @@ class Engine:
         # loads on one thread (no pool) and gives the loop its threads here.
         self.loop_threads: int | None = None
         self.limits = limits or EngineLimits()
-        self.max_num_batched_tokens = step_token_budget(self.limits.max_num_batched_tokens, model.batch_size,
-                                                        speculation.length if speculation else 0)
+        self.step_budget = StepBudget(step_token_budget(self.limits.max_num_batched_tokens, model.batch_size,
+                                                        speculation.length if speculation else 0), self.runner.chunk)
         self.admission = Admission(model.batch_size, self.limits.max_waiting, self.metrics)
         self.grammars = GrammarCompiler(tokenizer.to_json_str, vocab_size=model.vocab_size,
                                         eos_token_ids=sorted(self.eos_token_ids))
@@ -202,7 +204,7 @@ class Engine:
         return EngineSummary(self.model.batch_size, self.max_model_len, self.max_prompt_len, self.loop_threads,
                              self.scheduler.rows.cache_blocks, self.prefix_caching.block_size, self._block_bytes,
                              self.prefix_caching.memory_mib, self.prefix_caching_off_reason,
-                             self.max_num_batched_tokens)
+                             self.step_budget.fixed)
 
     @property
     def in_flight(self) -> int:
@@ -247,7 +249,8 @@ class Engine:
             self._update_load()
             return False
         # Prompts' chunks within what the step's token budget leaves after the decode step's tokens.
-        plan = sched.schedule_prefills(token_budget=sched.prefill_budget(self.max_num_batched_tokens))
+        decode_tokens = len(sched.decoding) * (1 + (self.speculation.length if self.speculation else 0))
+        plan = sched.schedule_prefills(token_budget=sched.prefill_budget(self.step_budget.step_tokens(decode_tokens)))
         self.runner.move_rows(plan.moves)
         # A prompt whose last chunk runs in this step (and its forks) decodes from the next one: the step's token
         # budget did not count it.
@@ -307,7 +310,10 @@ class Engine:
     def _prefill(self, plan: StepPlan) -> None:
         """Run the plan's prefills, then sample each group's first token per member (or score its prompt)."""
         members = {g.request_id: [self.scheduler.at(row) for row in g.rows] for g in plan.prefills}
+        started = time.monotonic()
         outputs = self.runner.prefill(plan.prefills)
+        self.step_budget.observe_prefill(time.monotonic() - started,
+                                         len(plan.prefills) * max(len(g.tokens) for g in plan.prefills))
         for group in plan.prefills:
             seqs, out = members[group.request_id], outputs[group.request_id]
             if out.error is None and not out.done:
@@ -348,6 +354,7 @@ class Engine:
             self._fail(running, "decode failed: ", exc)
             return
         self.metrics.decode_seconds.observe(time.monotonic() - started)
+        self.step_budget.observe_decode(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
         for seq, outcome in zip(running, outcomes, strict=True):
             self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None)

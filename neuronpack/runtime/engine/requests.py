@@ -23,7 +23,6 @@ from neuronpack.runtime.engine.prefix_cache import USEFUL_BLOCKS
 from neuronpack.runtime.engine.sampling import RowSampler, SamplingParams
 from neuronpack.runtime.engine.speculation.stats import SpecStats
 from neuronpack.runtime.engine.stopping import Decoder, FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
-from neuronpack.runtime.limits import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from neuronpack.runtime.structured import CompiledGrammar, Constraint
 
 if TYPE_CHECKING:
@@ -37,8 +36,8 @@ class EngineLimits:
     """Load limits. ``max_waiting``: requests that may wait for a slot beyond the batch (None: unbounded);
     ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never);
     ``max_num_batched_tokens``: token positions one engine step may run while streams decode (vLLM's
-    ``--max-num-batched-tokens``): the decode step's tokens first, the prompts' chunks in what is left (None:
-    ``DEFAULT_MAX_NUM_BATCHED_TOKENS``)."""
+    ``--max-num-batched-tokens``): the decode step's tokens first, the prompts' chunks in what is left (None: a
+    budget that follows the measured step times, step_budget.py)."""
 
     max_waiting: int | None = None
     request_timeout: float | None = None
@@ -60,7 +59,7 @@ class EngineSummary:
     block_bytes: int
     cache_budget_mib: float
     prefix_caching_off: str | None  # None: prefix caching is on
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int | None  # None: automatic (step_budget.py)
 
     @property
     def cache_mib(self) -> float:
@@ -79,6 +78,14 @@ class EngineSummary:
         return (f"prefix caching: {self.cache_blocks} blocks of {self.block_size} tokens "
                 f"({self.cache_blocks * self.block_size} tokens, {self.cache_mib:.1f} MiB) beyond the batch, whose "
                 f"free rows keep prefixes too")
+
+    def chunked_prefill_line(self) -> str:
+        """What ``serve`` says at start about the step budget."""
+        if self.max_num_batched_tokens is not None:
+            return (f"chunked prefill: {self.max_num_batched_tokens} tokens a step while streams decode "
+                    "(--max-num-batched-tokens)")
+        return ("chunked prefill: while streams decode, a step prefills what takes about 2 decode steps, measured "
+                "(--max-num-batched-tokens N fixes the step's tokens)")
 
 
 class CompiledModel(Protocol):
@@ -255,19 +262,16 @@ class RequestState:
         return self.output.rules.max_tokens == 0
 
 
-def step_token_budget(requested: int | None, batch_size: int, spec_length: int = 0) -> int:
-    """The step's token budget (``EngineLimits.max_num_batched_tokens``, default ``DEFAULT_MAX_NUM_BATCHED_TOKENS``):
-    at least one prompt token beyond a full batch's decode step (one token per row, k + 1 speculating), or a
-    ServeError saying so."""
+def step_token_budget(requested: int | None, batch_size: int, spec_length: int = 0) -> int | None:
+    """A fixed step budget (``EngineLimits.max_num_batched_tokens``) checked: at least one prompt token beyond a full
+    batch's decode step (one token per row, k + 1 speculating), or a ServeError saying so. None stays None (the
+    budget follows the measured step times)."""
     decode = batch_size * (1 + spec_length)
-    budget = DEFAULT_MAX_NUM_BATCHED_TOKENS if requested is None else requested
-    if budget <= decode:
-        if requested is None:
-            return decode + DEFAULT_MAX_NUM_BATCHED_TOKENS
-        raise ServeError(f"a step budget of {budget} tokens leaves no token for prompts once a full batch decodes "
+    if requested is not None and requested <= decode:
+        raise ServeError(f"a step budget of {requested} tokens leaves no token for prompts once a full batch decodes "
                          f"({decode} tokens a step)", where="--max-num-batched-tokens",
-                         fix=f"pass more than {decode}")
-    return budget
+                         fix=f"pass more than {decode}, or leave it out (automatic)")
+    return requested
 
 
 def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_len: int, vocab_size: int,

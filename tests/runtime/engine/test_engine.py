@@ -6,7 +6,6 @@ from neuronpack.errors import InvalidRequestError, ServeError
 from neuronpack.runtime.engine import Engine, GenerationRequest
 from neuronpack.runtime.engine.requests import EngineLimits
 from neuronpack.runtime.engine.sampling import SamplingParams
-from neuronpack.runtime.limits import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from tests.runtime.serving import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -56,10 +55,10 @@ def test_continuous_batching_queues_interleaves_and_matches_sequential(engine):
     assert engine.scheduler.idle and steps > 0
 
 
-@pytest.mark.parametrize(("budget", "admitted"), [(None, 3), (6, 1)])
+@pytest.mark.parametrize(("budget", "admitted"), [(64, 3), (6, 1)])
 def test_a_burst_during_a_stream_shares_one_prefill_within_the_token_budget(compiled_lm, artifact_tokenizer, budget,
                                                                              admitted):
-    """Three prompts arriving while a stream decodes: the default step budget (32 tokens) admits all three in one
+    """Three prompts arriving while a stream decodes: a step budget of 64 tokens admits all three in one
     step, their chunks sharing one call beside the decode step; a budget of 6 tokens leaves 5 for prompts, so one
     prompt's chunks go at a time. Either way every sequence's tokens are what it generates alone."""
     engine = Engine(compiled_lm, artifact_tokenizer, limits=EngineLimits(max_num_batched_tokens=budget))
@@ -73,8 +72,6 @@ def test_a_burst_during_a_stream_shares_one_prefill_within_the_token_budget(comp
         engine.submit(greedy_request(tok, text, max_tokens=8), lambda out, t=text: outputs[t].extend(out.token_ids))
     engine.step()
     assert len(engine.scheduler.running) == 1 + admitted
-    if budget is None:
-        assert engine.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
     while engine.step():
         pass
     assert outputs == alone
