@@ -69,12 +69,13 @@ S = TypeVar("S", bound=Schedulable)
 @dataclass(eq=False)
 class Prefilling(Generic[S]):
     """A sequence admitted and holding its row whose prompt is not all prefilled yet: ``computed`` positions of its
-    row hold the prompt's KV (cached or prefilled by earlier chunks); ``forks`` get the prompt's KV after its last
-    chunk; ``cache_query``: it was looked up in the prefix cache."""
+    row hold the prompt's KV (cached or prefilled by earlier chunks); ``forks`` (holding rows of their own) get the
+    prompt's KV after its last chunk, copied from wherever the rows are then; ``cache_query``: it was looked up in the
+    prefix cache."""
 
     seq: S
     computed: int
-    forks: tuple[RowCopy, ...] = ()
+    forks: tuple[S, ...] = ()
     cache_query: bool = False
     first: bool = True  # no chunk of it has been planned yet
 
@@ -108,7 +109,7 @@ class SlotScheduler(Generic[S]):
     @property
     def decoding(self) -> list[S]:
         """Sequences holding a row whose prompt is prefilled (what a decode step runs), in row order."""
-        busy = {id(m) for p in self.prefilling for m in (p.seq, *(self.rows.at(c.dst) for c in p.forks))}
+        busy = {id(m) for p in self.prefilling for m in (p.seq, *p.forks)}
         return [s for s in self.rows.owners() if id(s) not in busy]
 
     @property
@@ -180,8 +181,9 @@ class SlotScheduler(Generic[S]):
                           else (self.rows.allocate(seq), 0))
             seq.num_cached_tokens = start
             forks, seq.forks = seq.forks, []  # admitted: from now on the members are independent sequences
-            copies = tuple(RowCopy(row, self.rows.allocate(f), len(seq.prompt_ids)) for f in forks)
-            progress = Prefilling(seq, start, copies, reuse)
+            for fork in forks:
+                self.rows.allocate(fork)
+            progress = Prefilling(seq, start, tuple(forks), reuse)
             self.prefilling.append(progress)
             groups.append(self._chunk(progress, take))
             width = max(width, take)
@@ -193,9 +195,12 @@ class SlotScheduler(Generic[S]):
         seq, start = progress.seq, progress.computed
         progress.computed += take
         last = progress.computed == len(seq.prompt_ids)
-        group = PrefillGroup(seq.request_id, self.rows.row(seq), seq.prompt_ids, seq.adapter,  # type: ignore[arg-type]
+        row = self.rows.row(seq)
+        copies = tuple(RowCopy(row, self.rows.row(f), len(seq.prompt_ids))  # type: ignore[arg-type]
+                       for f in progress.forks) if last else ()
+        group = PrefillGroup(seq.request_id, row, seq.prompt_ids, seq.adapter,  # type: ignore[arg-type]
                              own_call=seq.prompt_logprobs is not None, scoring_only=seq.scoring_only,
-                             fork_copies=progress.forks if last else (), start=start,
+                             fork_copies=copies, start=start,
                              end=None if last else progress.computed,
                              cache_query=progress.cache_query, first=progress.first)
         progress.first = False
@@ -217,7 +222,7 @@ class SlotScheduler(Generic[S]):
         # A sequence being prefilled holds what its chunks wrote; a fork waiting for its leader's prompt holds
         # nothing yet; any other holds positions 0..next_position-1 (its last token is not cached yet).
         computed = {id(p.seq): p.computed for p in self.prefilling}
-        computed |= {id(self.rows.at(c.dst)): 0 for p in self.prefilling for c in p.forks}
+        computed |= {id(f): 0 for p in self.prefilling for f in p.forks}
 
         def length(s: S) -> int:
             return computed.get(id(s), s.next_position)
@@ -256,14 +261,11 @@ class SlotScheduler(Generic[S]):
             if progress.seq is seq:
                 del self.prefilling[index]
                 if progress.forks:
-                    heir = self.rows.at(progress.forks[0].dst)
-                    rest = tuple(RowCopy(progress.forks[0].dst, c.dst, c.length) for c in progress.forks[1:])
-                    self.prefilling.insert(index, Prefilling(heir, 0, rest))
+                    self.prefilling.insert(index, Prefilling(progress.forks[0], 0, progress.forks[1:]))
                 return
-            for copy in progress.forks:
-                if self.rows.row(seq) == copy.dst:
-                    progress.forks = tuple(c for c in progress.forks if c is not copy)
-                    return
+            if any(f is seq for f in progress.forks):
+                progress.forks = tuple(f for f in progress.forks if f is not seq)
+                return
 
     def _unqueue(self, match) -> S | None:
         # A waiting leader hands its fork group to the next member; a waiting fork leaves its group.

@@ -230,3 +230,37 @@ def test_row_allocator_hands_out_lowest_rows_and_packs_them():
     assert rows.allocate("e") == 2 and rows.release("zz") is None
     with pytest.raises(KeyError):
         rows.at(3)
+
+
+def test_a_fork_group_prefilled_in_chunks_copies_from_the_rows_it_holds_at_the_end():
+    """A leader with a fork, prefilled 4 tokens a step while a stream decodes: compaction may move rows meanwhile,
+    the fork copy of the last chunk names the rows as they are then; aborting the leader mid prompt hands the rest
+    of the work to the fork, prefilled from its own row's start."""
+    sched = SlotScheduler(batch_size=4, max_chunk=16)
+    stream = Seq("stream", max_tokens=100)
+    sched.add(stream)
+    prefilled(sched.schedule_prefills(), sched)
+    leader, fork = Seq("leader", prompt_ids=list(range(10))), Seq("fork", prompt_ids=list(range(10)))
+    leader.forks = [fork]
+    sched.add(leader)
+    plan = sched.schedule_prefills(token_budget=4)
+    assert [(g.request_id, g.start, g.stop, g.fork_copies) for g in plan.prefills] == [("leader", 0, 4, ())]
+    assert [d.request_id for d in sched.schedule_decode().decodes] == ["stream"]
+    sched.remove("stream")  # rows move under the prompt being prefilled: nothing breaks
+    stream2 = Seq("late")
+    sched.add(stream2)
+    plan = sched.schedule_prefills(token_budget=4)
+    (group,) = [g for g in plan.prefills if g.request_id == "leader"]
+    assert (group.start, group.stop) == (4, 8)
+    sched.remove("leader")
+    assert [(p.seq.request_id, p.computed, p.forks) for p in sched.prefilling][:1] == [("fork", 0, ())]
+    plan = sched.schedule_prefills(token_budget=16)
+    (heir,) = [g for g in plan.prefills if g.request_id == "fork"]
+    assert (heir.start, heir.stop, heir.row) == (0, 10, sched.rows.row(fork))
+    whole = SlotScheduler(batch_size=3, max_chunk=4)
+    a, b = Seq("a", prompt_ids=list(range(6))), Seq("b", prompt_ids=list(range(6)))
+    a.forks = [b]
+    whole.add(a)
+    first, last = whole.schedule_prefills(token_budget=4), whole.schedule_prefills(token_budget=4)
+    assert first.prefills[0].fork_copies == ()
+    assert last.prefills[0].fork_copies == (RowCopy(whole.rows.row(a), whole.rows.row(b), 6),)
