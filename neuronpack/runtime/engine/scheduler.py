@@ -144,12 +144,13 @@ class SlotScheduler(Generic[S]):
 
     # ---- plans ---------------------------------------------------------------------------------------------------
     def schedule_prefills(self, limit: int | None = None, token_budget: int | None = None) -> StepPlan:
-        """The next chunk of every prompt being prefilled (oldest first), then up to ``limit`` waiting prompts
-        admitted (FIFO; a fork group counts as one and takes all its rows at once, waiting until that many are
-        free) into free rows (``RowAllocator``: the row holding their longest cached prefix, else the least recently
-        used), each with its first chunk, while the calls cost at most ``token_budget`` token positions (the
-        prompts share one call padded to the longest chunk: chunks x the longest; the first chunk is cut to the
-        budget, the others to the longest so far). A chunk is at most ``max_chunk`` tokens."""
+        """The chunks of the prompts being prefilled that finish within ``token_budget``, then up to ``limit``
+        waiting prompts admitted (FIFO; a fork group counts as one and takes all its rows at once, waiting until
+        that many are free) into free rows (``RowAllocator``: the row holding their longest cached prefix, else the
+        least recently used), each with its first chunk, then the next chunks of the longer prompts being
+        prefilled (oldest first), while the calls cost at most ``token_budget`` token positions (the prompts share
+        one call padded to the longest chunk: chunks x the longest; the first chunk is cut to the budget, the others
+        to the longest so far). A chunk is at most ``max_chunk`` tokens."""
         groups: list[PrefillGroup] = []
         width = 0
 
@@ -162,9 +163,16 @@ class SlotScheduler(Generic[S]):
                 return min(want, token_budget)
             return min(want, width) if n * width <= token_budget else 0
 
-        for progress in self.prefilling:
-            take = chunk(len(progress.seq.prompt_ids) - progress.computed)
-            if not take:
+        def remaining(p: Prefilling[S]) -> int:
+            return len(p.seq.prompt_ids) - p.computed
+
+        # Prompts that finish within this step's budget go first, then new ones, then the longer ones: a chat's
+        # short prompt is not queued behind a long document's every chunk (new prompts need a free row, so the
+        # long ones get the budget back whenever the rows are full).
+        short = [p for p in self.prefilling if token_budget is None or remaining(p) <= token_budget]
+        long = [p for p in self.prefilling if p not in short]
+        for progress in short:
+            if not (take := chunk(remaining(progress))):
                 break
             groups.append(self._chunk(progress, take))
             width = max(width, take)
@@ -188,6 +196,11 @@ class SlotScheduler(Generic[S]):
             groups.append(self._chunk(progress, take))
             width = max(width, take)
             admitted += 1
+        for progress in long:
+            if not (take := chunk(remaining(progress))):
+                break
+            groups.append(self._chunk(progress, take))
+            width = max(width, take)
         self.prefilling = [p for p in self.prefilling if p.computed < len(p.seq.prompt_ids)]
         return StepPlan(moves=tuple(self.rows.take_copies()), prefills=tuple(groups))
 

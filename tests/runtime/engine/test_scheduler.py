@@ -250,8 +250,10 @@ def test_a_fork_group_prefilled_in_chunks_copies_from_the_rows_it_holds_at_the_e
     stream2 = Seq("late")
     sched.add(stream2)
     plan = sched.schedule_prefills(token_budget=4)
-    (group,) = [g for g in plan.prefills if g.request_id == "leader"]
-    assert (group.start, group.stop) == (4, 8)
+    assert [g.request_id for g in plan.prefills] == ["late"]  # a new short prompt goes first
+    prefilled(plan, sched)
+    (group,) = sched.schedule_prefills(token_budget=4).prefills
+    assert (group.request_id, group.start, group.stop) == ("leader", 4, 8)
     sched.remove("leader")
     assert [(p.seq.request_id, p.computed, p.forks) for p in sched.prefilling][:1] == [("fork", 0, ())]
     plan = sched.schedule_prefills(token_budget=16)
@@ -264,3 +266,18 @@ def test_a_fork_group_prefilled_in_chunks_copies_from_the_rows_it_holds_at_the_e
     first, last = whole.schedule_prefills(token_budget=4), whole.schedule_prefills(token_budget=4)
     assert first.prefills[0].fork_copies == ()
     assert last.prefills[0].fork_copies == (RowCopy(whole.rows.row(a), whole.rows.row(b), 6),)
+
+
+def test_a_short_prompt_is_not_queued_behind_a_long_ones_chunks():
+    """A long prompt being prefilled 8 tokens a step; a short one arriving meanwhile is admitted in the next step and
+    finishes first; the long one gets what the step leaves, and all of it once no short prompt waits."""
+    sched = SlotScheduler(batch_size=3, max_chunk=16)
+    long, short = Seq("long", prompt_ids=list(range(40))), Seq("short", prompt_ids=list(range(6)))
+    sched.add(long)
+    assert [(g.request_id, g.start, g.stop) for g in sched.schedule_prefills(token_budget=8).prefills] == [
+        ("long", 0, 8)]
+    sched.add(short)
+    assert [(g.request_id, g.start, g.stop) for g in sched.schedule_prefills(token_budget=8).prefills] == [
+        ("short", 0, 6)]  # 2 x 6 > 8: the long one waits a step
+    prefilled(StepPlan(prefills=tuple(g for g in sched.schedule_prefills(token_budget=8).prefills if g.done)), sched)
+    assert [p.seq.request_id for p in sched.prefilling] == ["long"] and sched.prefilling[0].computed == 16
