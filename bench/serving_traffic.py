@@ -57,14 +57,16 @@ def main() -> None:
     parser = bench_parser("serving_traffic", __doc__, rounds=3, threads=1, out=True)
     parser.add_argument("--artifact", type=Path, required=True, help="the demo artifact (smollm2-135m-cpu recipe)")
     parser.add_argument("--before-commit", default="main")
+    parser.add_argument("--scenarios", default="stream,replay", help="which to run (default: %(default)s)")
     args = parser.parse_args()
+    scenarios = args.scenarios.split(",")
     args.workdir.mkdir(parents=True, exist_ok=True)
     sides = {"before": old_code(args.before_commit, args.workdir), "after": ROOT}
-    runs: dict[str, dict[str, list[dict]]] = {s: {"replay": [], "stream": []} for s in sides}
+    runs: dict[str, dict[str, list[dict]]] = {s: {sc: [] for sc in scenarios} for s in sides}
     load_before = os.getloadavg()
     for r in range(args.rounds):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
-        for scenario in ("stream", "replay"):
+        for scenario in scenarios:
             for side in order:
                 runs[side][scenario].append(run_side(sides[side], scenario, args.artifact, args.threads))
                 print(f"round {r + 1} {scenario} {side}: {runs[side][scenario][-1]}", file=sys.stderr)
@@ -72,6 +74,19 @@ def main() -> None:
     moves = run_side(ROOT, "copies", args.artifact, args.threads)
     print("a 600-token prefix's KV moved (ms): " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in moves.items()
                                                               if k.endswith("_ms")) + " (prefill: the work saved)")
+    if "replay" in scenarios:
+        print_replay(results)
+    if "stream" in scenarios:
+        print_stream(results)
+    save_results(args.out, {"artifact": str(args.artifact), "threads": args.threads, "rounds": args.rounds,
+                            "before_commit": args.before_commit, "budgets_mib": list(BUDGETS),
+                            "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                            "kv_moves_600_tokens": moves, "results": results, "runs": runs})
+    if scenarios == ["stream", "replay"]:
+        plot(results, list(sides), args.out)
+
+
+def print_replay(results: dict) -> None:
     print(f"{'':8} {'budget MiB':>10} {'hit tokens':>10} {'of unbounded':>12} {'prefixes held':>13} {'per MiB':>8}")
     for side, res in results.items():
         replay = res["replay"]
@@ -84,6 +99,9 @@ def main() -> None:
             per = "" if row["held_per_mib"] is None else f"{row['held_per_mib']:.3f}"
             print(f"{side:8} {b:10} {row['hit_tokens']:10.0f} {row['share_of_unbounded']:12.0%} "
                   f"{row['prefixes_held']:13.0f} {per:>8}")
+
+
+def print_stream(results: dict) -> None:
     print(f"\n{'':8} {'decode step ms':>14} {'gap p99 ms':>10} {'gap max ms':>10} {'p99 / step':>10} "
           f"{'long TTFT ms':>12}")
     for side, res in results.items():
@@ -92,13 +110,12 @@ def main() -> None:
         print(f"{side:8} {s['decode_step_ms']:14.1f} {s['gap_p99_ms']:10.0f} {s['gap_max_ms']:10.0f} "
               f"{s['p99_over_step']:10.1f} {s['ttft_long_ms']:12.0f}")
     ttft = results["after"]["stream"]["ttft_long_ms"] / results["before"]["stream"]["ttft_long_ms"]
+    results["ttft_long_after_over_before"] = ttft
     print(f"\nlong prompt TTFT after / before: {ttft:.2f}x")
-    save_results(args.out, {"artifact": str(args.artifact), "threads": args.threads, "rounds": args.rounds,
-                            "before_commit": args.before_commit, "budgets_mib": list(BUDGETS),
-                            "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                            "ttft_long_after_over_before": ttft, "kv_moves_600_tokens": moves, "results": results,
-                            "runs": runs})
-    with figure(args.out, figsize=(9, 3.6), ncols=2) as (_, axes):
+
+
+def plot(results: dict, sides: list[str], name: str) -> None:
+    with figure(name, figsize=(9, 3.6), ncols=2) as (_, axes):
         grouped_bars(axes[0], [f"{b} MiB" if b < BUDGETS[-1] else "unbounded" for b in BUDGETS],
                      {side: [results[side]["replay"][f"{b}"]["hit_tokens"] for b in BUDGETS] for side in sides},
                      fmt="%.0f", fontsize=7)
