@@ -93,12 +93,14 @@ test-fast: install lint
 DEMO_RECIPE := recipes/smollm2-135m-cpu.toml
 DEMO_ARTIFACT = $$($(NP) compile $(DEMO_MODEL) --recipe $(DEMO_RECIPE) --out-root $(DEMO_DIR) --quiet | tail -n 1)
 BENCH = cache_hit decode serve compile compile_reuse quantize eagle lora remote speculation int8_rows prefill_budget
-BENCH_MORE = buckets_plan convert_eagle eagle_draft grammar_libraries int8_prefill linears prefix_cache serve_memory structured
+BENCH_MORE = buckets_plan convert_eagle eagle_draft grammar_libraries int8_prefill linears prefix_cache serve_memory \
+	serving_traffic structured
 # the benchmarks that measure SmolLM2 get the demo's checkpoint (--model); BENCH_ARGS_<name>: what else a run passes
 BENCH_WITH_MODEL = compile compile_reuse convert_eagle decode eagle_draft eval_clients grammar_libraries int8_prefill int8_rows lora \
 	prefill_budget prefix_cache remote serve soak speculation structured
-BENCH_ARGS_prefill_budget = --budgets 1,default,128,256,512
+BENCH_ARGS_prefill_budget = --budgets 16,default,128,256,512
 BENCH_ARGS_serve_memory = "$(DEMO_ARTIFACT)"
+BENCH_ARGS_serving_traffic = --artifact "$(DEMO_ARTIFACT)"
 
 bench-%: install $(DEMO_MODEL)/config.json
 	$(PY) -m bench.$* $(if $(filter $*,$(BENCH_WITH_MODEL)),--model $(DEMO_MODEL)) $(BENCH_ARGS_$*) $(BENCH_ARGS)

@@ -22,6 +22,14 @@ see the system prompt once), then ``--rounds`` rounds, the order of the three ro
 TTFT p50 and aggregate tokens/s over the rounds (with min-max), and the median per-round ratios to llama-server.
 Output: docs/bench/peers-serve-prefix.json and .png. Targets: TTFT p50 <= llama-server's, tokens/s >= 1.5x.
 
+``--mixed`` (issue 49): 6 chat clients stream requests one after the other (a short system prompt, a question,
+``--max-tokens`` each) while a seventh sends a ~900-token prompt every 4 s (3 of them, each beginning differently)
+(bench/_mixed_load.py), to three servers up side by side on a batch-8 artifact of 1024 positions: neuronpack with
+``--before-commit``'s code (one long prompt prefilled in one step) and this checkout's (chunked prefill between
+decode steps), and llama-server (8 slots of 1024). Figures per side, medians over ``--rounds``: the chat streams'
+inter-token gaps (p50, p99, max), chat TTFT p50, the long prompts' TTFT, chat tokens/s. Output:
+docs/bench/peers-serve-mixed.json and .png.
+
 llama-server is not on PyPI as a binary: build it from the llama.cpp tree the llama-cpp-python sdist vendors
 (the same llama.cpp as bench/peers.py's), e.g.
 
@@ -48,6 +56,7 @@ from bench._common import (
     bench_parser,
     figure,
     free_port,
+    grouped_bars,
     save_results,
     start_http_server,
     start_serve_process,
@@ -210,6 +219,75 @@ def shared_prefix_main(args) -> None:
     print(f"saved {path} and {plot_shared(result, path.stem)}")
 
 
+MIXED_SIDES = ("neuronpack before (--before-commit)", "neuronpack", "llama-server")
+MIXED_SEQ_LEN, MIXED_CONTEXT, MIXED_LONG_TOKENS, MIXED_CHATS = 1024, 512, 900, 6
+
+
+def mixed_main(args) -> None:
+    """``--mixed``: chat streams while ~900-token prompts arrive (bench/_mixed_load.py), against llama-server, on a
+    batch-8 artifact of 1024 positions (llama-server: 8 slots of 1024); neuronpack's code before (``--before-commit``)
+    and after, the three sides up side by side, one untimed round each, then ``--rounds`` rounds, the order
+    rotating."""
+    import transformers
+
+    from bench._common import old_code
+    from bench._mixed_load import mixed_round
+    from bench._shared_prefix import SYSTEM, chat_ids, grow_system
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    long_text = grow_system(lambda text: len(chat_ids(tokenizer, "", text)), MIXED_LONG_TOKENS)
+    dtype = args.precisions.split(",")[0]
+    gguf = args.gguf_dir / f"SmolLM2-135M-Instruct-{PRECISIONS[dtype]}.gguf"
+    artifact = compiled_artifact(args.model, dtype, args.workdir, MIXED_SEQ_LEN, MIXED_CONTEXT)
+    before = old_code(args.before_commit, args.workdir)
+    load = {"chats": MIXED_CHATS, "longs": 3, "every_s": 4.0, "max_tokens": args.max_tokens}
+    rows = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        serve_args = ["--threads", str(threads), "--served-model-name", "smollm2", "--quiet"]
+        starts = [lambda port, s=serve_args: start_serve_process(artifact, port, s, code=before),
+                  lambda port, s=serve_args: start_serve_process(artifact, port, s),
+                  lambda port, t=threads: start_llama_server(args.llama_server, gguf, port, t, MIXED_SEQ_LEN)]
+        servers = []
+        try:
+            for start in starts:
+                port = free_port()
+                servers.append((start(port)[0], port))
+            results: list[list[dict]] = [[] for _ in servers]
+            for i in range(args.rounds + 1):
+                for side in [(i + k) % len(servers) for k in range(len(servers))]:
+                    port = servers[side][1]
+                    result = _again_when_dropped(lambda p=port: mixed_round(p, SYSTEM, long_text, **load), port,
+                                                 MIXED_SIDES[side])
+                    if i:  # round 0 warms every side up
+                        results[side].append(result)
+        finally:
+            for proc, _ in servers:
+                stop_server(proc)
+        sides = [{"side": name, "rounds": rs, **{k: statistics.median(r[k] for r in rs) for k in rs[0]}}
+                 for name, rs in zip(MIXED_SIDES, results, strict=True)]
+        rows.append({"precision": dtype, "threads": threads, "sides": sides})
+    result = {"model": "SmolLM2-135M-Instruct", "slots": SLOTS, "seq_len": MIXED_SEQ_LEN, "rounds": args.rounds,
+              "long_prompt_tokens": MIXED_LONG_TOKENS, "before_commit": args.before_commit, **load,
+              "load_avg_1min_at_end": os.getloadavg()[0], "rows": rows,
+              "goal": "chat streams' p99 inter-token gap and TTFT while long prompts arrive, against llama-server "
+                      "(issue 49)"}
+    keys = ("gap_p50_ms", "gap_p99_ms", "gap_max_ms", "chat_ttft_p50_ms", "long_ttft_p50_ms", "chat_tokens_per_s")
+    print(f"\n{'thr':>3}  {'side':<36}" + "".join(f"{k:>18}" for k in keys))
+    for row in rows:
+        for side in row["sides"]:
+            print(f"{row['threads']:>3}  {side['side']:<36}" + "".join(f"{side[k]:>18.1f}" for k in keys))
+    path = save_results("peers-serve-mixed" if args.out is None else args.out, result)
+    with figure(path.stem, figsize=(10, 3.6), ncols=2) as (_, axes):
+        groups = [f"{row['threads']} thread{'s' if row['threads'] > 1 else ''}" for row in rows]
+        for ax, key, label in zip(axes, ("gap_p99_ms", "chat_ttft_p50_ms"),
+                                  ("chat streams' p99 inter-token gap, ms", "chat TTFT p50, ms"), strict=True):
+            grouped_bars(ax, groups, {name: [row["sides"][j][key] for row in rows]
+                                      for j, name in enumerate(MIXED_SIDES)}, fmt="%.0f", fontsize=7)
+            ax.set_ylabel(label)
+            ax.legend(fontsize=7)
+    print(f"saved {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("peers_serve", __doc__, model="required", rounds=3)
     parser.add_argument("--gguf-dir", type=Path, required=True, help="SmolLM2-135M-Instruct-{F32,BF16,Q8_0}.gguf")
@@ -221,9 +299,14 @@ def main(argv: list[str] | None = None) -> None:
                         "with --shared-prefix peers-serve-prefix)")
     parser.add_argument("--shared-prefix", action="store_true",
                         help="8 clients sharing a ~400-token system prompt, neuronpack's prefix cache off and on")
+    parser.add_argument("--mixed", action="store_true",
+                        help="6 chat streams while ~900-token prompts arrive every 4 s, before / after / llama-server")
+    parser.add_argument("--before-commit", default="main", help="--mixed: the code of the 'before' side")
     args = parser.parse_args(argv)
     if args.shared_prefix:
         return shared_prefix_main(args)
+    if args.mixed:
+        return mixed_main(args)
     rows = []
     threads_list = [int(t) for t in args.threads.split(",")]
     for dtype in args.precisions.split(","):

@@ -1,13 +1,13 @@
-"""A burst of prompts while a stream decodes: the engine's prefill token budget against one prefill per decode step.
+"""A burst of prompts while a stream decodes: the engine's step token budget (``--max-num-batched-tokens``).
 
 SmolLM2-135M-Instruct's batch-8 artifact (``--dtype``, default int8 with the head quantized too, as
 bench/peers_serve.py serves it) in one process, the engine stepped in this thread (no HTTP, no client): one request
 starts decoding, then 7 chat prompts arrive at once. The budgets of ``--budgets`` side by side (``EngineLimits.
-max_prefill_tokens``), ``--rounds`` rounds, the order rotating every round:
+max_num_batched_tokens``), ``--rounds`` rounds, the order rotating every round:
 
-* ``1``: one prompt between two decode steps (what every engine before format 10 did while a stream ran);
-* ``default``: the artifact's longest prompt in token positions (prompts x the longest);
-* any number N: every waiting prompt that fits one prefill call of N token positions.
+* ``default``: the automatic budget (step_budget.py: a chunk of about 2 measured decode steps);
+* any number N (more than the batch): the decode step's tokens, then chunks of the waiting prompts in what is left
+  (prompts x the longest chunk).
 
 Figures per policy (medians over the rounds): the burst's time to first token (p50 and the last one), the longest gap
 between two tokens of the running stream while the burst is admitted (what the budget bounds), and the time until
@@ -33,7 +33,7 @@ def burst(lm, tokenizer, prompts: list[list[int]], budget: int | None, max_token
     from neuronpack.runtime.engine import Engine
     from neuronpack.runtime.engine.requests import EngineLimits, GenerationRequest
 
-    engine = Engine(lm, tokenizer, limits=EngineLimits(max_prefill_tokens=budget))
+    engine = Engine(lm, tokenizer, limits=EngineLimits(max_num_batched_tokens=budget))
     times: dict[str, list[float]] = {}
 
     def sink(out) -> None:
@@ -76,7 +76,7 @@ def main() -> None:
     parser = bench_parser("prefill_budget", __doc__, model="smollm2", rounds=7, threads=1, out=True)
     parser.add_argument("--dtype", default="int8", choices=["float32", "bfloat16", "int8"])
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--budgets", default="1,default,128,256", help="comma-separated: numbers or 'default'")
+    parser.add_argument("--budgets", default="16,default,128,256", help="comma-separated: numbers or 'default'")
     args = parser.parse_args()
     from neuronpack.backends.torch_aot import load_artifact
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
@@ -85,7 +85,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_artifact(artifact)
     tokenizer = ArtifactTokenizer.from_dir(artifact)
-    policies = {f"budget {b}" if b != "default" else f"default ({lm.context_buckets[-1]})":
+    policies = {f"budget {b}" if b != "default" else "automatic":
                 None if b == "default" else int(b) for b in args.budgets.split(",")}
     load_before = os.getloadavg()
     rounds: dict[str, list[dict]] = {name: [] for name in policies}

@@ -93,10 +93,12 @@ def serve_command(
         float, typer.Option("--shutdown-grace", min=0.0,
                             help="on SIGTERM, seconds in-flight requests get to finish before they are ended")
     ] = DEFAULT_SHUTDOWN_GRACE,
-    max_prefill_tokens: Annotated[
-        int | None, typer.Option("--max-prefill-tokens", min=1,
-                                 help="torch artifacts: token positions (prompts x the longest) of the one prefill "
-                                      "call between two decode steps (default: the artifact's largest prompt)")
+    max_num_batched_tokens: Annotated[
+        int | None, typer.Option("--max-num-batched-tokens", "--max-prefill-tokens", min=1,
+                                 help="torch artifacts: token positions one step runs while streams decode (vLLM's "
+                                      "name): the decode tokens, then chunks of waiting prompts in what is left "
+                                      "(default: what keeps a stream's gap near 3 decode steps, measured; "
+                                      "--max-prefill-tokens: its old name)")
     ] = None,
     enable_prefix_caching: Annotated[
         bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching",
@@ -105,8 +107,8 @@ def serve_command(
     ] = True,
     prefix_cache_memory: Annotated[
         float, typer.Option("--prefix-cache-memory", min=0.0,
-                            help="torch artifacts: MiB of KV-cache rows added to keep cached prefixes in, beyond "
-                                 "the batch's own free rows (0: those only)")
+                            help="torch artifacts: MiB of KV blocks (16 tokens each) added to keep cached prefixes in, "
+                                 "beyond the batch's own free rows (0: those only)")
     ] = DEFAULT_PREFIX_CACHE_MIB,
     request_log: Annotated[
         Path | None, typer.Option("--request-log", dir_okay=False,
@@ -141,7 +143,7 @@ def serve_command(
     reporter = RichReporter(quiet=quiet)
     path = resolve_serving_artifact(artifact_dir, model=model, recipe=recipe, overrides=set_ or [], reporter=reporter,
                                     root=root, endpoint_url=endpoint_url)
-    limits = ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace, max_prefill_tokens,
+    limits = ServeLimits(max_body_bytes, max_waiting, request_timeout, shutdown_grace, max_num_batched_tokens,
                          enable_prefix_caching, prefix_cache_memory)
     options = ServeOptions(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                            threads=threads, tool_call_parser=tool_call_parser, limits=limits, vllm_target=vllm_target,

@@ -52,14 +52,15 @@ class ServeLimits:
     max_waiting: int = DEFAULT_MAX_WAITING
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
-    max_prefill_tokens: int | None = None
+    max_num_batched_tokens: int | None = None
     prefix_caching: bool = True
     prefix_cache_memory: float = DEFAULT_PREFIX_CACHE_MIB
 
     def argv(self) -> list[str]:
         """These limits as ``neuronpack serve`` flags (the ones left at their default for the prefill budget and the
         prefix cache are left out)."""
-        budget = ["--max-prefill-tokens", str(self.max_prefill_tokens)] if self.max_prefill_tokens else []
+        budget = (["--max-num-batched-tokens", str(self.max_num_batched_tokens)] if self.max_num_batched_tokens
+                  else [])
         if not self.prefix_caching:
             budget.append("--no-enable-prefix-caching")
         elif self.prefix_cache_memory != DEFAULT_PREFIX_CACHE_MIB:
@@ -159,7 +160,7 @@ class TorchLaunch:
 
         o, limits = self.options, self.options.limits
         engine_limits = EngineLimits(max_waiting=limits.max_waiting, request_timeout=limits.request_timeout or None,
-                                     max_prefill_tokens=limits.max_prefill_tokens)
+                                     max_num_batched_tokens=limits.max_num_batched_tokens)
         limit_malloc_arenas()  # before the server's threads exist: see runtime/openai/memory.py
         caching = PrefixCaching(enabled=limits.prefix_caching, memory_mib=limits.prefix_cache_memory)
         loaded = load_engine(self.artifact_dir, manifest=self.manifest, num_threads=1, reporter=reporter,
@@ -170,8 +171,8 @@ class TorchLaunch:
         reporter.info(f"loaded {loaded.served_model_name} in {loaded.load_seconds:.1f} s (batch {s.batch_size}, "
                       f"max model length {s.max_model_len}, largest prompt {s.max_prompt_len}, "
                       f"{s.threads} compute thread{'' if s.threads == 1 else 's'})")
-        reporter.info(f"prefix caching: {s.cache_rows} cache rows ({s.cache_mib:.0f} MiB) beyond the batch"
-                      if s.prefix_caching_off is None else f"prefix caching off: {s.prefix_caching_off}")
+        reporter.info(s.prefix_cache_line())
+        reporter.info(s.chunked_prefill_line())
         app = create_app(loaded.engine, served_model_name=loaded.served_model_name, api_key=o.api_key,
                          model_info={"root": str(self.artifact_dir)},
                          limits=ServerLimits(max_body_bytes=limits.max_body_bytes),
@@ -248,8 +249,8 @@ def refuse_options(framework: str, options: ServeOptions, *, where: str) -> None
         raise ServeError("--no-enable-prefix-caching and --prefix-cache-memory set the built-in runtime's prefix "
                          "cache, and this artifact is served by vLLM", where=where,
                          fix="drop the option: vLLM's own prefix caching applies on Neuron")
-    if limits.max_prefill_tokens is not None:
-        raise ServeError("--max-prefill-tokens sets the built-in runtime's scheduling, and this artifact is served "
+    if limits.max_num_batched_tokens is not None:
+        raise ServeError("--max-num-batched-tokens sets the built-in runtime's scheduling, and this artifact is served "
                          "by vLLM", where=where, fix="drop the option: on Neuron the compiled buckets decide what one "
                                                      "step prefills")
     if framework == "vneuron" and options.vllm_target != "auto":

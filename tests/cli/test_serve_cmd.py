@@ -97,7 +97,7 @@ def test_serve_print_command_for_a_torch_artifact(artifact):
     assert result.exit_code == 1 and "parses hermes tool calls only" in result.stderr
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--max-prefill-tokens", "16"])
-    assert result.exit_code == 0 and "--max-prefill-tokens 16" in result.stdout
+    assert result.exit_code == 0 and "--max-num-batched-tokens 16" in result.stdout  # the old name, taken too
     result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--no-enable-prefix-caching"])
     assert result.exit_code == 0 and "--no-enable-prefix-caching" in result.stdout
     result = runner.invoke(app, ["serve", str(artifact), "--print-command", "--prefix-cache-memory", "64"])
@@ -144,7 +144,7 @@ def test_serve_nxd_artifact_hands_over_to_vllm(tiny_llama, tmp_path, nxd_sdk):
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--structured-outputs"])
     assert result.exit_code == 1 and "cannot be honoured" in result.stderr and "Traceback" not in result.output
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--max-prefill-tokens", "16"])
-    assert result.exit_code == 1 and "--max-prefill-tokens" in result.stderr and "Traceback" not in result.output
+    assert result.exit_code == 1 and "--max-num-batched-tokens" in result.stderr and "Traceback" not in result.output
     result = runner.invoke(app, ["serve", str(path), "--print-command", "--no-enable-prefix-caching"])
     assert result.exit_code == 1 and "vLLM's own prefix caching" in result.stderr
     host = compile_model(str(tiny_llama), overrides=[*TINY_NXD, "sampling.on_device=false"],

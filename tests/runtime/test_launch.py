@@ -25,12 +25,12 @@ REFUSED = [  # (framework, options, what the one line names)
     ("torch", ServeOptions(tool_call_parser="mistral"), "parses hermes tool calls only, not 'mistral'"),
     ("nxd", ServeOptions(limits=ServeLimits(prefix_caching=False)), "set the built-in runtime's prefix cache"),
     ("tnx", ServeOptions(limits=ServeLimits(prefix_cache_memory=64)), "set the built-in runtime's prefix cache"),
-    ("vneuron", ServeOptions(limits=ServeLimits(max_prefill_tokens=16)), "sets the built-in runtime's scheduling"),
+    ("vneuron", ServeOptions(limits=ServeLimits(max_num_batched_tokens=16)), "sets the built-in runtime's scheduling"),
     ("vneuron", ServeOptions(vllm_target="vllm-neuron"), "served by the SDK 2.31+ vLLM Neuron plugin only"),
 ]
 TAKEN = [
     ("torch", ServeOptions(tool_call_parser="hermes", threads=1, limits=ServeLimits(prefix_caching=False,
-                                                                                   max_prefill_tokens=16))),
+                                                                                   max_num_batched_tokens=16))),
     ("nxd", ServeOptions(tool_call_parser="hermes3", vllm_target="vllm-v0", structured_outputs=True)),
     ("vneuron", ServeOptions(weights="/models/llama", tool_call_parser="hermes")),
 ]
@@ -74,12 +74,14 @@ def test_a_torch_artifact_is_built_reported_and_served(serve_artifact, tiny_llam
     assert summary == engine.summary()
     assert (summary.batch_size, summary.max_model_len, summary.threads) == (
         engine.model.batch_size, engine.max_model_len, available_cores())
-    assert summary.prefix_caching_off is None and summary.cache_rows == engine.scheduler.rows.cache_rows > 0
-    assert summary.kv_row_bytes == engine.model.kv_row_bytes
-    loaded_line = reporter.messages[-2]
+    assert summary.prefix_caching_off is None and summary.cache_blocks == engine.scheduler.rows.cache_blocks > 0
+    assert summary.block_bytes == 16 * engine.model.kv_token_bytes
+    loaded_line = reporter.messages[-3]
     assert loaded_line.startswith("loaded tiny in ") and f"(batch {summary.batch_size}, " in loaded_line
-    assert reporter.messages[-1] == (f"prefix caching: {summary.cache_rows} cache rows ({summary.cache_mib:.0f} MiB) "
-                                     "beyond the batch")
+    assert reporter.messages[-2] == (f"prefix caching: {summary.cache_blocks} blocks of 16 tokens "
+                                     f"({summary.cache_blocks * 16} tokens, {summary.cache_mib:.1f} MiB) beyond the "
+                                     "batch, whose free rows keep prefixes too")
+    assert reporter.messages[-1] == summary.chunked_prefill_line() and "2 decode steps" in reporter.messages[-1]
     tok = engine.tokenizer
     with LiveServer(served.app) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none")
@@ -95,8 +97,8 @@ def test_prefix_caching_turned_off_is_reported_with_its_reason(serve_artifact, _
     options = ServeOptions(threads=1, limits=ServeLimits(prefix_caching=False))
     reporter = NullReporter()
     served = serve_launch(serve_artifact, read_manifest(serve_artifact), options).build(reporter)
-    assert served.summary.cache_rows == 0 and served.summary.threads == 1
-    assert reporter.messages[-1] == f"prefix caching off: {served.summary.prefix_caching_off}"
+    assert served.summary.cache_blocks == 0 and served.summary.threads == 1
+    assert reporter.messages[-2] == f"prefix caching off: {served.summary.prefix_caching_off}"
     assert "turned off" in served.summary.prefix_caching_off
 
 

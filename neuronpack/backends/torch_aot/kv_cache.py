@@ -2,15 +2,18 @@
 head_dim]``, read by the layer graphs through per-layer views of the first n rows and written here with the K/V the
 graphs return (``store``).
 
-It is addressed by row and keeps no bookkeeping of its own: which sequence holds which row is the runtime's
-``RowAllocator`` (runtime/engine/kv_rows.py), which keeps a step's rows packed into rows 0..n-1 and hands the copies
-that does (compaction, parallel sampling's shared prompt) to ``copy_rows``. A caller that runs rows that are not packed
+It is addressed by row (and pool block) and keeps no bookkeeping of its own: which sequence holds which row is the
+runtime's ``RowAllocator`` (runtime/engine/kv_rows.py), which keeps a step's rows packed into one window of adjacent
+rows and hands the moves that do it (compaction, parallel sampling's shared prompt, the prefix pool's block copies)
+to ``move``. A caller that runs rows that are not packed
 (the backend's own tests, a bench) gets ``gathered`` copies of them instead of views: correct, only slower.
 
 Example::
 
     cache = KvCache.for_config(config)                 # zeros, resident only where written
     cache.copy_rows([(3, 0, 12)])                       # row 3's first 12 positions into row 0
+    cache.reserve_blocks(64, 16)                        # a pool of 64 blocks of 16 positions (prefix caching)
+    cache.move([BlockCopy(row=0, slots=(0,), blocks=(5,), to_pool=True)])  # kv_rows.py: row 0's 0..15 -> block 5
     k_rows, v_rows = cache.views(1)                     # per-layer views cache[l, :1]
     cache.store(torch.arange(1), starts, new_k, new_v)  # the step's K/V at their positions
 """
@@ -27,11 +30,15 @@ if TYPE_CHECKING:
 
 
 class KvCache:
-    """The cache tensors and their row views."""
+    """The cache tensors and their row views; with ``reserve_blocks`` a pool of blocks beyond the rows
+    (``[layers, blocks, kv_heads, block_size, head_dim]``, K and V) that keeps cached prefixes, reached by
+    ``move`` only."""
 
     def __init__(self, shape: tuple[int, int, int, int, int], dtype) -> None:
         self.k = untouched_zeros(shape, dtype)
         self.v = untouched_zeros(shape, dtype)
+        self.block_k: torch.Tensor | None = None
+        self.block_v: torch.Tensor | None = None
         # Per-layer views of the first n rows (contiguous), built once per n on first use.
         self._views: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
@@ -67,10 +74,28 @@ class KvCache:
         """Bytes of one row, every layer, K and V."""
         return 2 * self.k[:, 0].numel() * self.k.element_size()
 
-    def with_rows(self, rows: int) -> KvCache:
-        """A zeroed cache like this one with ``rows`` rows (the runtime's batch rows plus its prefix-cache rows)."""
-        shape = tuple(self.k.shape)
-        return KvCache((shape[0], rows, *shape[2:]), self.k.dtype)
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one position of a row, every layer, K and V."""
+        return 2 * self.k[:, 0, :, 0].numel() * self.k.element_size()
+
+    @property
+    def blocks(self) -> int:
+        """Blocks of the prefix pool (0: none reserved)."""
+        return 0 if self.block_k is None else self.block_k.shape[2]
+
+    def reserve_blocks(self, blocks: int, block_size: int) -> None:
+        """A pool of at least ``blocks`` blocks of ``block_size`` positions (zeros, resident only where written):
+        never fewer than it has (another engine on this model may address them); another block size replaces it.
+        Laid out ``[layers, kv_heads, blocks, block_size, head_dim]``, like a row's positions: a run of blocks is
+        one strided copy."""
+        layers, _, kv, _, hd = self.k.shape
+        if self.block_k is not None and self.block_k.shape[3] == block_size:
+            blocks = max(blocks, self.block_k.shape[2])
+        shape = (layers, kv, blocks, block_size, hd)
+        if self.block_k is None or tuple(self.block_k.shape) != shape:
+            self.block_k = untouched_zeros(shape, self.k.dtype)
+            self.block_v = untouched_zeros(shape, self.k.dtype)
 
     def gathered(self, rows: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-layer K and V copies of ``rows``, in that order (a step over rows that are not packed)."""
@@ -92,6 +117,49 @@ class KvCache:
             for src, dst, length in copies:
                 for cache in (self.k, self.v):
                     cache[:, dst, :, :length] = cache[:, src, :, :length]
+
+    def move(self, moves: Sequence) -> None:
+        """Apply the runtime's row moves in order (runtime/engine/kv_rows.py, read by their fields): a copy
+        ``(src, dst, length)``, a swap (``a``, ``b``, ``length_a``, ``length_b``: two rows exchange their first
+        positions) and a block copy (``row``, ``slots``, ``blocks``, ``to_pool``: blocks of a row to or from the
+        pool)."""
+        import torch
+
+        with torch.inference_mode():
+            for move in moves:
+                if hasattr(move, "to_pool"):
+                    self._copy_blocks(move)
+                elif hasattr(move, "length_a"):
+                    for cache in (self.k, self.v):
+                        saved = cache[:, move.a, :, :move.length_a].clone()
+                        cache[:, move.a, :, :move.length_b] = cache[:, move.b, :, :move.length_b]
+                        cache[:, move.b, :, :move.length_a] = saved
+                else:
+                    self.copy_rows([move])
+
+    def _copy_blocks(self, move) -> None:
+        if self.block_k is None or self.block_v is None:
+            raise ValueError("a block copy needs a block pool (reserve_blocks)")
+        layers, kv, _, size, hd = self.block_k.shape
+        for slot, block, n in _runs(move.slots, move.blocks):  # consecutive slots in consecutive blocks: one copy
+            for cache, pool in ((self.k, self.block_k), (self.v, self.block_v)):
+                row = cache[:, move.row, :, slot * size:(slot + n) * size].view(layers, kv, n, size, hd)
+                blocks = pool[:, :, block:block + n]
+                if move.to_pool:
+                    blocks.copy_(row)
+                else:
+                    row.copy_(blocks)
+
+
+def _runs(slots: Sequence[int], blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(first slot, first block, length) of each run where slots and blocks both go up by one."""
+    runs: list[tuple[int, int, int]] = []
+    for slot, block in zip(slots, blocks, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == slot and runs[-1][1] + runs[-1][2] == block:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((slot, block, 1))
+    return runs
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype):

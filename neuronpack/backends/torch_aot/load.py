@@ -124,15 +124,15 @@ class CompiledLM:
         return self._cache.row_bytes
 
     @property
-    def cache_rows(self) -> int:
-        """Rows of the KV cache: the compiled batch's, plus any ``reserve_rows`` added (never run by a step)."""
-        return self._cache.rows
+    def kv_token_bytes(self) -> int:
+        """Bytes of one position of a KV-cache row (every layer, K and V): a prefix-cache block's is this x its
+        positions."""
+        return self._cache.token_bytes
 
-    def reserve_rows(self, rows: int) -> None:
-        """Give the KV cache at least ``rows`` rows: the runtime's prefix cache keeps prefixes in the rows beyond the
-        batch, reached by ``copy_rows`` only. A larger cache starts from zeros."""
-        if rows > self._cache.rows:  # never fewer: another engine on this model may address the rows it has
-            self._cache = self._cache.with_rows(rows)
+    def reserve_blocks(self, blocks: int, block_size: int) -> None:
+        """A pool of ``blocks`` KV blocks of ``block_size`` positions beyond the rows: the runtime's prefix cache
+        keeps prefixes there, reached by ``move_kv`` only (never run by a step)."""
+        self._cache.reserve_blocks(blocks, block_size)
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
                 adapters: Sequence[int] | None = None, starts: Sequence[int] | None = None) -> torch.Tensor:
@@ -213,6 +213,11 @@ class CompiledLM:
         """Apply ``(src, dst, length)`` copies in order: cache positions 0..length-1 of row src into row dst (the
         runtime's row moves and parallel sampling's shared prompt, runtime/engine/kv_rows.py)."""
         self._cache.copy_rows(copies)
+
+    def move_kv(self, moves: Sequence) -> None:
+        """Apply the runtime's KV moves in order: row copies, row swaps and block copies to or from the prefix
+        pool (runtime/engine/kv_rows.py ``RowCopy``, ``RowSwap``, ``BlockCopy``)."""
+        self._cache.move(moves)
 
     # -- one step over cache rows -------------------------------------------------------------------------------
     def _run_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], adapters=None,

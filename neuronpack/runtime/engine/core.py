@@ -2,26 +2,26 @@
 
 One loop (a background thread when serving, the caller's thread for ``generate``) repeats a step: take submitted /
 aborted requests from a thread-safe inbox, then twice schedule / execute / update (vLLM v1's split): the scheduler
-(scheduler.py) plans the prefills of waiting prompts into free rows (``StepPlan``, plan.py), the runner (runner.py)
-runs them on the model (all of them in one call), the engine samples their first tokens; then the scheduler plans
-one decode step over the running sequences only (the compiled graph runs at the batch of running sequences, so one
-request alone costs a batch-1 step), the runner runs it and the engine samples one token per sequence. While streams
-are decoding, the prompts prefilled between two decode steps share one call of at most
-``EngineLimits.max_prefill_tokens`` token positions (prompts x the longest; default: the longest prompt the artifact
-takes), so they never stall the streams for longer than one longest prompt would, and prompts that arrive together
-(short ones, a burst of clients) are prefilled together instead of one per decode step (vLLM's token budget per
-step). Which sequence holds which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the
-row copies the model's cache (and an EAGLE draft's) apply.
+(scheduler.py) plans this step's prompt chunks (``StepPlan``, plan.py), the runner (runner.py) runs them on the
+model (sharing one call), the engine samples the first tokens of the prompts whose last chunk ran; then the
+scheduler plans one decode step over the decoding sequences only (the compiled graph runs at the batch of decoding
+sequences, so one request alone costs a batch-1 step), the runner runs it and the engine samples one token per
+sequence. Chunked prefill interleaved with decoding (vLLM's ``--max-num-batched-tokens``): while streams decode, a
+step runs at most ``EngineLimits.max_num_batched_tokens`` token positions (unset: as many as keep a stream's gap
+near 3 decode steps by the measured timings, step_budget.py), the decode step's tokens first and the prompts'
+chunks (prompts x the longest chunk) in what is left, so a long prompt is prefilled over several steps and never
+stalls the streams for more than one step; with nothing decoding a step takes one chunk of the largest
+context bucket (or the budget, if larger). A prompt whose last chunk ran in a step decodes from the next one. Which
+sequence holds which KV row is the scheduler's ``RowAllocator`` (kv_rows.py) alone; the plans carry the row moves
+the model's cache (and an EAGLE draft's) apply.
 
 Prefix caching (``PrefixCaching``, prefix_cache.py; on unless turned off, vLLM's automatic prefix caching): a row
-a sequence gave back keeps its KV, a prompt that starts with tokens some free or cache row holds gets that prefix
-copied into its row and is prefilled from the first uncached position (``PrefillGroup.start``), and
-``/metrics`` counts the prompt tokens looked up and found. A prompt asking for prompt logprobs is prefilled whole
-(its every position's logits are needed); an EAGLE artifact does not reuse prefixes (its draft model's KV of a
-prompt is built from the target's hidden states of that prompt, which a cache hit does not compute).
-
-Chunked prefill: a prompt longer than the largest context bucket (up to ``max_model_len`` - 1 tokens) is prefilled
-by the runner in chunks of that bucket, each from the position after the previous one, in one step.
+a sequence gave back keeps its KV while other rows are free, a prompt takes the free row holding its longest prefix
+(topped up from the block pool beyond the batch, kv_blocks.py) and is prefilled from the first uncached position
+(``PrefillGroup.start``); ``/metrics`` counts the prompt tokens looked up and found, and every ``StepOutput``
+carries the request's ``num_cached_tokens``. A prompt asking for prompt logprobs is prefilled whole (its every
+position's logits are needed); an EAGLE artifact does not reuse prefixes (its draft model's KV of a prompt is built
+from the target's hidden states of that prompt, which a cache hit does not compute).
 
 Limits are checked when a request is submitted (``requests.check_request``: HTTP 400 before anything streams;
 ``max_tokens`` is clamped to what fits, like vLLM). ``max_tokens`` 0 scores the prompt only (prompt logprobs).
@@ -74,6 +74,7 @@ from neuronpack.runtime.engine.requests import (
     check_request,
     new_request_state,
     run_to_completion,
+    step_token_budget,
 )
 from neuronpack.runtime.engine.runner import ModelRunner
 from neuronpack.runtime.engine.sampling import DEFAULT_GLOBAL_TOPK, sample
@@ -81,6 +82,7 @@ from neuronpack.runtime.engine.scheduler import SlotScheduler
 from neuronpack.runtime.engine.speculation.acceptance import Accepted
 from neuronpack.runtime.engine.speculation.config import SpeculationConfig
 from neuronpack.runtime.engine.speculation.step import SpecRow, SpeculativeStep
+from neuronpack.runtime.engine.step_budget import StepBudget
 from neuronpack.runtime.engine.stopping import FinishReason
 from neuronpack.runtime.structured import GrammarCompiler, Masks, mask_logits
 
@@ -121,15 +123,15 @@ class Engine:
                                                 self.max_model_len)
         self.runner = ModelRunner(model, self.speculator)
         self.prefix_caching = prefix_caching if prefix_caching is not None else PrefixCaching()
-        self.prefix_caching_off_reason, cache_rows = self.prefix_caching.rows_for(model, self.runner.proposer)
-        if cache_rows:
-            model.reserve_rows(model.batch_size + cache_rows)  # rows that only keep prefixes (kv_rows.py)
+        self.prefix_caching_off_reason, cache_blocks = self.prefix_caching.blocks_for(model, self.runner.proposer)
+        if cache_blocks:
+            model.reserve_blocks(cache_blocks, self.prefix_caching.block_size)  # the pool that keeps prefixes
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(
-            model.batch_size, speculation.length if speculation else 0, cache_rows,
-            None if self.prefix_caching_off_reason else self.prefix_caching.block_size)
-        self._row_bytes = getattr(model, "kv_row_bytes", 0) if cache_rows else 0
-        if not self.prefix_caching_off_reason:
-            self.metrics.prefix_cache_budget.set(self.prefix_caching.memory_mib * 2**20)
+            model.batch_size, speculation.length if speculation else 0, cache_blocks,
+            None if self.prefix_caching_off_reason else self.prefix_caching.block_size, max_chunk=self.runner.chunk)
+        self._block_bytes = self.prefix_caching.block_bytes(getattr(model, "kv_token_bytes", 0))
+        if not self.prefix_caching_off_reason:  # what the pool holds at most: the budget in whole blocks
+            self.metrics.prefix_cache_budget.set(cache_blocks * self._block_bytes)
         model.kv_user = self  # the KV cache is the model's: an engine that sees another user here forgets its prefixes
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -142,7 +144,8 @@ class Engine:
         # loads on one thread (no pool) and gives the loop its threads here.
         self.loop_threads: int | None = None
         self.limits = limits or EngineLimits()
-        self.max_prefill_tokens = max(1, self.limits.max_prefill_tokens or max(model.context_buckets))
+        self.step_budget = StepBudget(step_token_budget(self.limits.max_num_batched_tokens, model.batch_size,
+                                                        speculation.length if speculation else 0), self.runner.chunk)
         self.admission = Admission(model.batch_size, self.limits.max_waiting, self.metrics)
         self.grammars = GrammarCompiler(tokenizer.to_json_str, vocab_size=model.vocab_size,
                                         eos_token_ids=sorted(self.eos_token_ids))
@@ -199,9 +202,10 @@ class Engine:
 
     def summary(self) -> EngineSummary:
         """What serving reports once loaded: batch, lengths, the loop's threads, the prefix cache's rows."""
-        rows = self.scheduler.rows
         return EngineSummary(self.model.batch_size, self.max_model_len, self.max_prompt_len, self.loop_threads,
-                             rows.cache_rows, getattr(self.model, "kv_row_bytes", 0), self.prefix_caching_off_reason)
+                             self.scheduler.rows.cache_blocks, self.prefix_caching.block_size, self._block_bytes,
+                             self.prefix_caching.memory_mib, self.prefix_caching_off_reason,
+                             self.step_budget.fixed)
 
     @property
     def in_flight(self) -> int:
@@ -239,17 +243,23 @@ class Engine:
         sched = self.scheduler
         if getattr(self.model, "kv_user", self) is not self:  # another engine wrote (or reallocated) this KV cache
             sched.rows.forget_cached()
+            if sched.rows.cache_blocks:  # its pool may have been replaced (another block size): ours again
+                self.model.reserve_blocks(sched.rows.cache_blocks, self.prefix_caching.block_size)
         self.model.kv_user = self
         if sched.idle:
             self._update_load()
             return False
-        # No stream running: fill every free row at once; otherwise interleave prefills of a bounded cost.
-        plan = sched.schedule_prefills(sched.free_rows, self.max_prefill_tokens if sched.running else None)
+        # Prompts' chunks within what the step's token budget leaves after the decode step's tokens.
+        decode_tokens = len(sched.decoding) * (1 + (self.speculation.length if self.speculation else 0))
+        plan = sched.schedule_prefills(token_budget=sched.prefill_budget(self.step_budget.step_tokens(decode_tokens)))
         self.runner.move_rows(plan.moves)
+        # A prompt whose last chunk runs in this step (and its forks) decodes from the next one: the step's token
+        # budget did not count it.
+        fresh = {sched.at(row).request_id for g in plan.prefills if g.done for row in g.rows}
         if plan.prefills:
             self._prefill(plan)
         # Planned after the prefills' first tokens: a sequence may end there and free its row.
-        plan = sched.schedule_decode()
+        plan = sched.schedule_decode(skip=fresh)
         self.runner.move_rows(plan.moves)
         if plan.decodes:
             self._decode(plan)
@@ -301,9 +311,14 @@ class Engine:
     def _prefill(self, plan: StepPlan) -> None:
         """Run the plan's prefills, then sample each group's first token per member (or score its prompt)."""
         members = {g.request_id: [self.scheduler.at(row) for row in g.rows] for g in plan.prefills}
+        started = time.monotonic()
         outputs = self.runner.prefill(plan.prefills)
+        self.step_budget.observe_prefill(time.monotonic() - started,
+                                         len(plan.prefills) * max(len(g.tokens) for g in plan.prefills))
         for group in plan.prefills:
             seqs, out = members[group.request_id], outputs[group.request_id]
+            if out.error is None and not out.done:
+                continue  # more chunks to come in later steps
             started = time.monotonic()
             try:
                 if out.error is not None:
@@ -320,11 +335,11 @@ class Engine:
             self.metrics.prefill_seconds.observe(out.seconds + time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(group.prompt_ids))
             if group.cache_query:
-                self.metrics.observe_prefix_cache(len(group.prompt_ids), group.start)
+                self.metrics.observe_prefix_cache(len(group.prompt_ids), seqs[0].num_cached_tokens)
             for i, member in enumerate(seqs):
                 member.prefilled = i == 0 or not group.scoring_only  # a scoring-only group copies nothing
-                # the leader's prompt from the first uncached position; a fork's is copied from the leader's row
-                member.cached_prompt_tokens = group.start if i == 0 else len(group.prompt_ids)
+                if i and member.prefilled:  # a fork's prompt KV is copied from the first's row: none of it computed
+                    member.num_cached_tokens = len(group.prompt_ids)
                 if group.scoring_only:
                     self._finish_without_token(member, FinishReason.LENGTH, prompt_logprobs=prompt_lp)
                 else:
@@ -342,6 +357,7 @@ class Engine:
             self._fail(running, "decode failed: ", exc)
             return
         self.metrics.decode_seconds.observe(time.monotonic() - started)
+        self.step_budget.observe_decode(time.monotonic() - started)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
         for seq, outcome in zip(running, outcomes, strict=True):
             self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None,
@@ -381,8 +397,8 @@ class Engine:
         out = StepOutput(seq.request_id, tokens[:kept], text, finish_reason, len(seq.prompt_ids),
                          len(seq.output.token_ids), logprobs=logprobs[:kept] if logprobs is not None else None,
                          prompt_logprobs=prompt_lp, stop_reason=seq.output.stop_reason,
-                         speculation=seq.spec.to_dict() if finished and seq.spec is not None else None,
-                         cached_tokens=seq.cached_prompt_tokens, batch=batch)
+                         num_cached_tokens=seq.num_cached_tokens, batch=batch,
+                         speculation=seq.spec.to_dict() if finished and seq.spec is not None else None)
         if finished:
             self.scheduler.release(seq)
             self.metrics.observe_finish(finish_reason, now - seq.arrival, len(seq.prompt_ids), out.completion_tokens)
@@ -396,13 +412,13 @@ class Engine:
     def _finish_without_token(self, seq: RequestState, reason: FinishReason, error: str | None = None,
                               prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.scheduler.discard(seq, keep=reason is not FinishReason.ERROR)
+        self.runner.forget(seq.request_id)
         self.metrics.observe_finish(reason, time.monotonic() - seq.arrival, len(seq.prompt_ids),
                                     len(seq.output.token_ids))
         self.admission.retire()
         out = StepOutput(seq.request_id, [], "", reason, len(seq.prompt_ids), len(seq.output.token_ids), error,
-                         prompt_logprobs=prompt_logprobs,
-                         speculation=seq.spec.to_dict() if seq.spec is not None else None,
-                         cached_tokens=seq.cached_prompt_tokens)
+                         prompt_logprobs=prompt_logprobs, num_cached_tokens=seq.num_cached_tokens,
+                         speculation=seq.spec.to_dict() if seq.spec is not None else None)
         self._deliver(seq, out)
 
     def _deliver(self, seq: RequestState, out: StepOutput) -> None:
@@ -416,4 +432,4 @@ class Engine:
 
     def _update_load(self) -> None:
         self.metrics.set_load(len(self.scheduler.waiting), len(self.scheduler.running))
-        self.metrics.prefix_cache_usage.set(self.scheduler.rows.cache_rows_in_use * self._row_bytes)
+        self.metrics.prefix_cache_usage.set(self.scheduler.rows.cache_blocks_in_use * self._block_bytes)

@@ -1,48 +1,50 @@
 """The one owner of KV-cache rows: which sequence holds which row of the compiled batch, for the target model and
-its draft alike, and which rows hold cached prefixes (automatic prefix caching) (torch-free).
+its draft alike, which free rows keep cached prefixes, and the block pool beyond the batch (torch-free).
 
-A compiled step over n sequences runs on cache rows 0..n-1 (the graphs read the views ``cache[:n]``: contiguous, no
-copy), so the rows of the running sequences must be packed. ``RowAllocator`` hands a new sequence the lowest free
-row, takes it back when the sequence ends, and, when an ended sequence leaves a hole below a running one,
-``compact`` moves the highest running rows down into the holes and says which cache prefixes to copy
-(``RowCopy``). The copies are data: the scheduler puts them into its ``StepPlan``, the runner applies them to the
-target's KV cache and the EAGLE draft's, before the step's model calls. Parallel sampling (n > 1) shares a prompt's
-prefill the same way: ``RowCopy(leader's row, fork's row, prompt length)`` after the leader's prefill.
+A decode step over n sequences runs on n adjacent cache rows (the graphs read the views ``cache[w:w+n]``:
+contiguous, no copy), so the rows of the decoding sequences must form one window. ``compact`` picks the window that
+costs the fewest copied positions and moves the decoding sequences outside it into it: into an empty row with a
+``RowCopy``, or, when the row it takes keeps a cached prefix (or holds a sequence still being prefilled), with a
+``RowSwap`` that moves that content into the row the sequence leaves, so packing never drops a prefix. The copies are
+data: the scheduler puts them into its ``StepPlan``, the runner applies them to the target's KV cache and the EAGLE
+draft's, before the step's model calls. Parallel sampling (n > 1) shares a prompt's prefill the same way:
+``RowCopy(leader's row, fork's row, prompt length)`` after the leader's prefill.
 
-Prefix caching (vLLM's automatic prefix caching, over rows instead of blocks): a released row keeps its KV and the
-tokens it holds (``release(owner, tokens, salt)``; the salt is the LoRA adapter, which changes every position's KV).
-``allocate_cached`` gives a new sequence the lowest free row and, when a free row or a cache row holds KV of a
-prefix of its prompt (found by chained block hashes, prefix_cache.py), the copy of that prefix into its row (none
-when it is the same row, nor when that row itself holds as long a match: it is reused in place): the sequence is
-then prefilled from the first uncached position. Before a free row that holds a prefix is overwritten (a new owner,
-a compaction move), its prefix is saved into one of ``cache_rows`` extra rows (indices size..size+cache_rows-1,
-never run by a step) unless a cache row already covers it, evicting the least recently used cache row, or dropped
-when it is the least recently used itself. Memory stays bounded by
-size + cache_rows rows whatever is cached.
+Prefix caching (vLLM's automatic prefix caching): a released row keeps its KV and the tokens it holds
+(``release(owner, tokens, salt)``; the salt is the LoRA adapter, which changes every position's KV), and stays so
+while other rows are free: a new sequence takes the free row holding the longest prefix of its prompt (found by
+chained block hashes, prefix_cache.py), else the least recently used free row (empty rows first). Before a free row
+that keeps a prefix is overwritten, its full blocks are saved into the ``BlockPool`` beyond the batch
+(kv_blocks.py: ``cache_blocks`` blocks of ``block_size`` positions, prefixes sharing blocks share them; a
+``BlockCopy`` to the pool), evicting the least recently used blocks, or dropped when they are the least recently
+used themselves. A prompt whose longest cached prefix is in the pool gets those blocks copied into its row (a
+``BlockCopy`` from the pool, after what its row holds already). Memory stays bounded by size rows + cache_blocks
+blocks whatever is cached.
 
-Nothing else tracks rows: the model's KV cache is addressed by row and only applies the copies it is given; the
-EAGLE proposer keeps its draft KV in the same rows. Paged KV (rows become block tables) would be a change to this
-allocator and the copies it emits alone; the scheduler, the runner and the model see rows and copies as they do now.
+Nothing else tracks rows: the model's KV cache is addressed by row (and pool block) and only applies the copies it
+is given; the EAGLE proposer keeps its draft KV in the same rows (an EAGLE engine caches no prefix, so it only ever
+sees ``RowCopy`` moves).
 
 Example::
 
     rows = RowAllocator(4)
     a, b, c = "a", "b", "c"
     rows.allocate(a), rows.allocate(b), rows.allocate(c)     # (0, 1, 2)
-    rows.release(a)                                          # row 0 is a hole below b and c
-    rows.compact({b: 7, c: 12}.__getitem__)                  # [RowCopy(src=2, dst=0, length=12)]: c moves down
-    rows.row(c), rows.owners()                               # (0, ['c', 'b'])
+    rows.release(b)                                          # rows 0 and 2 are no window
+    rows.compact({a: 7, c: 12}.__getitem__)                  # [RowCopy(src=0, dst=1, length=7)]: a moves up
+    rows.row(a), rows.owners()                               # (1, ['a', 'c'])
 
-    cached = RowAllocator(2, cache_rows=2, block_size=4)
+    cached = RowAllocator(2, cache_blocks=4, block_size=4)
     cached.allocate("x"); cached.release("x", tokens=list(range(10)), salt=0)   # row 0 keeps 10 tokens' KV
     cached.allocate_cached("y", list(range(8)) + [99], salt=0)                  # (0, 8): prefill y from position 8
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
+from neuronpack.runtime.engine.kv_blocks import BlockPool
 from neuronpack.runtime.engine.prefix_cache import PrefixIndex
 
 K = TypeVar("K")
@@ -56,20 +58,44 @@ class RowCopy(NamedTuple):
     length: int
 
 
+class RowSwap(NamedTuple):
+    """Exchange two rows' contents: positions 0..length_a-1 of row ``a`` go to row ``b`` and positions
+    0..length_b-1 of row ``b`` to row ``a`` (every layer, K and V)."""
+
+    a: int
+    b: int
+    length_a: int
+    length_b: int
+
+
+class BlockCopy(NamedTuple):
+    """Copy between a row and the block pool: block ``slots[i]`` of ``row`` (positions slots[i] * block_size ..)
+    and pool block ``blocks[i]``, into the pool when ``to_pool``, else into the row."""
+
+    row: int
+    slots: tuple[int, ...]
+    blocks: tuple[int, ...]
+    to_pool: bool
+
+
+Move = RowCopy | RowSwap | BlockCopy
+
+
 class RowAllocator(Generic[K]):
     """Rows 0..size-1 of one compiled batch and the owner (a sequence) of each; with ``block_size`` (prefix caching
-    on) the prefixes free rows keep, and ``cache_rows`` more rows that only keep prefixes."""
+    on) the prefixes free rows keep, and a pool of ``cache_blocks`` blocks that only keep prefixes."""
 
-    def __init__(self, size: int, cache_rows: int = 0, block_size: int | None = None) -> None:
+    def __init__(self, size: int, cache_blocks: int = 0, block_size: int | None = None) -> None:
         if size < 1:
             raise ValueError(f"a KV cache needs at least one row, got {size}")
-        if cache_rows < 0:
-            raise ValueError(f"cache_rows must be >= 0, got {cache_rows}")
+        if cache_blocks < 0:
+            raise ValueError(f"cache_blocks must be >= 0, got {cache_blocks}")
         self.size = size
-        self.cache_rows = cache_rows if block_size is not None else 0
         self._owner: list[K | None] = [None] * size  # row -> owner
         self._index = PrefixIndex(block_size) if block_size is not None else None
-        self._pending: list[RowCopy] = []  # copies allocations asked for, until the scheduler takes them
+        self.pool = (BlockPool(cache_blocks, block_size, self._index.clock)
+                     if self._index is not None and block_size is not None and cache_blocks else None)
+        self._pending: list[Move] = []  # copies allocations asked for, until the scheduler takes them
 
     @property
     def caching(self) -> bool:
@@ -77,9 +103,9 @@ class RowAllocator(Generic[K]):
         return self._index is not None
 
     @property
-    def total_rows(self) -> int:
-        """Rows the KV cache must have: the batch's, then the cache rows."""
-        return self.size + self.cache_rows
+    def cache_blocks(self) -> int:
+        """Blocks of the pool beyond the batch (0: cached prefixes live in free rows only)."""
+        return 0 if self.pool is None else self.pool.num_blocks
 
     @property
     def free(self) -> int:
@@ -105,50 +131,49 @@ class RowAllocator(Generic[K]):
         return None
 
     @property
-    def cache_rows_in_use(self) -> int:
-        """Cache rows (beyond the batch) that keep a prefix: what the prefix cache's memory budget pays for."""
-        return 0 if self._index is None else sum(1 for e in self._index.entries() if e.row >= self.size)
+    def cache_blocks_in_use(self) -> int:
+        """Pool blocks that keep a prefix: what the prefix cache's memory budget pays for."""
+        return 0 if self.pool is None else self.pool.used
 
     def cached_rows(self) -> dict[int, int]:
-        """Row -> positions of cached prefix it keeps (free batch rows and cache rows)."""
+        """Free row -> positions of cached prefix it keeps."""
         return {} if self._index is None else {e.row: len(e.tokens) for e in self._index.entries()}
 
     def allocate(self, owner: K) -> int:
-        """Give ``owner`` the lowest free row (ValueError when every row is held). A prefix the row kept is saved
-        into a cache row first (``take_copies``) or dropped."""
-        return self._take(owner, self._lowest_free(owner))
+        """Give ``owner`` the least recently used free row (empty rows first, next to the held ones; ValueError when
+        every row is held). A prefix the row kept is saved into the pool first (``take_copies``) or dropped."""
+        return self._take(owner, self._least_recent_free(owner))
 
     def lookup(self, tokens: Sequence[int], salt: int = 0) -> int:
-        """Positions of ``tokens`` whose KV a free or cache row holds (under ``salt``), at most len - 1: at least one
-        position is left to prefill, so the last token's logits exist. 0 without prefix caching."""
-        match = self._match(tokens, salt)
-        return 0 if match is None else match[1]
+        """Positions of ``tokens`` whose KV a free row or the pool holds (under ``salt``), at most len - 1: at least
+        one position is left to prefill, so the last token's logits exist. 0 without prefix caching."""
+        return self._match(tokens, salt)[1]
 
     def allocate_cached(self, owner: K, tokens: Sequence[int], salt: int = 0) -> tuple[int, int]:
         """``allocate`` for a sequence whose row will hold ``tokens``: (its row, how many of its first positions
-        already hold their KV, ``lookup``'s count). The copy that puts them there (when another row held them) is
-        among ``take_copies``."""
-        match, index = self._match(tokens, salt), self._index
-        row = self._lowest_free(owner)
-        if match is None or index is None:
-            return self._take(owner, row), 0
-        src, length = match
-        if src != row and (own := index.longest_match(tokens[: len(tokens) - 1], salt, (row,))) is not None \
-                and own[1] >= length:
-            # The row it takes holds as much of the prompt as the best match (prompts sharing a system prompt, each
-            # free row holding it): reuse it in place rather than copy an equal prefix over it. One token less is
-            # not enough: prefilling a token costs more than copying a row's prefix.
-            src, length = own
-        index.touch(src)
-        if src == row:  # the prefix is in the row itself; what it holds beyond the match is saved (if worth it)
-            entry = index.entry(row)
-            if entry is not None and len(entry.tokens) <= length + 1:
-                index.forget(row)  # nothing beyond what the new owner keeps: no copy
-            self._take(owner, row)
-            return row, length
-        self._take(owner, row, protect=src)
-        self._pending.append(RowCopy(src, row, length))
-        return row, length
+        hold their KV once ``take_copies``' copies are applied, ``lookup``'s count). It takes the free row holding the
+        longest prefix of ``tokens`` (in place), topped up from the pool's blocks when they hold more."""
+        (src, in_row), length = self._match(tokens, salt)
+        index = self._index
+        if index is None or length == 0:
+            return self._take(owner, self._least_recent_free(owner)), 0
+        if src is None or in_row == 0:  # only the pool holds it: the least recently used free row takes it
+            src, in_row = self._least_recent_free(owner), 0
+        else:
+            index.touch(src)
+            entry = index.entry(src)
+            if entry is not None and len(entry.tokens) <= in_row + 1:
+                index.forget(src)  # nothing beyond what the new owner keeps: no copy
+        if length > in_row:  # the pool holds more: its blocks after those the row holds (same tokens) come in
+            assert self.pool is not None
+            ids = self.pool.match(tokens[: len(tokens) - 1], salt)
+            self.pool.touch(tokens[:length], salt)
+            first = in_row // self.pool.block_size
+            self._take(owner, src, protect=ids[first:])
+            self._pending.append(BlockCopy(src, tuple(range(first, len(ids))), tuple(ids[first:]), False))
+        else:
+            self._take(owner, src)
+        return src, length
 
     def release(self, owner: K, tokens: Sequence[int] = (), salt: int = 0) -> int | None:
         """Take ``owner``'s row back; returns it, or None. With prefix caching, ``tokens``: what the row's first
@@ -160,24 +185,20 @@ class RowAllocator(Generic[K]):
                 self._index.add(row, tokens, salt)
         return row
 
-    def compact(self, cached_length: Callable[[K], int]) -> list[RowCopy]:
-        """Pack the held rows into rows 0..n-1: the owner of the highest held row moves into the lowest hole, until
-        none is left. Returns the copies to apply to the caches, in order (each ``dst`` is a hole, never a later
-        ``src``), after any copy an allocation asked for; ``cached_length(owner)``: the positions of its row that
-        hold data (what a move must copy)."""
-        held = len(self.owners())
-        for hole in range(held):
-            if self._owner[hole] is not None:
-                continue
-            src = max(r for r, o in enumerate(self._owner) if o is not None)
-            owner = self._owner[src]
-            self._vacate(hole)
-            self._owner[hole], self._owner[src] = owner, None
-            if (length := cached_length(owner)) > 0:
-                self._pending.append(RowCopy(src, hole, length))
+    def compact(self, length: Callable[[K], int], decoding: Collection[K] | None = None) -> list[Move]:
+        """Put the ``decoding`` owners (default: every owner) into one window of adjacent rows, the one that copies
+        the fewest positions (ties: the lowest). Returns the copies to apply to the caches, in order, after any copy
+        an allocation asked for; ``length(owner)``: the positions of its row that hold data (what a move copies)."""
+        held = [r for r, o in enumerate(self._owner) if o is not None and (decoding is None or o in decoding)]
+        if held and held[-1] - held[0] + 1 != len(held):
+            start = min(range(self.size - len(held) + 1), key=lambda w: (self._window_cost(w, held, length), w))
+            window = range(start, start + len(held))
+            outside = [r for r in held if r not in window]
+            for src, dst in zip(outside, [r for r in window if r not in held], strict=True):
+                self._move_into(src, dst, length)
         return self.take_copies()
 
-    def take_copies(self) -> list[RowCopy]:
+    def take_copies(self) -> list[Move]:
         """The copies asked for since the last call (saving prefixes, reusing them, compaction), in order."""
         copies, self._pending = self._pending, []
         return copies
@@ -185,52 +206,80 @@ class RowAllocator(Generic[K]):
     def forget_cached(self) -> None:
         """Drop every cached prefix (the KV cache was written by someone else)."""
         if self._index is not None:
-            self._index = PrefixIndex(self._index.block_size)
+            for entry in list(self._index.entries()):
+                self._index.forget(entry.row)
+        if self.pool is not None:
+            self.pool.clear()
 
     # -- internals -------------------------------------------------------------------------------------------------
-    def _lowest_free(self, owner: K) -> int:
+    def _least_recent_free(self, owner: K) -> int:
         if self.row(owner) is not None:
             raise ValueError(f"{owner!r} already holds row {self.row(owner)}")
-        try:
-            return self._owner.index(None)
-        except ValueError:
-            raise ValueError(f"every one of the {self.size} cache rows is held") from None
+        free = [r for r, o in enumerate(self._owner) if o is None]
+        if not free:
+            raise ValueError(f"every one of the {self.size} cache rows is held")
+        held = [r for r, o in enumerate(self._owner) if o is not None]
 
-    def _take(self, owner: K, row: int, protect: int | None = None) -> int:
+        def age(row: int) -> tuple[int, int, int]:
+            entry = self._index.entry(row) if self._index is not None else None
+            beside = not held or any(abs(row - h) == 1 for h in held)
+            return (0 if entry is None else entry.last_used, 0 if beside else 1, row)
+
+        return min(free, key=age)
+
+    def _content(self, row: int, length: Callable[[K], int]) -> int:
+        """Positions of ``row`` worth keeping: its owner's data, or the prefix a free row keeps."""
+        owner = self._owner[row]
+        if owner is not None:
+            return length(owner)
+        entry = self._index.entry(row) if self._index is not None else None
+        return 0 if entry is None else len(entry.tokens)
+
+    def _window_cost(self, start: int, held: list[int], length: Callable[[K], int]) -> int:
+        window = range(start, start + len(held))
+        return (sum(length(self._owner[r]) for r in held if r not in window)  # type: ignore[arg-type]
+                + sum(self._content(r, length) for r in window if r not in held))
+
+    def _move_into(self, src: int, dst: int, length: Callable[[K], int]) -> None:
+        """Move ``src``'s owner into ``dst``; what ``dst`` holds (a prefix, a sequence) goes to ``src``."""
+        moving, there = self._owner[src], self._owner[dst]
+        entry = self._index.forget(dst) if self._index is not None else None
+        kept = self._content(dst, length) if there is not None else (0 if entry is None else len(entry.tokens))
+        size = length(moving)  # type: ignore[arg-type]
+        self._owner[dst], self._owner[src] = moving, there
+        if kept:
+            self._pending.append(RowSwap(dst, src, kept, size))
+            if entry is not None:
+                moved = self._index.add(src, entry.tokens, entry.salt)  # type: ignore[union-attr]
+                if moved is not None:
+                    moved.last_used = entry.last_used
+        elif size:
+            self._pending.append(RowCopy(src, dst, size))
+
+    def _take(self, owner: K, row: int, protect: Sequence[int] = ()) -> int:
+        if self._owner[row] is not None:
+            raise ValueError(f"cache row {row} is held")
         self._vacate(row, protect)
         self._owner[row] = owner
         return row
 
-    def _match(self, tokens: Sequence[int], salt: int) -> tuple[int, int] | None:
+    def _match(self, tokens: Sequence[int], salt: int) -> tuple[tuple[int | None, int], int]:
+        """((the free row holding the longest prefix or None, its length), the longest prefix a row or the pool
+        holds), over tokens[:-1]."""
         if self._index is None or len(tokens) < 2:
-            return None
-        return self._index.longest_match(tokens[: len(tokens) - 1], salt)
+            return (None, 0), 0
+        body = tokens[: len(tokens) - 1]
+        found = self._index.longest_match(body, salt)
+        in_row = (None, 0) if found is None else found
+        in_pool = 0 if self.pool is None else len(self.pool.match(body, salt)) * self.pool.block_size
+        return in_row, max(in_row[1], in_pool)
 
-    def _vacate(self, row: int, protect: int | None = None) -> None:
-        """``row`` (a free batch row) is about to be overwritten: save the prefix it keeps into a cache row, unless
-        one covers it already or every cache row was used more recently (then it is dropped). Never evicts
-        ``protect`` (the source of a copy this allocation asked for)."""
-        if self._index is None or (entry := self._index.forget(row)) is None or not self.cache_rows:
+    def _vacate(self, row: int, protect: Sequence[int] = ()) -> None:
+        """``row`` (a free batch row) is about to be overwritten: save the full blocks of the prefix it keeps into
+        the pool, those the pool does not hold yet, as far as blocks used longer ago than it make room. Never evicts
+        ``protect`` (pool blocks a copy this allocation asked for reads)."""
+        if self._index is None or (entry := self._index.forget(row)) is None or self.pool is None:
             return
-        cache = range(self.size, self.size + self.cache_rows)
-        superset, subset = self._index.covering(entry.tokens, entry.salt, cache)
-        if superset is not None:
-            superset.last_used = max(superset.last_used, entry.last_used)
-            return
-        empty = [r for r in cache if r not in self._index and r != protect]
-        if subset is not None and subset.row != protect:
-            target = subset.row
-        elif empty:
-            target = empty[0]
-        else:
-            used = [e for e in self._index.entries() if e.row >= self.size and e.row != protect]
-            if not used:
-                return
-            oldest = min(used, key=lambda e: e.last_used)
-            if oldest.last_used > entry.last_used:
-                return
-            target = oldest.row
-        self._pending.append(RowCopy(row, target, len(entry.tokens)))
-        saved = self._index.add(target, entry.tokens, entry.salt)
-        if saved is not None:
-            saved.last_used = entry.last_used
+        writes = self.pool.save(entry.tokens, entry.salt, entry.last_used, protect)
+        if writes:
+            self._pending.append(BlockCopy(row, tuple(s for s, _ in writes), tuple(b for _, b in writes), True))

@@ -11,8 +11,9 @@ Example::
     plan = scheduler.schedule_prefills(limit=1)
     plan.moves        # (RowCopy(src=3, dst=1, length=40),): apply before any model call
     plan.prefills     # (PrefillGroup(request_id="r7", row=3, prompt_ids=[...], fork_copies=(RowCopy(3, 4, 12),)),)
+    plan.prefills[0].tokens   # the chunk this step prefills (positions start..stop-1; all of a short prompt)
     plan = scheduler.schedule_decode()
-    plan.decodes      # (DecodeRow("r1", row=0, token=42, position=17, num_draft=4), ...): rows 0..n-1 in order
+    plan.decodes      # (DecodeRow("r1", row=0, token=42, position=17, num_draft=4), ...): adjacent rows, in order
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from neuronpack.runtime.engine.kv_rows import RowCopy
+from neuronpack.runtime.engine.kv_rows import Move, RowCopy
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,10 @@ class PrefillGroup:
     logits (prompt logprobs) and takes its own call; the others share one. ``scoring_only``: max_tokens 0, nothing
     is sampled (and the fork copies are not applied: the forks only share the leader's prompt logprobs).
     ``start``: the first position to prefill (prefix caching: the positions below already hold the prompt's KV,
-    copied in by the plan's moves); ``cache_query``: the prompt was looked up in the prefix cache (what the hit-rate
-    counters count)."""
+    copied in by the plan's moves, or earlier chunks wrote them) and ``end`` the position after the last (None: the
+    prompt's end): a long prompt is prefilled in chunks over several steps, between decode steps (chunked prefill),
+    and only its last chunk (``done``) yields its first token; ``first``: its first chunk. ``cache_query``: the
+    prompt was looked up in the prefix cache (what the hit-rate counters count)."""
 
     request_id: str
     row: int
@@ -42,6 +45,23 @@ class PrefillGroup:
     fork_copies: tuple[RowCopy, ...] = ()
     start: int = 0
     cache_query: bool = False
+    end: int | None = None
+    first: bool = True
+
+    @property
+    def stop(self) -> int:
+        """The position after the chunk's last."""
+        return len(self.prompt_ids) if self.end is None else self.end
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The chunk's tokens: positions start..stop-1 of the prompt."""
+        return self.prompt_ids[self.start:self.stop]
+
+    @property
+    def done(self) -> bool:
+        """The chunk ends the prompt: its logits are the first token's."""
+        return self.stop == len(self.prompt_ids)
 
     @property
     def rows(self) -> tuple[int, ...]:
@@ -66,8 +86,8 @@ class DecodeRow:
 @dataclass(frozen=True)
 class StepPlan:
     """One phase of a step: row moves to apply first (compaction after sequences ended), then the prefills or the
-    decode rows (rows 0..n-1, in row order)."""
+    decode rows (one window of adjacent rows, in row order)."""
 
-    moves: tuple[RowCopy, ...] = ()
+    moves: tuple[Move, ...] = ()
     prefills: tuple[PrefillGroup, ...] = ()
     decodes: tuple[DecodeRow, ...] = ()

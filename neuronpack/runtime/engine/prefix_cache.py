@@ -29,38 +29,43 @@ from dataclasses import dataclass, field
 from neuronpack.runtime.limits import DEFAULT_PREFIX_CACHE_MIB
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block size: a prompt must share one full block to reuse anything
-MAX_CACHE_ROWS = 64  # the index is searched in Python: beyond this many rows a budget buys nothing measurable
+USEFUL_BLOCKS = 4  # a pool of fewer blocks (64 tokens at vLLM's size) keeps no prefix worth a lookup: said at start
 
 
 @dataclass(frozen=True)
 class PrefixCaching:
     """The prefix cache's settings: ``enabled`` (vLLM's ``--enable-prefix-caching``, on by default) and
-    ``memory_mib``: the memory of the cache rows added beyond the compiled batch to keep prefixes in (each holds one
-    sequence's KV; the rows of the batch that no sequence holds keep theirs too, at no extra cost); 0 keeps prefixes
-    in free batch rows only (at most ``MAX_CACHE_ROWS`` rows). The bound is a hard one: the rows are allocated once,
-    whatever they hold."""
+    ``memory_mib``: the memory of the block pool added beyond the compiled batch to keep prefixes in, in blocks of
+    ``block_size`` token positions (a prefix costs its length, rounded down to whole blocks; the rows of the batch
+    that no sequence holds keep theirs too, at no extra cost); 0 keeps prefixes in free batch rows only. The bound is
+    a hard one: the pool is allocated once, whatever it holds."""
 
     enabled: bool = True
     memory_mib: float = DEFAULT_PREFIX_CACHE_MIB
     block_size: int = DEFAULT_BLOCK_SIZE
 
-    def rows_for(self, model, proposer=None) -> tuple[str | None, int]:
-        """(why prefix caching is off for ``model`` and its speculation ``proposer``, or None; the cache rows the
-        budget buys beyond the batch: 0 for a model whose KV cache cannot grow, ``reserve_rows``)."""
+    def blocks_for(self, model, proposer=None) -> tuple[str | None, int]:
+        """(why prefix caching is off for ``model`` and its speculation ``proposer``, or None; the pool blocks the
+        budget buys beyond the batch: 0 for a model whose KV cache has no pool, ``reserve_blocks``)."""
         if not self.enabled:
             return "turned off (--no-enable-prefix-caching)", 0
         if proposer is not None and proposer.needs_hidden_states:
             return ("an EAGLE draft builds its KV of a prompt from the target's hidden states of that prompt, which "
                     "a cached prefix does not compute"), 0
-        if not hasattr(model, "reserve_rows"):
+        if not hasattr(model, "reserve_blocks"):
             return None, 0
-        return None, self.cache_rows(getattr(model, "kv_row_bytes", 0))
+        return None, self.cache_blocks(getattr(model, "kv_token_bytes", 0))
 
-    def cache_rows(self, row_bytes: int) -> int:
-        """Rows of ``row_bytes`` (one KV-cache row, every layer, K and V) the memory budget holds."""
-        if not self.enabled or row_bytes <= 0:
+    def block_bytes(self, token_bytes: int) -> int:
+        """Bytes of one block: ``block_size`` positions of every layer's K and V (``token_bytes`` each)."""
+        return self.block_size * token_bytes
+
+    def cache_blocks(self, token_bytes: int) -> int:
+        """Blocks the memory budget holds, for a model whose one KV position (every layer, K and V) is
+        ``token_bytes``."""
+        if not self.enabled or token_bytes <= 0:
             return 0
-        return min(MAX_CACHE_ROWS, int(self.memory_mib * 2**20 // row_bytes))
+        return int(self.memory_mib * 2**20 // self.block_bytes(token_bytes))
 
 
 def block_hashes(tokens: Sequence[int], salt: int, block_size: int) -> list[bytes]:
@@ -95,7 +100,7 @@ class PrefixIndex:
         self.block_size = block_size
         self._entries: dict[int, Entry] = {}  # row -> entry
         self._by_hash: dict[bytes, set[int]] = {}  # block hash -> rows whose entry has that block
-        self._clock = itertools.count(1)
+        self.clock = itertools.count(1)  # ages, shared with the block pool (kv_blocks.py): one LRU order
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -115,7 +120,7 @@ class PrefixIndex:
         self.forget(row)
         if len(tokens) < self.block_size:
             return None
-        entry = Entry(row, tuple(tokens), salt, block_hashes(tokens, salt, self.block_size), next(self._clock))
+        entry = Entry(row, tuple(tokens), salt, block_hashes(tokens, salt, self.block_size), next(self.clock))
         self._entries[row] = entry
         for h in entry.hashes:
             self._by_hash.setdefault(h, set()).add(row)
@@ -136,7 +141,7 @@ class PrefixIndex:
     def touch(self, row: int) -> None:
         """``row``'s entry was used now (least recently used goes first)."""
         if (entry := self._entries.get(row)) is not None:
-            entry.last_used = next(self._clock)
+            entry.last_used = next(self.clock)
 
     def longest_match(self, tokens: Sequence[int], salt: int, rows: Iterable[int] | None = None
                       ) -> tuple[int, int] | None:

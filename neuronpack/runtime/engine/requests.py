@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from neuronpack.errors import InvalidRequestError, ServeError
 from neuronpack.runtime.engine.logprobs import MAX_LOGPROBS, TokenLogprobs
+from neuronpack.runtime.engine.prefix_cache import USEFUL_BLOCKS
 from neuronpack.runtime.engine.sampling import RowSampler, SamplingParams
 from neuronpack.runtime.engine.speculation.stats import SpecStats
 from neuronpack.runtime.engine.stopping import Decoder, FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
@@ -34,38 +35,65 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 class EngineLimits:
     """Load limits. ``max_waiting``: requests that may wait for a slot beyond the batch (None: unbounded);
     ``request_timeout``: seconds from submission until a request is ended with "timeout" (None: never);
-    ``max_prefill_tokens``: token positions the prompts prefilled between two decode steps may take in their one
-    call (prompts x the longest; None: the longest prompt the artifact takes; a longer prompt still goes, alone)."""
+    ``max_num_batched_tokens``: token positions one engine step may run while streams decode (vLLM's
+    ``--max-num-batched-tokens``): the decode step's tokens first, the prompts' chunks in what is left (None: a
+    budget that follows the measured step times, step_budget.py)."""
 
     max_waiting: int | None = None
     request_timeout: float | None = None
-    max_prefill_tokens: int | None = None
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class EngineSummary:
     """What a server says about its engine once loaded (``Engine.summary()``): the compiled batch, the lengths, the
-    loop's torch threads (None: as the process has them), and the prefix cache: its rows beyond the batch and the
-    bytes of one KV row, or why it is off."""
+    loop's torch threads (None: as the process has them), the prefix cache (its pool of blocks beyond the batch,
+    the bytes of one block, the budget asked for; or why it is off) and the step's token budget."""
 
     batch_size: int
     max_model_len: int
     max_prompt_len: int
     threads: int | None
-    cache_rows: int
-    kv_row_bytes: int
+    cache_blocks: int
+    block_size: int
+    block_bytes: int
+    cache_budget_mib: float
     prefix_caching_off: str | None  # None: prefix caching is on
+    max_num_batched_tokens: int | None  # None: automatic (step_budget.py)
 
     @property
     def cache_mib(self) -> float:
-        """MiB of KV rows kept for cached prefixes beyond the batch."""
-        return self.cache_rows * self.kv_row_bytes / 2**20
+        """MiB of the block pool kept for cached prefixes beyond the batch."""
+        return self.cache_blocks * self.block_bytes / 2**20
+
+    def prefix_cache_line(self) -> str:
+        """What ``serve`` says at start about the prefix cache: its pool, or that the budget buys nothing useful."""
+        if self.prefix_caching_off is not None:
+            return f"prefix caching off: {self.prefix_caching_off}"
+        if self.cache_blocks < USEFUL_BLOCKS:
+            useful = USEFUL_BLOCKS * self.block_bytes / 2**20
+            return (f"prefix caching: --prefix-cache-memory {self.cache_budget_mib:g} MiB holds {self.cache_blocks} "
+                    f"blocks of {self.block_size} tokens ({self.block_bytes / 2**20:.3f} MiB each), too few to keep a "
+                    f"useful prefix: only the batch's free rows keep prefixes (give it {useful:.2f} MiB or more)")
+        return (f"prefix caching: {self.cache_blocks} blocks of {self.block_size} tokens "
+                f"({self.cache_blocks * self.block_size} tokens, {self.cache_mib:.1f} MiB) beyond the batch, whose "
+                f"free rows keep prefixes too")
+
+    def chunked_prefill_line(self) -> str:
+        """What ``serve`` says at start about the step budget."""
+        if self.max_num_batched_tokens is not None:
+            return (f"chunked prefill: {self.max_num_batched_tokens} tokens a step while streams decode "
+                    "(--max-num-batched-tokens)")
+        return ("chunked prefill: while streams decode, a step prefills what takes about 2 decode steps, measured "
+                "(--max-num-batched-tokens N fixes the step's tokens)")
 
 
 class CompiledModel(Protocol):
     """What the runner drives (``neuronpack.backends.torch_aot.CompiledLM``). A slot is a KV-cache row: which
-    sequence holds which is the engine's ``RowAllocator`` (kv_rows.py); a decode or verify step runs on rows
-    0..n-1 (any order), which the allocator keeps packed with the copies it hands to ``copy_rows``."""
+    sequence holds which is the engine's ``RowAllocator`` (kv_rows.py); a decode or verify step runs on one window
+    of adjacent rows (any order), which the allocator keeps packed with the moves it hands to ``move_kv`` (a model
+    without it gets only ``copy_rows``' copies). With ``reserve_blocks`` / ``kv_token_bytes``, a pool of KV blocks
+    beyond the rows keeps cached prefixes."""
 
     batch_size: int
     context_buckets: tuple[int, ...]
@@ -108,6 +136,10 @@ class CompiledModel(Protocol):
 
     def copy_rows(self, copies: Sequence[tuple[int, int, int]]) -> None:
         """Apply ``(src, dst, length)`` copies in order: cache positions 0..length-1 of row src into row dst."""
+        ...
+
+    def move_kv(self, moves: Sequence[Any]) -> None:
+        """Apply the allocator's moves in order: ``RowCopy``, ``RowSwap`` and ``BlockCopy`` (kv_rows.py)."""
         ...
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> Tensor:
@@ -161,7 +193,7 @@ class StepOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # on the first output only, when asked for
     stop_reason: str | int | None = None  # the stop string / stop token id that ended the request
     speculation: dict[str, Any] | None = None  # on the last output of a speculating engine: SpecStats.to_dict()
-    cached_tokens: int = 0  # prompt tokens not prefilled: found in the prefix cache (a fork: its copied prompt)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (vLLM's RequestOutput field)
     batch: int | None = None  # sequences of the decode step that produced this output (None: not a decode step)
 
 
@@ -184,7 +216,7 @@ class RequestState:
     spec: SpecStats | None = None  # this request's speculation counts (speculating engines only)
     constraint: Constraint | None = None  # the request's grammar state (constrained decoding only)
     prefilled: bool = False  # its row holds its prompt's KV (set once its prefill succeeded)
-    cached_prompt_tokens: int = 0  # prompt tokens its prefill did not compute (StepOutput.cached_tokens)
+    num_cached_tokens: int = 0  # prompt tokens whose KV the prefix cache supplied (set when it gets its row)
 
     def take(self, tokens: Sequence[int]) -> tuple[str, int, FinishReason | None]:
         """Append emitted ``tokens`` one by one through the grammar and the stop rules, up to the first that ends the
@@ -229,6 +261,18 @@ class RequestState:
     def scoring_only(self) -> bool:
         """max_tokens 0: the prompt is scored (prompt logprobs), nothing is generated."""
         return self.output.rules.max_tokens == 0
+
+
+def step_token_budget(requested: int | None, batch_size: int, spec_length: int = 0) -> int | None:
+    """A fixed step budget (``EngineLimits.max_num_batched_tokens``) checked: at least one prompt token beyond a full
+    batch's decode step (one token per row, k + 1 speculating), or a ServeError saying so. None stays None (the
+    budget follows the measured step times)."""
+    decode = batch_size * (1 + spec_length)
+    if requested is not None and requested <= decode:
+        raise ServeError(f"a step budget of {requested} tokens leaves no token for prompts once a full batch decodes "
+                         f"({decode} tokens a step)", where="--max-num-batched-tokens",
+                         fix=f"pass more than {decode}, or leave it out (automatic)")
+    return requested
 
 
 def check_request(request: GenerationRequest, *, max_prompt_len: int, max_model_len: int, vocab_size: int,

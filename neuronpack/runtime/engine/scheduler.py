@@ -2,9 +2,11 @@
 kv_rows.py) and the plans of each step (``StepPlan``, plan.py), torch-free and without a model, so the policy is
 testable on its own.
 
-A sequence takes the lowest free row when it is admitted (to be prefilled), keeps it while it decodes, and gives it
-back the moment it finishes or is aborted; before each phase the allocator packs the running rows into rows
-0..n-1 (a decode step runs at the batch of running sequences) and the plan carries the copies that does.
+A sequence takes a free row when it is admitted (``RowAllocator``: the one holding its longest cached prefix, else
+the least recently used), keeps it while its prompt is prefilled chunk by chunk (``prefilling``: as many of its
+tokens a step as the step's token budget leaves, at most ``max_chunk``) and while it decodes, and gives it back the
+moment it finishes or is aborted; before each decode step the allocator packs the decoding rows into one window of
+adjacent rows (the decode graph runs on them) and the plan carries the moves that do it.
 
 Parallel sampling (``n`` > 1) shares one prefill: the first sequence of a fork group waits in the queue carrying the
 others (``forks``), and the group is admitted only when every member gets a row at once, so the prompt's KV can be
@@ -19,18 +21,19 @@ Example::
 
     sched = SlotScheduler(batch_size=4)
     sched.add(seq)
-    plan = sched.schedule_prefills(limit=4, token_budget=64)  # seq takes row 0: plan.prefills[0].row == 0
+    plan = sched.schedule_prefills(token_budget=sched.prefill_budget(64))  # seq's first chunk in its row
     ...                                      # the runner prefills it, the engine samples its first token
-    plan = sched.schedule_decode()           # plan.decodes: one DecodeRow per running sequence, rows 0..n-1
+    plan = sched.schedule_decode()           # plan.decodes: one DecodeRow per decoding sequence, adjacent rows
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from neuronpack.runtime.engine.kv_rows import RowAllocator, RowCopy
+from neuronpack.runtime.engine.kv_rows import Move, RowAllocator, RowCopy
 from neuronpack.runtime.engine.plan import DecodeRow, PrefillGroup, StepPlan
 
 
@@ -42,6 +45,7 @@ class Schedulable(Protocol):
     adapter: int
     prompt_logprobs: int | None
     forks: list  # same-prompt sequences admitted (and prefilled) together with this one; empty once admitted
+    num_cached_tokens: int  # set on admission: prompt tokens whose KV the prefix cache supplied
 
     @property
     def last_token(self) -> int: ...
@@ -62,18 +66,36 @@ class Schedulable(Protocol):
 S = TypeVar("S", bound=Schedulable)
 
 
-class SlotScheduler(Generic[S]):
-    """Waiting queue + the rows of one compiled batch. ``spec_length``: speculation's draft length (0: none), the
-    cap of each decode row's ``num_draft``."""
+@dataclass(eq=False)
+class Prefilling(Generic[S]):
+    """A sequence admitted and holding its row whose prompt is not all prefilled yet: ``computed`` positions of its
+    row hold the prompt's KV (cached or prefilled by earlier chunks); ``forks`` (holding rows of their own) get the
+    prompt's KV after its last chunk, copied from wherever the rows are then; ``cache_query``: it was looked up in the
+    prefix cache."""
 
-    def __init__(self, batch_size: int, spec_length: int = 0, cache_rows: int = 0,
-                 block_size: int | None = None) -> None:
+    seq: S
+    computed: int
+    forks: tuple[S, ...] = ()
+    cache_query: bool = False
+    first: bool = True  # no chunk of it has been planned yet
+
+
+class SlotScheduler(Generic[S]):
+    """Waiting queue + the rows of one compiled batch + the prompts being prefilled chunk by chunk.
+    ``spec_length``: speculation's draft length (0: none), the cap of each decode row's ``num_draft``;
+    ``max_chunk``: the most prompt tokens of one sequence one prefill call takes (the largest context bucket; None:
+    any)."""
+
+    def __init__(self, batch_size: int, spec_length: int = 0, cache_blocks: int = 0,
+                 block_size: int | None = None, max_chunk: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.spec_length = spec_length
+        self.max_chunk = max_chunk
         self.waiting: deque[S] = deque()
-        self.rows: RowAllocator[S] = RowAllocator(batch_size, cache_rows, block_size)
+        self.prefilling: list[Prefilling[S]] = []  # admission order
+        self.rows: RowAllocator[S] = RowAllocator(batch_size, cache_blocks, block_size)
 
     @property
     def prefix_caching(self) -> bool:
@@ -81,8 +103,14 @@ class SlotScheduler(Generic[S]):
 
     @property
     def running(self) -> list[S]:
-        """Sequences holding a row, in row order."""
+        """Sequences holding a row (decoding or being prefilled), in row order."""
         return self.rows.owners()
+
+    @property
+    def decoding(self) -> list[S]:
+        """Sequences holding a row whose prompt is prefilled (what a decode step runs), in row order."""
+        busy = {id(m) for p in self.prefilling for m in (p.seq, *p.forks)}
+        return [s for s in self.rows.owners() if id(s) not in busy]
 
     @property
     def free_rows(self) -> int:
@@ -103,50 +131,122 @@ class SlotScheduler(Generic[S]):
         """Every unfinished sequence: waiting ones (fork group members included), then running ones."""
         return [m for seq in self.waiting for m in (seq, *seq.forks)] + self.running
 
+    def prefill_budget(self, max_num_batched_tokens: int | None) -> int | None:
+        """Prompt token positions this step's prefill calls may take: what the step's budget leaves after the decode
+        step's tokens (one per decoding sequence, k + 1 speculating), at least one; with nothing decoding, no stream
+        waits on the prefill: one chunk (``max_chunk``) or the budget, whichever is larger. None: unbounded."""
+        if max_num_batched_tokens is None:
+            return None
+        decoding = len(self.decoding)
+        if not decoding:
+            return max(max_num_batched_tokens, self.max_chunk or 0)
+        return max(1, max_num_batched_tokens - decoding * (1 + self.spec_length))
+
     # ---- plans ---------------------------------------------------------------------------------------------------
-    def schedule_prefills(self, limit: int, token_budget: int | None = None) -> StepPlan:
-        """Pack the running rows, then admit up to ``limit`` waiting prompts (FIFO; a fork group counts as one and
-        takes all its rows at once, waiting until that many are free) into the lowest free rows. ``token_budget``:
-        the prompts after the first are admitted only while the call they share costs at most that many token
-        positions (one prefill call pads every prompt to the longest: prompts x longest)."""
-        moves = self._compact()
-        groups = []
-        longest = 0
-        while self.waiting and len(groups) < limit and self.rows.free >= 1 + len(self.waiting[0].forks):
+    def schedule_prefills(self, limit: int | None = None, token_budget: int | None = None) -> StepPlan:
+        """The chunks of the prompts being prefilled that finish within ``token_budget``, then up to ``limit``
+        waiting prompts admitted (FIFO; a fork group counts as one and takes all its rows at once, waiting until
+        that many are free) into free rows (``RowAllocator``: the row holding their longest cached prefix, else the
+        least recently used), each with its first chunk, then the next chunks of the longer prompts being
+        prefilled (oldest first), while the calls cost at most ``token_budget`` token positions (the prompts share
+        one call padded to the longest chunk: chunks x the longest; the first chunk is cut to the budget, the others
+        to the longest so far). A chunk is at most ``max_chunk`` tokens."""
+        groups: list[PrefillGroup] = []
+        width = 0
+
+        def chunk(remaining: int) -> int:
+            want = remaining if self.max_chunk is None else min(remaining, self.max_chunk)
+            n = len(groups) + 1
+            if token_budget is None or n * max(width, want) <= token_budget:
+                return want
+            if not groups:
+                return min(want, token_budget)
+            return min(want, width) if n * width <= token_budget else 0
+
+        def remaining(p: Prefilling[S]) -> int:
+            return len(p.seq.prompt_ids) - p.computed
+
+        # Prompts that finish within this step's budget go first, then new ones, then the longer ones: a chat's
+        # short prompt is not queued behind a long document's every chunk (new prompts need a free row, so the
+        # long ones get the budget back whenever the rows are full).
+        short = [p for p in self.prefilling if token_budget is None or remaining(p) <= token_budget]
+        long = [p for p in self.prefilling if p not in short]
+        for progress in short:
+            if not (take := chunk(remaining(progress))):
+                break
+            groups.append(self._chunk(progress, take))
+            width = max(width, take)
+        admitted = 0
+        while self.waiting and (limit is None or admitted < limit) \
+                and self.rows.free >= 1 + len(self.waiting[0].forks):
             head = self.waiting[0]
             reuse = self.rows.caching and head.prompt_logprobs is None
-            uncached = len(head.prompt_ids) - (self.rows.lookup(head.prompt_ids, head.adapter) if reuse else 0)
-            cost = (len(groups) + 1) * max(longest, uncached)
-            if groups and token_budget is not None and cost > token_budget:
+            take = chunk(len(head.prompt_ids) - (self.rows.lookup(head.prompt_ids, head.adapter) if reuse else 0))
+            if not take:
                 break
-            longest = max(longest, uncached)
             seq = self.waiting.popleft()
             row, start = (self.rows.allocate_cached(seq, seq.prompt_ids, seq.adapter) if reuse
                           else (self.rows.allocate(seq), 0))
+            seq.num_cached_tokens = start
             forks, seq.forks = seq.forks, []  # admitted: from now on the members are independent sequences
-            copies = tuple(RowCopy(row, self.rows.allocate(f), len(seq.prompt_ids)) for f in forks)
-            groups.append(PrefillGroup(seq.request_id, row, seq.prompt_ids, seq.adapter,
-                                       own_call=seq.prompt_logprobs is not None, scoring_only=seq.scoring_only,
-                                       fork_copies=copies, start=start,
-                                       cache_query=reuse))
-        return StepPlan(moves=(*moves, *self.rows.take_copies()), prefills=tuple(groups))
+            for fork in forks:
+                self.rows.allocate(fork)
+            progress = Prefilling(seq, start, tuple(forks), reuse)
+            self.prefilling.append(progress)
+            groups.append(self._chunk(progress, take))
+            width = max(width, take)
+            admitted += 1
+        for progress in long:
+            if not (take := chunk(remaining(progress))):
+                break
+            groups.append(self._chunk(progress, take))
+            width = max(width, take)
+        self.prefilling = [p for p in self.prefilling if p.computed < len(p.seq.prompt_ids)]
+        return StepPlan(moves=tuple(self.rows.take_copies()), prefills=tuple(groups))
 
-    def schedule_decode(self) -> StepPlan:
-        """Pack the running rows; one decode row per running sequence, in row order (rows 0..n-1)."""
-        moves = self._compact()
-        decodes = tuple(DecodeRow(s.request_id, row, s.last_token, s.next_position, s.adapter,
+    def _chunk(self, progress: Prefilling[S], take: int) -> PrefillGroup:
+        seq, start = progress.seq, progress.computed
+        progress.computed += take
+        last = progress.computed == len(seq.prompt_ids)
+        row = self.rows.row(seq)
+        copies = tuple(RowCopy(row, self.rows.row(f), len(seq.prompt_ids))  # type: ignore[arg-type]
+                       for f in progress.forks) if last else ()
+        group = PrefillGroup(seq.request_id, row, seq.prompt_ids, seq.adapter,  # type: ignore[arg-type]
+                             own_call=seq.prompt_logprobs is not None, scoring_only=seq.scoring_only,
+                             fork_copies=copies, start=start,
+                             end=None if last else progress.computed,
+                             cache_query=progress.cache_query, first=progress.first)
+        progress.first = False
+        return group
+
+    def schedule_decode(self, skip: Collection[str] = ()) -> StepPlan:
+        """Pack the decoding rows into one window; one decode row per decoding sequence, in row order. ``skip``:
+        request ids that do not decode this step (prompts whose last chunk ran in it: the step's token budget did
+        not count them)."""
+        decoding = [s for s in self.decoding if s.request_id not in skip]
+        moves = self._compact(decoding)
+        decodes = tuple(DecodeRow(s.request_id, self.rows.row(s), s.last_token, s.next_position,  # type: ignore[arg-type]
+                                  s.adapter,
                                   max(0, min(self.spec_length, s.room - 1)) if self.spec_length else 0)
-                        for row, s in enumerate(self.rows.owners()))
+                        for s in sorted(decoding, key=self.rows.row))  # type: ignore[arg-type]
         return StepPlan(moves=moves, decodes=decodes)
 
-    def _compact(self) -> tuple[RowCopy, ...]:
-        # A running sequence's row holds positions 0..next_position-1 (its last token is not cached yet).
-        return tuple(self.rows.compact(lambda s: s.next_position))
+    def _compact(self, decoding: list[S]) -> tuple[Move, ...]:
+        # A sequence being prefilled holds what its chunks wrote; a fork waiting for its leader's prompt holds
+        # nothing yet; any other holds positions 0..next_position-1 (its last token is not cached yet).
+        computed = {id(p.seq): p.computed for p in self.prefilling}
+        computed |= {id(f): 0 for p in self.prefilling for f in p.forks}
+
+        def length(s: S) -> int:
+            return computed.get(id(s), s.next_position)
+
+        return tuple(self.rows.compact(length, set(decoding)))
 
     # ---- ending sequences ----------------------------------------------------------------------------------------
     def release(self, seq: S, keep: bool = True) -> None:
         """Give a finished sequence's row back; with prefix caching the row keeps its KV for later prompts unless
         ``keep`` is False (a failed sequence: its KV may be garbage)."""
+        self._unprefill(seq)
         if self.rows.caching and keep:
             self.rows.release(seq, seq.cached_tokens, seq.adapter)
         else:
@@ -166,6 +266,19 @@ class SlotScheduler(Generic[S]):
                 self.release(seq)
                 return seq
         return None
+
+    def _unprefill(self, seq: S) -> None:
+        """``seq`` ends: a prompt being prefilled stops; a fork waiting for it becomes the leader of the rest and is
+        prefilled from its own row's start."""
+        for index, progress in enumerate(self.prefilling):
+            if progress.seq is seq:
+                del self.prefilling[index]
+                if progress.forks:
+                    self.prefilling.insert(index, Prefilling(progress.forks[0], 0, progress.forks[1:]))
+                return
+            if any(f is seq for f in progress.forks):
+                progress.forks = tuple(f for f in progress.forks if f is not seq)
+                return
 
     def _unqueue(self, match) -> S | None:
         # A waiting leader hands its fork group to the next member; a waiting fork leaves its group.

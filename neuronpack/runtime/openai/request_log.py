@@ -66,7 +66,7 @@ class RequestTrace:
             self._steps += 1
         if out.finish_reason is not None:
             batch = round(self._rows / self._steps) if self._steps else None
-            self._put((out.prompt_tokens, out.completion_tokens, out.cached_tokens, batch, self._arrived,
+            self._put((out.prompt_tokens, out.completion_tokens, out.num_cached_tokens, batch, self._arrived,
                        self._first, time.time(), self._prompt_ids))
 
 

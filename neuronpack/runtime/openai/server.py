@@ -265,7 +265,7 @@ class _Choice:
         raise_if_failed(last)
         return cls("".join(o.text for o in outs), [t for o in outs for t in o.token_ids],
                    [e for o in outs for e in (o.logprobs or ())], outs[0].prompt_logprobs, last.finish_reason,
-                   last.stop_reason, last.prompt_tokens, last.completion_tokens, last.cached_tokens)
+                   last.stop_reason, last.prompt_tokens, last.completion_tokens, last.num_cached_tokens)
 
 
 def _usage(choices: list[_Choice], n: int) -> dict[str, Any]:

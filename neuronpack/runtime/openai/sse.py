@@ -96,7 +96,7 @@ async def stream_completion(
             completion_tokens += out.completion_tokens
             if index % body.n == 0:
                 prompt_tokens += out.prompt_tokens
-                cached_tokens += out.cached_tokens
+                cached_tokens += out.num_cached_tokens
     if with_usage:
         yield resp.usage_chunk(request_id, body.model, "text_completion",
                                oa.usage(prompt_tokens, completion_tokens, cached_tokens))
@@ -132,7 +132,7 @@ async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, reque
             completion_tokens += out.completion_tokens
             prompt_tokens = out.prompt_tokens
             if index == 0:  # the choice that looked the prompt up (the others copied it)
-                cached_tokens = out.cached_tokens
+                cached_tokens = out.num_cached_tokens
     if with_usage:
         yield resp.usage_chunk(request_id, body.model, "chat.completion.chunk",
                                oa.usage(prompt_tokens, completion_tokens, cached_tokens))

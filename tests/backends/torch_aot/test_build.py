@@ -13,6 +13,7 @@ from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
 from neuronpack.checkpoint import open_checkpoint
 from neuronpack.errors import ArtifactError, BucketError, RecipeError
 from neuronpack.models import load_model
+from neuronpack.runtime.engine.kv_rows import BlockCopy, RowSwap
 from tests.backends.torch_aot.build_requests import tiny_request
 
 
@@ -97,19 +98,23 @@ def test_prompt_logits_score_every_position(smollm_export):
         lm.prompt_logits([1] * 65)
 
 
-def test_prefill_from_a_start_position_and_extra_cache_rows(smollm_export):
+def test_prefill_from_a_start_position_and_kv_moves(smollm_export):
     """``starts``: a prompt's tail prefilled after its head (prefix caching, chunks of a long prompt) is the whole
-    prompt's prefill; prompt logits too; cache rows added beyond the batch take copies and give them back."""
+    prompt's prefill; prompt logits too; the prefix pool's blocks and row swaps move KV without changing it."""
     model_dir, artifact, _ = smollm_export
     lm = load_artifact(artifact)
     reference = load_model(model_dir, torch.bfloat16)
     prompt = list(range(3, 103))  # 100 tokens: longer than the largest context bucket (64)
     full = reference.forward_full(torch.tensor([prompt]))[0]
-    lm.reserve_rows(5)
-    assert lm.cache_rows == 5 and lm.kv_row_bytes == 2 * lm.num_layers * lm._cache.k[0, 0].numel() * 2
+    lm.reserve_blocks(8, 16)
+    assert lm.kv_row_bytes == 2 * lm.num_layers * lm._cache.k[0, 0].numel() * 2
+    assert lm.kv_token_bytes * lm._cache.k.shape[3] == lm.kv_row_bytes
     lm.prefill([0], [prompt[:60]])
-    lm.copy_rows([(0, 4, 60)])  # row 4: a cache row beyond the batch of 2
-    lm.copy_rows([(4, 1, 60)])
+    lm.move_kv([BlockCopy(0, (0, 1, 2), (5, 2, 7), True)])  # positions 0..47 into pool blocks 5, 2, 7
+    lm.move_kv([RowSwap(0, 1, 60, 0)])  # row 0's 60 positions into row 1 (row 0 held nothing more)
+    for cache in (lm._cache.k, lm._cache.v):
+        cache[:, 1, :, :48] = 0  # lost: the pool's blocks bring them back
+    lm.move_kv([BlockCopy(1, (0, 1, 2), (5, 2, 7), False)])
     head_and_tail = lm.prefill([1], [prompt[60:]], starts=[60])
     torch.testing.assert_close(head_and_tail[0], full[-1], atol=5e-2, rtol=2e-2)
     every = torch.cat([lm.prompt_logits(prompt[:64], slot=0), lm.prompt_logits(prompt[64:], slot=0, start=64)])

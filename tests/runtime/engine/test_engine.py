@@ -2,7 +2,7 @@
 
 import pytest
 
-from neuronpack.errors import InvalidRequestError
+from neuronpack.errors import InvalidRequestError, ServeError
 from neuronpack.runtime.engine import Engine, GenerationRequest
 from neuronpack.runtime.engine.requests import EngineLimits
 from neuronpack.runtime.engine.sampling import SamplingParams
@@ -51,23 +51,17 @@ def test_continuous_batching_queues_interleaves_and_matches_sequential(engine):
     steps = 0
     while engine.step():
         steps += 1
-        running = engine.scheduler.running
-        # The prompts prefilled between two decode steps while others stream fit the token budget together.
-        newly_started = [s for s in running if len(s.output.token_ids) == 2]
-        if len(newly_started) > 1:
-            longest = max(len(s.prompt_ids) for s in newly_started)
-            assert len(newly_started) * longest <= engine.max_prefill_tokens
     assert outputs == sequential
     assert engine.scheduler.idle and steps > 0
 
 
-@pytest.mark.parametrize(("budget", "admitted"), [(None, 3), (1, 1)])
+@pytest.mark.parametrize(("budget", "admitted"), [(64, 3), (6, 1)])
 def test_a_burst_during_a_stream_shares_one_prefill_within_the_token_budget(compiled_lm, artifact_tokenizer, budget,
                                                                              admitted):
-    """Three prompts arriving while a stream decodes: the default budget (the artifact's largest prompt) prefills
-    them in one call before the next decode step; a budget of 1 token position admits one per step (each prompt
-    still goes alone). Either way every sequence's tokens are what it generates alone."""
-    engine = Engine(compiled_lm, artifact_tokenizer, limits=EngineLimits(max_prefill_tokens=budget))
+    """Three prompts arriving while a stream decodes: a step budget of 64 tokens admits all three in one
+    step, their chunks sharing one call beside the decode step; a budget of 6 tokens leaves 5 for prompts, so one
+    prompt's chunks go at a time. Either way every sequence's tokens are what it generates alone."""
+    engine = Engine(compiled_lm, artifact_tokenizer, limits=EngineLimits(max_num_batched_tokens=budget))
     tok = engine.tokenizer
     texts = [f"{p} {i}" for i, p in enumerate(PROMPTS + PROMPTS[:1])]
     alone = {t: engine.generate(greedy_request(tok, t, max_tokens=8)).token_ids for t in texts}
@@ -78,12 +72,15 @@ def test_a_burst_during_a_stream_shares_one_prefill_within_the_token_budget(comp
         engine.submit(greedy_request(tok, text, max_tokens=8), lambda out, t=text: outputs[t].extend(out.token_ids))
     engine.step()
     assert len(engine.scheduler.running) == 1 + admitted
-    if budget is None:  # the default: room for the three prompts in one call
-        assert engine.max_prefill_tokens == max(compiled_lm.context_buckets) >= 3 * max(len(tok.encode(t))
-                                                                                         for t in texts)
     while engine.step():
         pass
     assert outputs == alone
+
+
+def test_a_step_budget_a_full_batch_would_use_up_is_refused(compiled_lm, artifact_tokenizer):
+    with pytest.raises(ServeError, match="leaves no token for prompts") as refused:
+        Engine(compiled_lm, artifact_tokenizer, limits=EngineLimits(max_num_batched_tokens=4))
+    assert refused.value.where == "--max-num-batched-tokens" and "more than 4" in refused.value.fix
 
 
 def test_seeded_sampling_is_reproducible(engine):
@@ -140,7 +137,8 @@ def test_abort_frees_the_slot_at_once(engine):
     engine.abort(request_id)
     engine.step()
     assert engine.scheduler.idle
-    assert seen[-1].finish_reason == "abort" and len(seen) == 4  # 3 tokens (prefill + 2 decodes), then abort
+    # 2 tokens (its prefill's; its first decode step is the next step's), then abort
+    assert seen[-1].finish_reason == "abort" and len(seen) == 3
     text = engine.metrics.render().decode()
     assert 'neuronpack_requests_total{finish_reason="abort"} 1.0' in text
 

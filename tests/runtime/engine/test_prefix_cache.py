@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from neuronpack.runtime.engine.kv_rows import RowAllocator, RowCopy
-from neuronpack.runtime.engine.prefix_cache import MAX_CACHE_ROWS, PrefixCaching, PrefixIndex, block_hashes
+from neuronpack.runtime.engine.kv_rows import BlockCopy, RowAllocator, RowCopy, RowSwap
+from neuronpack.runtime.engine.prefix_cache import PrefixCaching, PrefixIndex, block_hashes
 from neuronpack.runtime.engine.scheduler import SlotScheduler
 from tests.helpers.fresh_interpreter import run_fresh
 from tests.runtime.engine.test_scheduler import Seq, prefilled
@@ -35,8 +35,8 @@ def test_the_index_finds_the_longest_prefix_token_by_token():
     assert index.longest_match(list(range(10)), salt=0) == (6, 6)
 
 
-def test_a_released_row_is_reused_in_place_or_copied():
-    rows: RowAllocator[str] = RowAllocator(2, cache_rows=0, block_size=4)
+def test_a_released_row_is_reused_in_place():
+    rows: RowAllocator[str] = RowAllocator(2, block_size=4)
     rows.allocate("a")
     rows.release("a", tokens=list(range(12)), salt=0)
     assert rows.lookup(list(range(12)), 0) == 11  # at least one position is left to prefill (its logits)
@@ -45,93 +45,95 @@ def test_a_released_row_is_reused_in_place_or_copied():
     rows.release("b", tokens=[*range(9), 50, 51], salt=0)  # row 0 free again, holding b's tokens
     rows.release("c")  # nothing kept
     assert rows.cached_rows() == {0: 11}
-    rows.allocate("x")  # row 0: its prefix is dropped (no cache rows to save it in)
-    assert rows.cached_rows() == {} and rows.take_copies() == []
+    assert rows.allocate("x") == 1  # an empty row before the one keeping a prefix
+    assert rows.allocate("y") == 0 and rows.cached_rows() == {} and rows.take_copies() == []  # no pool: dropped
 
 
-def test_a_row_holding_as_long_a_match_is_reused_in_place():
-    """Every free row holds the same system prompt (0..7) and its own question: a new question takes the lowest free
-    row in place when it holds as much of the prompt as any other row, else the longest match is copied in."""
+def test_a_new_prompt_takes_the_free_row_holding_its_prefix_else_the_least_recently_used():
+    """Free rows keep their prefixes while others are free: a prompt takes the row holding its longest prefix
+    in place (no copy); one that matches nothing takes the row used longest ago."""
     rows: RowAllocator[str] = RowAllocator(3, block_size=4)
     for owner in "abc":
         rows.allocate(owner)
     rows.release("b", tokens=[*range(8), 30, 31, 32, 33, 34, 35], salt=0)
     rows.release("a", tokens=[*range(8), 20, 21, 22], salt=0)
-    rows.release("c", tokens=[*range(8), 40, 41], salt=0)  # used last: the first of equal matches
-    assert rows.allocate_cached("d", [*range(8), 50, 9], salt=0) == (0, 8)  # 8 in every row: row 0 in place
+    rows.release("c", tokens=[40] * 9, salt=0)
+    assert rows.allocate_cached("d", [*range(8), 30, 9], salt=0) == (1, 9)  # b's row: 9 tokens in place
     assert rows.take_copies() == []
-    assert rows.allocate_cached("e", [*range(8), 40, 9], salt=0) == (1, 9)  # row 2 holds one token more: copied
-    assert rows.take_copies() == [RowCopy(2, 1, 9)]
+    assert rows.allocate_cached("e", [7] * 9, salt=0) == (0, 0)  # no match: row 0 (a) was released longest ago
+    assert rows.cached_rows() == {2: 9}
 
 
-def test_a_prefix_in_a_higher_row_is_copied_into_the_lowest_free_row():
+def test_one_prompt_at_a_time_keeps_every_prefix_the_free_rows_hold():
+    """The issue's case: with no pool, distinct prompts sent one at a time each take an empty row, so the first is
+    still there when it comes again (it used to be overwritten by the second)."""
+    rows: RowAllocator[str] = RowAllocator(4, block_size=4)
+    prompts = [[p] * 20 for p in range(4)]
+    for i, prompt in enumerate(prompts):
+        row, _ = rows.allocate_cached(f"r{i}", prompt, 0)
+        assert row == i
+        rows.release(f"r{i}", tokens=prompt, salt=0)
+    assert rows.allocate_cached("again", prompts[0], 0) == (0, 19)
+
+
+def test_a_free_rows_prefix_is_saved_into_the_pool_in_blocks_before_it_is_overwritten():
+    rows: RowAllocator[str] = RowAllocator(1, cache_blocks=4, block_size=4)
+    rows.allocate("a")
+    rows.release("a", tokens=list(range(10)), salt=0)
+    rows.allocate("b")  # the row's two full blocks go to the pool; the last 2 tokens are no block
+    assert rows.take_copies() == [BlockCopy(0, (0, 1), (0, 1), True)] and rows.cache_blocks_in_use == 2
+    rows.release("b", tokens=[*range(4), 9, 9, 9, 9, 9], salt=0)  # shares block 0 with a's prefix
+    rows.allocate("c")
+    assert rows.take_copies() == [BlockCopy(0, (1,), (2,), True)] and rows.cache_blocks_in_use == 3
+    rows.release("c")
+    assert rows.lookup([*range(9), 1], 0) == 8  # two blocks from the pool
+    assert rows.allocate_cached("d", [*range(9), 1], 0) == (0, 8)
+    assert rows.take_copies() == [BlockCopy(0, (0, 1), (0, 1), False)]
+
+
+def test_the_pool_evicts_least_recently_used_leaves_and_never_what_is_being_read():
+    rows: RowAllocator[str] = RowAllocator(1, cache_blocks=2, block_size=4)
+    for i, owner in enumerate("abc"):
+        rows.allocate(owner)
+        rows.release(owner, tokens=[i] * 8, salt=0)
+    rows.allocate("x")  # each prefix saved evicted the one before it: the pool holds c's two blocks
+    rows.take_copies()
+    assert rows.cache_blocks_in_use == 2 and rows.lookup([2] * 9, 0) == 8 and rows.lookup([0] * 9, 0) == 0
+    rows.release("x", tokens=[5] * 8, salt=0)
+    # d reads c's blocks from the pool while its row's own prefix (x's) must go somewhere: it is dropped
+    assert rows.allocate_cached("d", [2] * 9, 0) == (0, 8)
+    assert rows.take_copies() == [BlockCopy(0, (0, 1), (0, 1), False)]
+
+
+def test_a_row_match_is_topped_up_from_the_pool():
+    rows: RowAllocator[str] = RowAllocator(2, cache_blocks=8, block_size=4)
+    rows.allocate("a")
+    rows.release("a", tokens=list(range(16)), salt=0)
+    rows.allocate("keep")
+    rows.allocate("b")  # row 0's 16 tokens go to the pool
+    rows.release("keep", tokens=list(range(6)), salt=0)  # row 1: the first 6 of them
+    assert rows.take_copies() == [BlockCopy(0, (0, 1, 2, 3), (0, 1, 2, 3), True)]
+    assert rows.allocate_cached("c", [*range(16), 3], 0) == (1, 16)  # row 1 in place, blocks 1..3 from the pool
+    assert rows.take_copies() == [BlockCopy(1, (1, 2, 3), (1, 2, 3), False)]
+
+
+def test_compaction_swaps_a_prefix_out_of_the_window_instead_of_dropping_it():
     rows: RowAllocator[str] = RowAllocator(3, block_size=4)
     for owner in "abc":
         rows.allocate(owner)
-    rows.release("c", tokens=list(range(8)), salt=3)
-    rows.release("a")
-    assert rows.allocate_cached("d", [*range(8), 1], salt=3) == (0, 8)
-    assert rows.take_copies() == [RowCopy(2, 0, 8)]
-    assert rows.allocate_cached("e", [*range(8), 1], salt=3) == (2, 8) and rows.take_copies() == []
+    rows.release("b", tokens=list(range(8)), salt=0)
+    moves = rows.compact({"a": 30, "c": 5}.__getitem__)  # c (5 positions) moves next to a; the prefix goes to 2
+    assert moves == [RowSwap(1, 2, 8, 5)]
+    assert rows.cached_rows() == {2: 8} and rows.owners() == ["a", "c"]
 
 
-def test_a_free_rows_prefix_is_saved_into_a_cache_row_before_it_is_overwritten():
-    rows: RowAllocator[str] = RowAllocator(1, cache_rows=2, block_size=4)
-    assert rows.total_rows == 3
-    for i, owner in enumerate("abcd"):
-        rows.allocate(owner)
-        if i:
-            copies = rows.take_copies()
-            assert copies == [RowCopy(0, i if i < 3 else 1, 4 + i - 1)]  # the previous prefix goes to a cache row
-        rows.release(owner, tokens=[i] * (4 + i), salt=0)
-    # a (4 tokens) went to row 1, b to row 2, then c evicted a, the least recently used: rows hold b, c, d.
-    assert rows.cached_rows() == {0: 7, 1: 6, 2: 5}
-    assert rows.lookup([0] * 5, 0) == 0 and rows.lookup([1] * 6, 0) == 5
-    rows.allocate_cached("e", [1] * 6, 0)  # reads b from row 2 (and makes it the most recently used)
-    assert rows.take_copies() == [RowCopy(0, 1, 7), RowCopy(2, 0, 5)]  # d evicts c, then b comes into row 0
-
-
-def test_saving_keeps_one_copy_of_a_prefix():
-    rows: RowAllocator[str] = RowAllocator(1, cache_rows=2, block_size=4)
-    rows.allocate("a")
-    rows.release("a", tokens=list(range(6)), salt=0)
-    rows.allocate("b")
-    assert rows.take_copies() == [RowCopy(0, 1, 6)]
-    rows.release("b", tokens=list(range(9)), salt=0)  # extends a's tokens: replaces it when saved
-    rows.allocate("c")
-    assert rows.take_copies() == [RowCopy(0, 1, 9)]
-    rows.release("c", tokens=list(range(5)), salt=0)  # covered by the saved 9 tokens: dropped, not copied
-    rows.allocate("d")
-    assert rows.take_copies() == [] and rows.cached_rows() == {1: 9}
-
-
-def test_the_source_of_a_reuse_is_never_evicted_by_the_same_allocation():
-    rows: RowAllocator[str] = RowAllocator(1, cache_rows=1, block_size=4)
-    rows.allocate("a")
-    rows.release("a", tokens=[7] * 8, salt=0)
-    rows.allocate("b")  # a's prefix into row 1
-    rows.release("b", tokens=[8] * 8, salt=0)
-    rows.take_copies()
-    assert rows.allocate_cached("c", [7] * 8 + [1], 0) == (0, 8)
-    assert rows.take_copies() == [RowCopy(1, 0, 8)]  # b's prefix is dropped rather than overwrite the source
-
-
-def test_compaction_saves_the_hole_it_fills():
-    rows: RowAllocator[str] = RowAllocator(3, cache_rows=1, block_size=4)
-    for owner in "abc":
-        rows.allocate(owner)
-    rows.release("a", tokens=list(range(8)), salt=0)
-    assert rows.compact({"b": 3, "c": 5}.__getitem__) == [RowCopy(0, 3, 8), RowCopy(2, 0, 5)]
-    assert rows.cached_rows() == {3: 8} and rows.owners() == ["c", "b"]
-
-
-def test_the_budget_is_rows_of_the_cache():
-    assert PrefixCaching(memory_mib=1).cache_rows(row_bytes=2**18) == 4
-    assert PrefixCaching(memory_mib=1).cache_rows(row_bytes=2**21) == 0
-    assert PrefixCaching(memory_mib=10**6).cache_rows(row_bytes=1) == MAX_CACHE_ROWS
-    assert PrefixCaching(enabled=False).cache_rows(row_bytes=1) == 0
+def test_the_budget_is_blocks_of_kv():
+    assert PrefixCaching(memory_mib=1).cache_blocks(token_bytes=2**10) == 64  # 16 KiB blocks
+    assert PrefixCaching(memory_mib=1, block_size=32).cache_blocks(token_bytes=2**10) == 32
+    assert PrefixCaching(memory_mib=0.01).cache_blocks(token_bytes=2**10) == 0
+    assert PrefixCaching(enabled=False).cache_blocks(token_bytes=1) == 0
     with pytest.raises(ValueError):
-        RowAllocator(1, cache_rows=-1)
+        RowAllocator(1, cache_blocks=-1)
 
 
 class CachedSeq(Seq):
@@ -143,7 +145,7 @@ class CachedSeq(Seq):
 
 
 def test_the_scheduler_plans_prefills_from_the_cached_position():
-    sched = SlotScheduler(batch_size=3, cache_rows=1, block_size=4)
+    sched = SlotScheduler(batch_size=3, cache_blocks=4, block_size=4)
     first = CachedSeq("a", prompt_ids=list(range(10)))
     sched.add(first)
     plan = sched.schedule_prefills(limit=2)
@@ -160,11 +162,11 @@ def test_the_scheduler_plans_prefills_from_the_cached_position():
     plan = sched.schedule_prefills(limit=2)
     echo_group, group = plan.prefills
     assert (echo_group.start, echo_group.cache_query) == (0, False)  # prompt logprobs: prefilled whole
-    assert echo_group.row == 0 and plan.moves[0] == RowCopy(0, 3, 11)  # a's prefix saved before row 0 is taken
-    assert (group.start, group.row) == (11, 1) and plan.moves[1:] == (RowCopy(3, 1, 11),)
-    assert group.fork_copies[0].length == 12  # the fork gets the whole prompt after the prefill
+    assert echo_group.row == 1 and plan.moves == ()  # an empty row: a's prefix stays in row 0
+    assert (group.start, group.row) == (11, 0) and second.num_cached_tokens == 11  # a's row, in place
+    assert group.fork_copies == (RowCopy(0, 2, 12),)  # the fork gets the whole prompt after the prefill
     sched.discard(second, keep=False)  # a failed sequence keeps nothing
-    assert 1 not in sched.rows.cached_rows()
+    assert 0 not in sched.rows.cached_rows()
 
 
 def test_prefix_caching_imports_no_torch():

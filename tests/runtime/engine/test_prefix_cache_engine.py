@@ -1,7 +1,8 @@
 """Prefix caching and chunked prefill on a real compiled artifact (batch 4, context buckets [16, 64], seq_len 128):
-greedy tokens are transformers' and the same with the cache on or off, whatever is reused (in place, copied, from a
-cache row, across parallel samples, speculation, structured outputs, prompt logprobs); the counters say what was
-reused; random request sets with shared prefixes, aborts and evictions never emit a wrong token or leak a row."""
+greedy tokens are transformers' and the same with the cache on or off, whatever is reused (in place, from the block
+pool, across parallel samples, speculation, structured outputs, prompt logprobs); the counters say what was reused;
+rows keep prompts sent one at a time; a stream gets a token every step while a long prompt is prefilled in chunks;
+random arrivals, pool and step budgets never emit a wrong token, pass a budget or leak a row."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuronpack.runtime.engine import Engine, GenerationRequest
+from neuronpack.runtime.engine import Engine, EngineLimits, GenerationRequest
 from neuronpack.runtime.engine.metrics import metric_value
 from neuronpack.runtime.engine.prefix_cache import PrefixCaching
 from neuronpack.runtime.engine.sampling import SamplingParams
@@ -56,12 +57,13 @@ def test_a_shared_prefix_is_reused_and_the_tokens_are_transformers(cached, tiny_
 
 
 def test_the_prefix_caches_bytes_never_exceed_its_budget(compiled_lm, artifact_tokenizer):
-    """Waves of 4 prompts (the batch), each wave with 4 prefixes of its own: every wave's rows push the previous
-    wave's prefixes into the 2 cache rows the budget buys, evicting older ones. After every step the usage gauge is
-    whole cache rows within the budget; it fills the budget, and the newest prefixes are the ones found again."""
-    row_bytes = compiled_lm.kv_row_bytes
-    budget = 2.5 * row_bytes
-    engine = Engine(compiled_lm, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=budget / 2**20))
+    """Waves of 4 prompts (the batch), each wave with 4 prefixes of its own (2 full blocks each): every wave's rows
+    push the previous wave's prefixes into the pool of 5 blocks the budget buys, evicting older ones. After every
+    step the usage gauge is whole blocks within the budget, which is said in whole blocks too; it fills the pool,
+    and the newest prefixes are the ones found again."""
+    block = 16 * compiled_lm.kv_token_bytes
+    engine = Engine(compiled_lm, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=5.5 * block / 2**20))
+    assert engine.summary().cache_blocks == 5 and "5 blocks of 16 tokens" in engine.summary().prefix_cache_line()
     prefixes = [[random.Random(seed).randrange(3, 380) for _ in range(33)] for seed in range(16)]
     usage = []
     for wave in range(4):
@@ -70,13 +72,67 @@ def test_the_prefix_caches_bytes_never_exceed_its_budget(compiled_lm, artifact_t
         while engine.step():
             text = engine.metrics.render().decode()
             usage.append(metric_value(text, "neuronpack_prefix_cache_usage_bytes"))
-            assert metric_value(text, "neuronpack_prefix_cache_budget_bytes") == budget
-    assert max(usage) == 2 * row_bytes and all(u % row_bytes == 0 and u <= budget for u in usage)
+            assert metric_value(text, "neuronpack_prefix_cache_budget_bytes") == 5 * block
+    assert max(usage) == 5 * block and all(u % block == 0 and u <= 5 * block for u in usage)
     hits = counters(engine)[1]
     engine.generate(request([*prefixes[0], 2], 1))  # the first wave's prefixes were evicted long ago
     assert counters(engine)[1] == hits
     engine.generate(request([*prefixes[15], 2], 1))  # the last wave's are in the batch's free rows
     assert counters(engine)[1] == hits + 33
+
+
+def test_a_budget_below_a_few_blocks_is_said_and_keeps_prefixes_in_free_rows(compiled_lm, artifact_tokenizer):
+    block = 16 * compiled_lm.kv_token_bytes
+    engine = Engine(compiled_lm, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=2 * block / 2**20))
+    line = engine.summary().prefix_cache_line()
+    assert "holds 2 blocks of 16 tokens" in line and "too few" in line and "give it" in line
+    engine.generate(request([*PREFIX, 1], 2))
+    engine.generate(request([*PREFIX, 2], 2))
+    assert counters(engine)[1] == 40
+
+
+def test_prompts_sent_one_at_a_time_keep_their_rows_and_the_first_hits_again(compiled_lm, artifact_tokenizer):
+    """The issue's case, with no pool at all: four distinct prompts one at a time each take an empty row and leave
+    their prefix there; the first, sent again, finds all but its last token."""
+    engine = Engine(compiled_lm, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=0))
+    prompts = [[random.Random(100 + i).randrange(3, 380) for _ in range(60)] for i in range(4)]
+    first = [engine.generate(request(p, 4)).token_ids for p in prompts]
+    hits = counters(engine)[1]
+    outputs = []
+    engine.submit(request(prompts[0], 4), outputs.append)
+    while engine.step():
+        pass
+    assert counters(engine)[1] == hits + 59 and outputs[0].num_cached_tokens == 59
+    assert [t for out in outputs for t in out.token_ids] == first[0]
+
+
+def test_a_stream_gets_a_token_every_step_while_a_long_prompt_is_prefilled(compiled_lm, artifact_tokenizer):
+    """A 120-token prompt arrives while a stream decodes, with a step budget of 16 tokens: it is prefilled 15 tokens
+    a step (8 steps), the stream gets one token in every one of them, no step runs more than 16 token positions,
+    and both get the tokens they get alone."""
+    counted = CountingModel(compiled_lm)
+    engine = Engine(counted, artifact_tokenizer, limits=EngineLimits(max_num_batched_tokens=16), prefix_caching=OFF)
+    stream, long = request(list(range(3, 13)), 60), request([random.Random(5).randrange(3, 380) for _ in range(120)], 4)
+    alone = [_alone(compiled_lm, artifact_tokenizer, r.prompt_ids, r.max_tokens) for r in (stream, long)]
+    tokens: dict[str, list[int]] = {stream.request_id: [], long.request_id: []}
+
+    def sink(out):
+        tokens[out.request_id].extend(out.token_ids)
+
+    engine.submit(stream, sink)
+    engine.step()
+    engine.step()
+    engine.submit(long, sink)
+    steps = 0
+    while not tokens[long.request_id]:
+        before, counted.positions = len(tokens[stream.request_id]), 0
+        engine.step()
+        steps += 1
+        assert len(tokens[stream.request_id]) == before + 1 and counted.positions <= 16
+    assert steps == 8  # 120 tokens, 15 a step
+    while engine.step():
+        pass
+    assert [tokens[r.request_id] for r in (stream, long)] == alone
 
 
 def test_cache_off_reuses_nothing(compiled_lm, artifact_tokenizer):
@@ -165,7 +221,9 @@ def test_prompt_lookup_speculation_with_cached_prefixes(spec_lm, spec_tokenizer)
     cached = Engine(spec_lm, spec_tokenizer)
     first = run_all(cached, requests[:1])
     assert run_all(cached, requests[1:]) | first == expected
-    assert counters(cached)[1] >= 4 * 40
+    # the first takes PREFIX's row in place (40 tokens); the others, admitted with it, find its 2 full blocks in
+    # the pool, where the row's prefix went as it was taken
+    assert counters(cached)[1] >= 40 + 3 * 32
 
 
 def test_lora_adapters_never_share_cached_kv(lora_artifact):
@@ -202,18 +260,40 @@ request_sets = st.lists(
     min_size=1, max_size=8)
 
 
+class CountingModel:
+    """The compiled model, counting the token positions each call runs (prefill calls: prompts x the longest chunk;
+    decode: one per row): what an engine step costs, checked against its token budget."""
+
+    def __init__(self, model) -> None:
+        self.__dict__.update(_model=model, positions=0)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def prefill(self, slots, prompts, adapters=None, starts=None):
+        self.positions += len(prompts) * max(len(p) for p in prompts)
+        return self._model.prefill(slots, prompts, adapters, starts)
+
+    def decode(self, tokens, positions, slots=None, adapters=None):
+        self.positions += len(tokens)
+        return self._model.decode(tokens, positions, slots, adapters)
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(request_sets, st.sampled_from([0, 1, 2]))
-def test_random_request_sets_never_emit_a_wrong_token_nor_leak_a_row(compiled_lm, artifact_tokenizer, specs,
-                                                                    cache_rows):
-    """Prompts cut from a few shared stems, with their own tails, arriving over several steps, some with n = 2, some
-    aborted mid stream; a budget of 0, 1 or 2 cache rows (constant evictions). Every request's tokens are those it
-    gets alone without the cache (an aborted one's a prefix of them); afterwards no row is held and the cached rows
-    are within the budget (150 examples, run once by hand, passed too)."""
-    mib = (cache_rows + 0.5) * compiled_lm.kv_row_bytes / 2**20
-    engine = Engine(compiled_lm, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=mib))
-    rows = engine.scheduler.rows
-    assert rows.cache_rows == cache_rows and compiled_lm.cache_rows >= rows.total_rows == 4 + cache_rows
+@given(request_sets, st.sampled_from([0, 1, 3, 8]), st.sampled_from([6, 24, 64]))
+def test_random_arrivals_and_budgets_never_change_a_token_nor_pass_a_budget(compiled_lm, artifact_tokenizer, specs,
+                                                                           pool_blocks, step_tokens):
+    """Prompts cut from a few shared stems (up to 100 tokens: chunked), with their own tails, arriving over several
+    steps, some with n = 2, some aborted mid stream; a prefix pool of 0, 1, 3 or 8 blocks (constant evictions) and
+    a step budget of 6, 24 or 64 tokens. Every request's tokens are those it gets alone without the cache (an
+    aborted one's a prefix of them); every step runs at most its budget of token positions while streams decode
+    (one chunk of the largest bucket when none does), the pool's bytes never pass its budget, and afterwards no
+    row is held (150 examples, run once by hand, passed too)."""
+    block = 16 * compiled_lm.kv_token_bytes
+    counted = CountingModel(compiled_lm)
+    engine = Engine(counted, artifact_tokenizer, prefix_caching=PrefixCaching(memory_mib=pool_blocks * block / 2**20),
+                    limits=EngineLimits(max_num_batched_tokens=step_tokens))
+    assert engine.scheduler.rows.cache_blocks == pool_blocks
     arrivals = sorted(((delay, abort, [request(tuple(STEMS[stem][: max(1, cut)] + tail)[:100], max_tokens)
                                        for _ in range(n)])
                        for stem, cut, tail, max_tokens, abort, delay, n in specs), key=lambda a: a[0])
@@ -228,20 +308,28 @@ def test_random_request_sets_never_emit_a_wrong_token_nor_leak_a_row(compiled_lm
                 finished[rid] = out.finish_reason
         return sink
 
-    step = 0
+    def step():
+        decoding, counted.positions = bool(engine.scheduler.decoding), 0
+        engine.step()
+        assert counted.positions <= (step_tokens if decoding else max(step_tokens, 64))
+        text = engine.metrics.render().decode()
+        assert metric_value(text, "neuronpack_prefix_cache_usage_bytes") <= pool_blocks * block
+
+    steps = 0
     while arrivals or not engine.scheduler.idle:
-        while arrivals and arrivals[0][0] <= step:
+        while arrivals and arrivals[0][0] <= steps:
             _, abort, members = arrivals.pop(0)
             for req in members:
                 outputs[req.request_id], submitted[req.request_id] = [], req
             engine.submit_forks(members, [sink_for(req.request_id) for req in members])
-            if abort:  # ends after its prefill, or its first decode steps, whichever the queue allows
-                engine.step()
+            if abort:  # ends mid prefill, after it, or in its first decode steps, whichever the queue allows
+                step()
                 engine.abort(members[0].request_id)
-        engine.step()
-        step += 1
+                engine._drain_inbox()  # the abort lands now: the next step's budget is known before it
+        step()
+        steps += 1
     assert engine.scheduler.idle and engine.scheduler.free_rows == 4 and not engine.scheduler.running
-    assert set(rows.cached_rows()) <= set(range(rows.total_rows))
+    assert not engine.scheduler.prefilling and not engine.runner._pieces
     for rid, req in submitted.items():
         alone = _alone(compiled_lm, artifact_tokenizer, req.prompt_ids, req.max_tokens)
         assert finished[rid] in ("length", "abort")
@@ -252,8 +340,8 @@ def test_random_request_sets_never_emit_a_wrong_token_nor_leak_a_row(compiled_lm
 
 
 def test_every_output_says_how_many_prompt_tokens_were_cached(cached):
-    """StepOutput.cached_tokens (what usage.prompt_tokens_details.cached_tokens and the request log report) is the
-    prefix cache's hits for that prompt; the forks of a parallel sample copy the whole prompt from the first."""
+    """StepOutput.num_cached_tokens (what usage.prompt_tokens_details.cached_tokens and the request log report) is
+    the prefix cache's hits for that prompt; the forks of a parallel sample copy the whole prompt from the first."""
     a, b = [*PREFIX, 5, 6, 7], [*PREFIX, 9, 10]
     for prompt, expected in ((a, 0), (b, 40), (b, len(b) - 1)):
         hits, outputs = counters(cached)[1], []
@@ -261,10 +349,13 @@ def test_every_output_says_how_many_prompt_tokens_were_cached(cached):
         while cached.step():
             pass
         assert counters(cached)[1] - hits == expected
-        assert [o.cached_tokens for o in outputs] == [expected] * 3
+        assert [o.num_cached_tokens for o in outputs] == [expected] * 3
     members = [request(a, 2, sampling=SamplingParams(temperature=1.0, seed=s)) for s in (1, 2)]
     outputs = {m.request_id: [] for m in members}
+    hits = counters(cached)[1]
     cached.submit_forks(members, [outputs[m.request_id].append for m in members])
     while cached.step():
         pass
-    assert [{o.cached_tokens for o in outputs[m.request_id]} for m in members] == [{len(a) - 1}, {len(a)}]
+    leader_hits = counters(cached)[1] - hits
+    assert leader_hits > 0  # a's prefix is still cached (in its row or the block pool)
+    assert [{o.num_cached_tokens for o in outputs[m.request_id]} for m in members] == [{leader_hits}, {len(a)}]

@@ -121,28 +121,34 @@ def test_a_proposer_that_reads_hidden_states_gets_each_prompts_own_rows():
     assert float(out["b"].logits[0, 0]) == 1.0
 
 
-def test_cached_prompts_start_late_and_long_ones_go_in_chunks():
-    """Prefix caching: a group prefills from its start; one call takes at most 8 tokens per row (the largest
-    bucket), so a longer uncached part is chunked, alone, and a row whose start + the call's width would pass the
-    sequence length (32) goes alone too. Prompt logprobs are chunked from position 0."""
+def test_cached_prompts_start_late_and_chunks_share_one_call():
+    """A group prefills its chunk, positions start..stop-1 (prefix caching, earlier chunks); the chunks share one
+    call, and a row whose start + the call's width would pass the sequence length (32) goes alone. Only a prompt's
+    last chunk has logits; a prompt-logprobs prompt's chunks give every position's logits once its last one ran."""
     model = RecordingModel()
+    runner = ModelRunner(model)
     groups = (PrefillGroup("cached", 0, list(range(10)), start=7), PrefillGroup("fresh", 1, [1, 2]),
-              PrefillGroup("long", 2, list(range(20)), start=2), PrefillGroup("late", 3, list(range(31)), start=30),
-              PrefillGroup("echo", 4, list(range(10)), own_call=True),
+              PrefillGroup("long", 2, list(range(20)), start=2, end=10),
+              PrefillGroup("late", 3, list(range(31)), start=30),
+              PrefillGroup("echo", 4, list(range(10)), own_call=True, end=8),
               PrefillGroup("scored", 5, [1, 2], scoring_only=True, fork_copies=(RowCopy(5, 6, 2),)))
-    out = ModelRunner(model).prefill(groups)
+    out = runner.prefill(groups)
     assert model.calls == [
-        ("prefill", [2], [list(range(2, 10))], [2]), ("prefill", [2], [list(range(10, 18))], [10]),
-        ("prefill", [2], [[18, 19]], [18]),
-        ("prefill", [0, 1, 5], [[7, 8, 9], [1, 2], [1, 2]], [7, 0, 0]),  # width 3: row 3 (start 30) would pass 32
-        ("prefill", [3], [[30]], [30]),
-        ("prompt_logits", 4, list(range(8)), 0), ("prompt_logits", 4, [8, 9], 8)]  # no copy for a scoring group
-    assert out["echo"].all_logits.shape == (10, VOCAB) and all(o.error is None for o in out.values())
-    assert float(out["long"].logits[0, 0]) == 2.0 and float(out["late"].logits[0, 0]) == 3.0
+        ("prefill", [0, 1, 2, 5], [[7, 8, 9], [1, 2], list(range(2, 10)), [1, 2]], [7, 0, 2, 0]),  # width 8
+        ("prefill", [3], [[30]], [30]),  # 30 + 8 would pass 32
+        ("prompt_logits", 4, list(range(8)), 0)]  # no copy for a scoring group
+    assert not out["long"].done and out["long"].logits is None and not out["echo"].done
+    assert float(out["late"].logits[0, 0]) == 3.0 and all(o.error is None for o in out.values())
+    out = runner.prefill((PrefillGroup("echo", 4, list(range(10)), own_call=True, start=8, first=False),))
+    assert model.calls[-1] == ("prompt_logits", 4, [8, 9], 8)
+    assert out["echo"].done and out["echo"].all_logits.shape == (10, VOCAB)
 
 
 def test_a_chunked_prompts_hidden_states_reach_the_proposer_whole():
     model, spec = RecordingModel(), Speculator(HiddenProposer())
-    ModelRunner(model, spec).prefill((PrefillGroup("long", 0, list(range(12))),))
+    runner = ModelRunner(model, spec)
+    runner.prefill((PrefillGroup("long", 0, list(range(12)), end=8),))
+    assert "long" not in spec.proposer.hidden  # not before its last chunk
+    runner.prefill((PrefillGroup("long", 0, list(range(12)), start=8, first=False),))
     assert [c[0] for c in model.calls] == ["prefill_hidden", "prefill", "prefill_hidden", "prefill"]
     assert spec.proposer.hidden["long"].flatten().tolist() == [*map(float, range(8)), 0.0, 1.0, 2.0, 3.0]

@@ -26,6 +26,7 @@ class Seq:
     adapter: int = 0
     prompt_logprobs: int | None = None
     forks: list = field(default_factory=list)
+    num_cached_tokens: int = 0
 
     @property
     def last_token(self) -> int:
@@ -69,36 +70,78 @@ def test_admission_is_fifo_into_the_lowest_free_rows():
     assert sched.free_rows == 0 and list(sched.waiting) == seqs[3:]
 
 
-def test_a_freed_row_is_packed_before_the_next_phase():
+def test_the_decoding_rows_are_packed_into_the_cheapest_window():
+    """A decode step runs on one window of adjacent rows: a row freed at its edge moves nothing; a hole inside it
+    moves whichever side copies fewer positions."""
     sched = SlotScheduler(batch_size=4)
-    a, b, c = Seq("a"), Seq("b", prompt_ids=[1, 2]), Seq("c", prompt_ids=[1, 2, 3, 4])
-    for seq in (a, b, c):
+    a, b, c = Seq("a"), Seq("b", prompt_ids=[1, 2]), Seq("c", prompt_ids=list(range(20)))
+    d = Seq("d", prompt_ids=list(range(30)))
+    for seq in (a, b, c, d):
         sched.add(seq)
-    prefilled(sched.schedule_prefills(limit=3), sched)
-    c.output.append(41)  # c: 4 prompt + 2 sampled -> positions 0..4 cached
-    sched.release(a)  # a finished: row 0 is a hole below b and c
+    prefilled(sched.schedule_prefills(limit=4), sched)
+    sched.release(a)  # row 0: the window is rows 1..3 as they are
     plan = sched.schedule_decode()
-    assert plan.moves == (RowCopy(src=2, dst=0, length=5),)  # c moves down; b stays in row 1
-    assert plan.decodes == (DecodeRow("c", 0, 41, 5), DecodeRow("b", 1, 40, 2))
-    assert sched.running == [c, b] and sched.schedule_decode().moves == ()
+    assert plan.moves == () and [r.row for r in plan.decodes] == [1, 2, 3]
+    sched.release(c)  # row 2 is a hole between b (2 positions) and d (30): b moves up next to d
+    plan = sched.schedule_decode()
+    assert plan.moves == (RowCopy(src=1, dst=2, length=2),)
+    assert plan.decodes == (DecodeRow("b", 2, 40, 2), DecodeRow("d", 3, 40, 30))
+    assert sched.running == [b, d] and sched.schedule_decode().moves == ()
 
 
-def test_the_token_budget_bounds_one_prefill_call_and_a_long_prompt_goes_alone():
-    """Prompts share a prefill call while prompts x the longest stays within the budget (FIFO, nothing skipped);
-    a prompt longer than the budget is still admitted, alone; without a budget every free row fills."""
-    sched = SlotScheduler(batch_size=8)
+def chunks_until_done(sched: SlotScheduler, budget: int | None) -> list[list[tuple[str, int, int]]]:
+    """Plan prefill steps until nothing waits or is being prefilled: each step's (request, start, stop) chunks."""
+    steps = []
+    while sched.waiting or sched.prefilling:
+        plan = sched.schedule_prefills(token_budget=budget)
+        steps.append([(g.request_id, g.start, g.stop) for g in plan.prefills])
+        prefilled(StepPlan(prefills=tuple(g for g in plan.prefills if g.done)), sched)
+    return steps
+
+
+def test_prompts_are_cut_into_chunks_within_the_token_budget():
+    """Each step's chunks share one call within the budget (chunks x the longest); every prompt's chunks follow on
+    from position 0 to its end, oldest first; without a budget each prompt goes whole (up to ``max_chunk``)."""
     lengths = [10, 10, 30, 5, 5, 50]
+    sched = SlotScheduler(batch_size=8)
     for i, n in enumerate(lengths):
         sched.add(Seq(f"r{i}", prompt_ids=list(range(n))))
-    admitted = [[g.request_id for g in sched.schedule_prefills(8, token_budget=40).prefills] for _ in range(4)]
-    # r0 + r1: 2 x 10; + r2 would be 3 x 30. r2 alone (30); + r3: 2 x 30. r3 + r4: 2 x 5; + r5: 3 x 50. r5 alone.
-    assert admitted == [["r0", "r1"], ["r2"], ["r3", "r4"], ["r5"]]
-    assert not sched.waiting
-    for i in range(2):
-        sched.add(Seq(f"s{i}", prompt_ids=list(range(30))))
-    assert len(sched.schedule_prefills(limit=2).prefills) == 2  # no budget: the limit (free rows) alone
-    sched.add(Seq("t", prompt_ids=[1]))
-    assert sched.schedule_prefills(limit=8, token_budget=40).prefills == ()  # no row left
+    steps = chunks_until_done(sched, 40)
+    covered: dict[str, int] = {}
+    for step in steps:
+        assert len(step) * max(stop - start for _, start, stop in step) <= 40
+        for rid, start, stop in step:
+            assert covered.get(rid, 0) == start < stop
+            covered[rid] = stop
+    assert covered == {f"r{i}": n for i, n in enumerate(lengths)}
+    assert steps[0] == [("r0", 0, 10), ("r1", 0, 10), ("r2", 0, 10), ("r3", 0, 5)]
+    whole = SlotScheduler(batch_size=8, max_chunk=32)
+    for i, n in enumerate(lengths):
+        whole.add(Seq(f"r{i}", prompt_ids=list(range(n))))
+    assert chunks_until_done(whole, None) == [[("r0", 0, 10), ("r1", 0, 10), ("r2", 0, 30), ("r3", 0, 5),
+                                               ("r4", 0, 5), ("r5", 0, 32)], [("r5", 32, 50)]]
+
+
+def test_a_long_prompt_goes_in_chunks_between_decode_steps_that_never_stop():
+    """While a stream decodes, a 50-token prompt takes what the step's budget leaves after the decode token, one
+    chunk a step; the stream is in every decode step, and the prompt decodes only after its last chunk."""
+    sched = SlotScheduler(batch_size=2, max_chunk=16)
+    stream, long = Seq("stream", max_tokens=100), Seq("long", prompt_ids=list(range(50)))
+    sched.add(stream)
+    prefilled(sched.schedule_prefills(token_budget=sched.prefill_budget(8)), sched)
+    sched.add(long)
+    assert sched.prefill_budget(8) == 7  # 8 - the stream's decode token
+    chunks = []
+    while True:
+        plan = sched.schedule_prefills(token_budget=sched.prefill_budget(8))
+        chunks += [(g.start, g.stop) for g in plan.prefills]
+        prefilled(StepPlan(prefills=tuple(g for g in plan.prefills if g.done)), sched)
+        decodes = [d.request_id for d in sched.schedule_decode().decodes]
+        stream.output.append(41)
+        if decodes != ["stream"]:
+            break
+    assert chunks == [(i, min(i + 7, 50)) for i in range(0, 50, 7)] and decodes == ["stream", "long"]
+    assert sched.prefill_budget(None) is None and SlotScheduler(2, max_chunk=16).prefill_budget(8) == 16
 
 
 def test_a_fork_group_takes_its_rows_at_once_and_keeps_fifo():
@@ -187,3 +230,54 @@ def test_row_allocator_hands_out_lowest_rows_and_packs_them():
     assert rows.allocate("e") == 2 and rows.release("zz") is None
     with pytest.raises(KeyError):
         rows.at(3)
+
+
+def test_a_fork_group_prefilled_in_chunks_copies_from_the_rows_it_holds_at_the_end():
+    """A leader with a fork, prefilled 4 tokens a step while a stream decodes: compaction may move rows meanwhile,
+    the fork copy of the last chunk names the rows as they are then; aborting the leader mid prompt hands the rest
+    of the work to the fork, prefilled from its own row's start."""
+    sched = SlotScheduler(batch_size=4, max_chunk=16)
+    stream = Seq("stream", max_tokens=100)
+    sched.add(stream)
+    prefilled(sched.schedule_prefills(), sched)
+    leader, fork = Seq("leader", prompt_ids=list(range(10))), Seq("fork", prompt_ids=list(range(10)))
+    leader.forks = [fork]
+    sched.add(leader)
+    plan = sched.schedule_prefills(token_budget=4)
+    assert [(g.request_id, g.start, g.stop, g.fork_copies) for g in plan.prefills] == [("leader", 0, 4, ())]
+    assert [d.request_id for d in sched.schedule_decode().decodes] == ["stream"]
+    sched.remove("stream")  # rows move under the prompt being prefilled: nothing breaks
+    stream2 = Seq("late")
+    sched.add(stream2)
+    plan = sched.schedule_prefills(token_budget=4)
+    assert [g.request_id for g in plan.prefills] == ["late"]  # a new short prompt goes first
+    prefilled(plan, sched)
+    (group,) = sched.schedule_prefills(token_budget=4).prefills
+    assert (group.request_id, group.start, group.stop) == ("leader", 4, 8)
+    sched.remove("leader")
+    assert [(p.seq.request_id, p.computed, p.forks) for p in sched.prefilling][:1] == [("fork", 0, ())]
+    plan = sched.schedule_prefills(token_budget=16)
+    (heir,) = [g for g in plan.prefills if g.request_id == "fork"]
+    assert (heir.start, heir.stop, heir.row) == (0, 10, sched.rows.row(fork))
+    whole = SlotScheduler(batch_size=3, max_chunk=4)
+    a, b = Seq("a", prompt_ids=list(range(6))), Seq("b", prompt_ids=list(range(6)))
+    a.forks = [b]
+    whole.add(a)
+    first, last = whole.schedule_prefills(token_budget=4), whole.schedule_prefills(token_budget=4)
+    assert first.prefills[0].fork_copies == ()
+    assert last.prefills[0].fork_copies == (RowCopy(whole.rows.row(a), whole.rows.row(b), 6),)
+
+
+def test_a_short_prompt_is_not_queued_behind_a_long_ones_chunks():
+    """A long prompt being prefilled 8 tokens a step; a short one arriving meanwhile is admitted in the next step and
+    finishes first; the long one gets what the step leaves, and all of it once no short prompt waits."""
+    sched = SlotScheduler(batch_size=3, max_chunk=16)
+    long, short = Seq("long", prompt_ids=list(range(40))), Seq("short", prompt_ids=list(range(6)))
+    sched.add(long)
+    assert [(g.request_id, g.start, g.stop) for g in sched.schedule_prefills(token_budget=8).prefills] == [
+        ("long", 0, 8)]
+    sched.add(short)
+    assert [(g.request_id, g.start, g.stop) for g in sched.schedule_prefills(token_budget=8).prefills] == [
+        ("short", 0, 6)]  # 2 x 6 > 8: the long one waits a step
+    prefilled(StepPlan(prefills=tuple(g for g in sched.schedule_prefills(token_budget=8).prefills if g.done)), sched)
+    assert [p.seq.request_id for p in sched.prefilling] == ["long"] and sched.prefilling[0].computed == 16

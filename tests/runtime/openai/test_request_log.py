@@ -163,7 +163,7 @@ def test_the_log_rotates_within_its_bounds(tmp_path):
         trace = log.trace(GenerationRequest(prompt_ids=(5,) * n))
         for step, batch in enumerate((None, 3, 3)):
             done = FinishReason.LENGTH if step == 2 else None
-            trace.observe(StepOutput("r", [7], "x", done, n, step + 1, cached_tokens=n // 2, batch=batch))
+            trace.observe(StepOutput("r", [7], "x", done, n, step + 1, num_cached_tokens=n // 2, batch=batch))
     log.close()
     files = [path.with_name(f"{path.name}.2"), path.with_name(f"{path.name}.1"), path]
     assert not path.with_name(f"{path.name}.3").exists()
