@@ -25,6 +25,10 @@ REAL_SUBMODULES = ["neuronx_distributed.quantization.quantization_config"]
 DEVICE_ONLY = ["torch_neuronx", "torch_xla", "neuronxcc", "libneuronxla", "neuronx_distributed", "nki", "nkilib",
                "torchvision", "blake3", "partial_json_parser", "llguidance", "diskcache", "xgrammar",
                "lmformatenforcer"]
+# the project environment's packages (seen through the venv's .pth) that upstream's environment would not hold and
+# that break its imports: transformers 5's `kernels` needs huggingface_hub >= 1.32, and the V0 venv's transformers
+# 4.53 imports it whenever it is installed (its `from kernels import get_kernel` fails against hub 0.36)
+HIDDEN = ["kernels"]
 
 
 class _Warnings(logging.Handler):
@@ -226,7 +230,7 @@ def _check_fork_launcher(case: dict) -> str:
 
 def main() -> None:
     kind, path = sys.argv[1], sys.argv[2]
-    upstream_stubs.install(DEVICE_ONLY, auto=False, real=REAL_SUBMODULES)
+    upstream_stubs.install(DEVICE_ONLY, auto=False, real=REAL_SUBMODULES, hidden=HIDDEN)
     logging.basicConfig(level=logging.ERROR)
     check = check_nxdi if kind == "nxdi" else check_vllm
     start = os.getcwd()
