@@ -44,11 +44,17 @@ def _real_neuron_config(model_class: str, kwargs: dict):
     module, _, name = model_class.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     catcher = _Warnings()
-    logging.getLogger().addHandler(catcher)
+    root = logging.getLogger()
+    level = root.level
+    # NxDI logs an unknown kwarg with logging.warning (the root logger) and drops it: main() sets the root to ERROR,
+    # which would discard that record before any handler saw it
+    root.setLevel(logging.WARNING)
+    root.addHandler(catcher)
     try:
         config = cls.get_neuron_config_cls()(**copy.deepcopy(kwargs))
     finally:
-        logging.getLogger().removeHandler(catcher)
+        root.removeHandler(catcher)
+        root.setLevel(level)
     unexpected = [m for m in catcher.messages if "Unexpected keyword" in m]
     if unexpected:
         raise ValueError(unexpected[0])
