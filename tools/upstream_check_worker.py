@@ -239,7 +239,7 @@ def main() -> None:
     upstream_stubs.install(DEVICE_ONLY, auto=False, real=REAL_SUBMODULES, hidden=HIDDEN)
     logging.basicConfig(level=logging.ERROR)
     check = check_nxdi if kind == "nxdi" else check_vllm
-    start = os.getcwd()
+    start, environ = os.getcwd(), dict(os.environ)
     for case in json.loads(open(path).read()):
         err = io.StringIO()
         # what neuronpack's build sets (NxDI asks the device otherwise)
@@ -257,6 +257,9 @@ def main() -> None:
             result = f"failed: {type(exc).__name__}: {text} [{where}]"
         finally:
             os.chdir(start)
+            # each case is checked on its own environment (_check_vneuron sets the case's variables)
+            os.environ.clear()
+            os.environ.update(environ)
         print(json.dumps({"id": case["id"], "result": result[:300]}), flush=True)
 
 
