@@ -28,11 +28,14 @@ upstream source from DIR with device-only imports stubbed (tools/upstream_stubs.
 
 ``UPSTREAM_COLUMNS=TEXT`` keeps only the columns whose name contains TEXT (e.g. ``0.21``).
 
-DIR/vllm-X is a git checkout of vllm-project/vllm at tag vX, or the Python files of the vllm==X wheel (unzip). The NxDI
-columns take NxDI / NxD from DIR when it has them, else from ../shared/upstream beside the clone (``UPSTREAM_SHARED``
-overrides that path): without UPSTREAM_SRC only those two columns run. Prints a table recipe x target -> ok / failed
-(reason). Exit 1 when any cell failed. With neither source it says so and exits 0. Upstream code is read at check
-time; none of it is copied into the project.
+DIR/vllm-X is a git checkout of vllm-project/vllm at tag vX, or the Python files of the vllm==X wheel (unzip; the .so
+files are not needed). DIR/upstreaming-to-vllm and DIR/vllm-neuron-X are the repository's top (vllm/ resp. vllm_neuron/
+in it), e.g. ``git archive 2.24.0`` of aws-neuron/upstreaming-to-vllm and of the vllm-neuron release commits 4fac6b7
+(0.4.1) and 3afb0a9 (0.5.0), kept in public mirrors such as whn09/vllm-neuron; docs/neuron.md has the commands. The
+NxDI columns take NxDI / NxD from DIR when it has them, else from ../shared/upstream beside the clone
+(``UPSTREAM_SHARED`` overrides that path): without UPSTREAM_SRC only those two columns run. Prints a table recipe x
+target -> ok / failed (reason). Exit 1 when any cell failed. With neither source it says so and exits 0. Upstream code
+is read at check time; none of it is copied into the project.
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ REAL_SUBMODULES = ["neuronx_distributed.quantization.quantization_config"]
 DEVICE_ONLY = ["torch_neuronx", "torch_xla", "neuronxcc", "libneuronxla", "neuronx_distributed", "nki", "nkilib",
                "torchvision", "blake3", "partial_json_parser", "llguidance", "diskcache", "xgrammar",
                "lmformatenforcer"]
+# the project environment's packages (seen through the venv's .pth) that upstream's environment would not hold and
+# that break its imports: transformers 5's `kernels` needs huggingface_hub >= 1.32, and the V0 venv's transformers
+# 4.53 imports it whenever it is installed (its `from kernels import get_kernel` fails against hub 0.36)
+HIDDEN = ["kernels"]
 
 
 class _Warnings(logging.Handler):
@@ -40,11 +44,17 @@ def _real_neuron_config(model_class: str, kwargs: dict):
     module, _, name = model_class.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     catcher = _Warnings()
-    logging.getLogger().addHandler(catcher)
+    root = logging.getLogger()
+    level = root.level
+    # NxDI logs an unknown kwarg with logging.warning (the root logger) and drops it: main() sets the root to ERROR,
+    # which would discard that record before any handler saw it
+    root.setLevel(logging.WARNING)
+    root.addHandler(catcher)
     try:
         config = cls.get_neuron_config_cls()(**copy.deepcopy(kwargs))
     finally:
-        logging.getLogger().removeHandler(catcher)
+        root.removeHandler(catcher)
+        root.setLevel(level)
     unexpected = [m for m in catcher.messages if "Unexpected keyword" in m]
     if unexpected:
         raise ValueError(unexpected[0])
@@ -226,10 +236,10 @@ def _check_fork_launcher(case: dict) -> str:
 
 def main() -> None:
     kind, path = sys.argv[1], sys.argv[2]
-    upstream_stubs.install(DEVICE_ONLY, auto=False, real=REAL_SUBMODULES)
+    upstream_stubs.install(DEVICE_ONLY, auto=False, real=REAL_SUBMODULES, hidden=HIDDEN)
     logging.basicConfig(level=logging.ERROR)
     check = check_nxdi if kind == "nxdi" else check_vllm
-    start = os.getcwd()
+    start, environ = os.getcwd(), dict(os.environ)
     for case in json.loads(open(path).read()):
         err = io.StringIO()
         # what neuronpack's build sets (NxDI asks the device otherwise)
@@ -247,6 +257,9 @@ def main() -> None:
             result = f"failed: {type(exc).__name__}: {text} [{where}]"
         finally:
             os.chdir(start)
+            # each case is checked on its own environment (_check_vneuron sets the case's variables)
+            os.environ.clear()
+            os.environ.update(environ)
         print(json.dumps({"id": case["id"], "result": result[:300]}), flush=True)
 
 

@@ -61,8 +61,11 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         pass
 
-def install(forced=(), auto=True, real=()):
-    """Stub ``forced`` top-level names (``auto``: also anything missing); ``real`` submodules load from source."""
+def install(forced=(), auto=True, real=(), hidden=()):
+    """Stub ``forced`` top-level names (``auto``: also anything missing); ``real`` submodules load from source;
+    ``hidden`` names are not there at all (importlib.util.find_spec gives None, an import raises ImportError)."""
+    for name in hidden:
+        sys.modules[name] = None
     f = Finder(forced, real)
     f.auto = auto
     sys.meta_path.insert(0, f) if real else sys.meta_path.append(f)
