@@ -97,7 +97,7 @@ def serve_command(
         int | None, typer.Option("--max-num-batched-tokens", "--max-prefill-tokens", min=1,
                                  help="torch artifacts: token positions one step runs while streams decode (vLLM's "
                                       "name): the decode tokens, then chunks of waiting prompts in what is left "
-                                      "(default: what keeps a stream's gap near 3 decode steps, measured; "
+                                      "(default: what keeps a stream's gap near 2.5 decode steps, measured; "
                                       "--max-prefill-tokens: its old name)")
     ] = None,
     enable_prefix_caching: Annotated[

@@ -121,13 +121,18 @@ class KvCache:
     def move(self, moves: Sequence) -> None:
         """Apply the runtime's row moves in order (runtime/engine/kv_rows.py, read by their fields): a copy
         ``(src, dst, length)``, a swap (``a``, ``b``, ``length_a``, ``length_b``: two rows exchange their first
-        positions) and a block copy (``row``, ``slots``, ``blocks``, ``to_pool``: blocks of a row to or from the
-        pool)."""
+        positions), a block copy (``row``, ``slots``, ``blocks``, ``to_pool``: blocks of a row to or from the
+        pool) and an exchange (``save``, ``load``: two block copies of one row, both sources read first)."""
         import torch
 
         with torch.inference_mode():
             for move in moves:
-                if hasattr(move, "to_pool"):
+                if hasattr(move, "load"):  # an exchange: the row's blocks are read before the pool's come in
+                    end = (max(move.save.slots) + 1) * self.block_k.shape[3]
+                    held = [cache[:, move.save.row, :, :end].clone() for cache in (self.k, self.v)]
+                    self._copy_blocks(move.load)
+                    self._copy_blocks(move.save, held)
+                elif hasattr(move, "to_pool"):
                     self._copy_blocks(move)
                 elif hasattr(move, "length_a"):
                     for cache in (self.k, self.v):
@@ -137,13 +142,15 @@ class KvCache:
                 else:
                     self.copy_rows([move])
 
-    def _copy_blocks(self, move) -> None:
+    def _copy_blocks(self, move, held: Sequence[torch.Tensor] | None = None) -> None:
+        """One block copy; ``held``: the row's K and V as they were (an exchange's save), read instead of the row."""
         if self.block_k is None or self.block_v is None:
             raise ValueError("a block copy needs a block pool (reserve_blocks)")
         layers, kv, _, size, hd = self.block_k.shape
+        rows = (self.k[:, move.row], self.v[:, move.row]) if held is None else held
         for slot, block, n in _runs(move.slots, move.blocks):  # consecutive slots in consecutive blocks: one copy
-            for cache, pool in ((self.k, self.block_k), (self.v, self.block_v)):
-                row = cache[:, move.row, :, slot * size:(slot + n) * size].view(layers, kv, n, size, hd)
+            for cache, pool in zip(rows, (self.block_k, self.block_v), strict=True):
+                row = cache[:, :, slot * size:(slot + n) * size].view(layers, kv, n, size, hd)
                 blocks = pool[:, :, block:block + n]
                 if move.to_pool:
                     blocks.copy_(row)

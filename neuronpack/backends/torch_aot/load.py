@@ -215,8 +215,8 @@ class CompiledLM:
         self._cache.copy_rows(copies)
 
     def move_kv(self, moves: Sequence) -> None:
-        """Apply the runtime's KV moves in order: row copies, row swaps and block copies to or from the prefix
-        pool (runtime/engine/kv_rows.py ``RowCopy``, ``RowSwap``, ``BlockCopy``)."""
+        """Apply the runtime's KV moves in order: row copies, row swaps, block copies to or from the prefix pool
+        and exchanges (runtime/engine/kv_rows.py ``RowCopy``, ``RowSwap``, ``BlockCopy``, ``BlockExchange``)."""
         self._cache.move(moves)
 
     # -- one step over cache rows -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ scheduler plans one decode step over the decoding sequences only (the compiled g
 sequences, so one request alone costs a batch-1 step), the runner runs it and the engine samples one token per
 sequence. Chunked prefill interleaved with decoding (vLLM's ``--max-num-batched-tokens``): while streams decode, a
 step runs at most ``EngineLimits.max_num_batched_tokens`` token positions (unset: as many as keep a stream's gap
-near 3 decode steps by the measured timings, step_budget.py), the decode step's tokens first and the prompts'
+near 2.5 decode steps by the measured timings, step_budget.py), the decode step's tokens first and the prompts'
 chunks (prompts x the longest chunk) in what is left, so a long prompt is prefilled over several steps and never
 stalls the streams for more than one step; with nothing decoding a step takes one chunk of the largest
 context bucket (or the budget, if larger). A prompt whose last chunk ran in a step decodes from the next one. Which

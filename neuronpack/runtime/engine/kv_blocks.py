@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from neuronpack.runtime.engine.prefix_cache import block_hashes
@@ -80,12 +80,30 @@ class BlockPool:
                 return
             block.last_used = stamp
 
+    def demote(self, tokens: Sequence[int], salt: int) -> None:
+        """A row holds the chain of ``tokens`` now (its owner's prompt): the pool's copy of it is first to go when
+        room is needed, with the single line of blocks that continues it here (a previous request's question and
+        answer, useless without the prefix the pool would no longer keep). Blocks other prefixes branch from (a
+        system prompt many questions share) keep their age: they still serve those. The row's prefix is saved again
+        before the row is overwritten."""
+        line = [self._by_hash[h] for h in itertools.takewhile(self._by_hash.__contains__,
+                                                               block_hashes(tokens, salt, self.block_size))]
+        if not line:
+            return
+        while line[-1].children == 1:  # the single line continuing the chain
+            line.append(next(b for b in self._by_hash.values() if b.parent == line[-1].hash))
+        for block in reversed(line):
+            if block.children > 1:
+                return
+            block.last_used = 0
+
     def save(self, tokens: Sequence[int], salt: int, last_used: int | None = None,
-             protect: Collection[int] = ()) -> list[tuple[int, int]]:
+             evict: bool = True) -> list[tuple[int, int]]:
         """Keep ``tokens``' full blocks (a row about to be overwritten holds their KV): returns the (block index in
         the row, pool block id) pairs to copy, for the blocks the pool did not hold yet. Makes room by evicting least
-        recently used leaves, never a block of this chain nor one in ``protect`` (blocks a pending copy reads); when
-        no room is left, the chain is kept as far as it fits. ``last_used``: the chain's age (default: now)."""
+        recently used leaves (with ``evict`` False only demoted ones: copies of what a row holds), never a block of
+        this chain; when no room is left, the chain is kept as far as it fits. ``last_used``: the chain's age
+        (default: now). A block it takes may be one a pending copy reads: the caller orders the copies so."""
         stamp = next(self._clock) if last_used is None else last_used
         size, chain, writes = self.block_size, set(), []
         parent: bytes | None = None
@@ -95,7 +113,7 @@ class BlockPool:
             if block is not None and block.tokens != piece:
                 break  # a colliding hash: keep the chain up to here
             if block is None:
-                block_id = self._take(chain | set(protect), stamp)
+                block_id = self._take(chain, stamp if evict else 0)
                 if block_id is None:
                     break
                 block = self._by_hash[h] = Block(block_id, h, parent, piece)
@@ -113,7 +131,8 @@ class BlockPool:
         self._free = list(range(self.num_blocks - 1, -1, -1))
 
     def _take(self, keep: set[int], stamp: int) -> int | None:
-        """A free block id, evicting the least recently used leaf older than ``stamp`` outside ``keep``."""
+        """A free block id, evicting the least recently used leaf used no later than ``stamp`` outside ``keep`` (0:
+        demoted ones only)."""
         if self._free:
             return self._free.pop()
         leaves = [b for b in self._by_hash.values() if b.children == 0 and b.id not in keep and b.last_used <= stamp]

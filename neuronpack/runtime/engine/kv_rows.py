@@ -18,7 +18,10 @@ that keeps a prefix is overwritten, its full blocks are saved into the ``BlockPo
 (kv_blocks.py: ``cache_blocks`` blocks of ``block_size`` positions, prefixes sharing blocks share them; a
 ``BlockCopy`` to the pool), evicting the least recently used blocks, or dropped when they are the least recently
 used themselves. A prompt whose longest cached prefix is in the pool gets those blocks copied into its row (a
-``BlockCopy`` from the pool, after what its row holds already). Memory stays bounded by size rows + cache_blocks
+``BlockCopy`` from the pool, after what its row holds already; a ``BlockExchange`` when the row's old prefix is saved
+into the blocks being read), and the pool's copy of what the row now holds goes first when room is needed
+(``BlockPool.demote``); a row taken in place saves what it kept beyond the new prompt's prefix only into free room
+when most of it is that prefix. Memory stays bounded by size rows + cache_blocks
 blocks whatever is cached.
 
 Nothing else tracks rows: the model's KV cache is addressed by row (and pool block) and only applies the copies it
@@ -78,7 +81,15 @@ class BlockCopy(NamedTuple):
     to_pool: bool
 
 
-Move = RowCopy | RowSwap | BlockCopy
+class BlockExchange(NamedTuple):
+    """A row's prefix goes to the pool while pool blocks come into the same row, each copy reading its source before
+    either writes (the blocks saved into may be the ones being loaded): ``save`` (to the pool), then ``load``."""
+
+    save: BlockCopy
+    load: BlockCopy
+
+
+Move = RowCopy | RowSwap | BlockCopy | BlockExchange
 
 
 class RowAllocator(Generic[K]):
@@ -159,20 +170,23 @@ class RowAllocator(Generic[K]):
             return self._take(owner, self._least_recent_free(owner)), 0
         if src is None or in_row == 0:  # only the pool holds it: the least recently used free row takes it
             src, in_row = self._least_recent_free(owner), 0
-        else:
-            index.touch(src)
+        else:  # in place: what the row kept beyond the shared prefix is saved (_vacate) at its own age
             entry = index.entry(src)
             if entry is not None and len(entry.tokens) <= in_row + 1:
                 index.forget(src)  # nothing beyond what the new owner keeps: no copy
-        if length > in_row:  # the pool holds more: its blocks after those the row holds (same tokens) come in
-            assert self.pool is not None
-            ids = self.pool.match(tokens[: len(tokens) - 1], salt)
-            self.pool.touch(tokens[:length], salt)
-            first = in_row // self.pool.block_size
-            self._take(owner, src, protect=ids[first:])
-            self._pending.append(BlockCopy(src, tuple(range(first, len(ids))), tuple(ids[first:]), False))
-        else:
-            self._take(owner, src)
+        if self.pool is not None:  # the row is to hold the prefix: the pool's copy of it goes first (demote)
+            self.pool.demote(tokens[:length], salt)
+        if length == in_row:
+            self._take(owner, src, shared=in_row)
+            return src, length
+        # The pool holds more: its blocks after those the row holds (same tokens) come in. The row's old prefix may
+        # be saved into those very blocks: one BlockExchange reads both sources before writing either.
+        assert self.pool is not None
+        ids = self.pool.match(tokens[: len(tokens) - 1], salt)
+        first = in_row // self.pool.block_size
+        load = BlockCopy(src, tuple(range(first, len(ids))), tuple(ids[first:]), False)
+        save = self._claim(owner, src, shared=in_row)
+        self._pending.append(load if save is None else BlockExchange(save, load))
         return src, length
 
     def release(self, owner: K, tokens: Sequence[int] = (), salt: int = 0) -> int | None:
@@ -256,12 +270,19 @@ class RowAllocator(Generic[K]):
         elif size:
             self._pending.append(RowCopy(src, dst, size))
 
-    def _take(self, owner: K, row: int, protect: Sequence[int] = ()) -> int:
+    def _take(self, owner: K, row: int, shared: int = 0) -> int:
+        save = self._claim(owner, row, shared)
+        if save is not None:
+            self._pending.append(save)
+        return row
+
+    def _claim(self, owner: K, row: int, shared: int = 0) -> BlockCopy | None:
+        """Give free ``row`` to ``owner``; returns the copy saving the prefix it kept into the pool (``_vacate``)."""
         if self._owner[row] is not None:
             raise ValueError(f"cache row {row} is held")
-        self._vacate(row, protect)
+        save = self._vacate(row, shared)
         self._owner[row] = owner
-        return row
+        return save
 
     def _match(self, tokens: Sequence[int], salt: int) -> tuple[tuple[int | None, int], int]:
         """((the free row holding the longest prefix or None, its length), the longest prefix a row or the pool
@@ -274,12 +295,15 @@ class RowAllocator(Generic[K]):
         in_pool = 0 if self.pool is None else len(self.pool.match(body, salt)) * self.pool.block_size
         return in_row, max(in_row[1], in_pool)
 
-    def _vacate(self, row: int, protect: Sequence[int] = ()) -> None:
-        """``row`` (a free batch row) is about to be overwritten: save the full blocks of the prefix it keeps into
-        the pool, those the pool does not hold yet, as far as blocks used longer ago than it make room. Never evicts
-        ``protect`` (pool blocks a copy this allocation asked for reads)."""
+    def _vacate(self, row: int, shared: int = 0) -> BlockCopy | None:
+        """``row`` (a free batch row) is about to be overwritten: the copy saving the full blocks of the prefix it
+        keeps into the pool, those the pool does not hold yet, as far as blocks used longer ago than it make room.
+        ``shared``: positions the new owner keeps in place; a prefix that is mostly those (the pool would hold copies
+        of what the row keeps) takes only free blocks and demoted ones, never another prefix's."""
         if self._index is None or (entry := self._index.forget(row)) is None or self.pool is None:
-            return
-        writes = self.pool.save(entry.tokens, entry.salt, entry.last_used, protect)
-        if writes:
-            self._pending.append(BlockCopy(row, tuple(s for s, _ in writes), tuple(b for _, b in writes), True))
+            return None
+        evict = len(entry.tokens) - shared >= shared
+        writes = self.pool.save(entry.tokens, entry.salt, entry.last_used, evict=evict)
+        if not writes:
+            return None
+        return BlockCopy(row, tuple(s for s, _ in writes), tuple(b for _, b in writes), True)

@@ -84,7 +84,7 @@ class EngineSummary:
         if self.max_num_batched_tokens is not None:
             return (f"chunked prefill: {self.max_num_batched_tokens} tokens a step while streams decode "
                     "(--max-num-batched-tokens)")
-        return ("chunked prefill: while streams decode, a step prefills what takes about 2 decode steps, measured "
+        return ("chunked prefill: while streams decode, a step prefills what takes about 1.5 decode steps, measured "
                 "(--max-num-batched-tokens N fixes the step's tokens)")
 
 
@@ -139,7 +139,8 @@ class CompiledModel(Protocol):
         ...
 
     def move_kv(self, moves: Sequence[Any]) -> None:
-        """Apply the allocator's moves in order: ``RowCopy``, ``RowSwap`` and ``BlockCopy`` (kv_rows.py)."""
+        """Apply the allocator's moves in order (kv_rows.py): ``RowCopy``, ``RowSwap``, ``BlockCopy``,
+        ``BlockExchange``."""
         ...
 
     def prompt_logits(self, token_ids: Sequence[int], slot: int = 0, adapter: int = 0) -> Tensor:

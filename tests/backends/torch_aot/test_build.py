@@ -13,7 +13,7 @@ from neuronpack.backends.torch_aot import TorchAotBackend, load_artifact
 from neuronpack.checkpoint import open_checkpoint
 from neuronpack.errors import ArtifactError, BucketError, RecipeError
 from neuronpack.models import load_model
-from neuronpack.runtime.engine.kv_rows import BlockCopy, RowSwap
+from neuronpack.runtime.engine.kv_rows import BlockCopy, BlockExchange, RowSwap
 from tests.backends.torch_aot.build_requests import tiny_request
 
 
@@ -124,6 +124,24 @@ def test_prefill_from_a_start_position_and_kv_moves(smollm_export):
     torch.testing.assert_close(step, after.expand(2, -1), atol=5e-2, rtol=2e-2)
     with pytest.raises(BucketError, match="passes the compiled sequence length"):
         lm.prefill([0], [[1] * 30], starts=[100])
+
+
+def test_a_block_exchange_reads_both_sources_before_writing(smollm_export):
+    """A pool hit's exchange (runtime/engine/kv_rows.py): the row's prefix is saved into the very blocks the pool's
+    prefix comes in from, and both arrive whole."""
+    model_dir, artifact, _ = smollm_export
+    lm = load_artifact(artifact)
+    reference = load_model(model_dir, torch.bfloat16)
+    a, b = list(range(3, 63)), list(range(200, 260))
+    lm.reserve_blocks(4, 16)
+    lm.prefill([0], [a[:48]])
+    lm.prefill([1], [b[:48]])
+    lm.move_kv([BlockCopy(1, (0, 1, 2), (1, 2, 3), True)])  # b's 3 blocks into the pool
+    lm.move_kv([BlockExchange(BlockCopy(0, (0, 1, 2), (3, 1, 2), True), BlockCopy(0, (0, 1, 2), (1, 2, 3), False))])
+    lm.move_kv([BlockCopy(1, (0, 1, 2), (3, 1, 2), False)])  # a's blocks, saved by the exchange, into row 1
+    for row, tokens in ((0, b), (1, a)):
+        tail = lm.prefill([row], [tokens[48:]], starts=[48])[0]
+        torch.testing.assert_close(tail, reference.forward_full(torch.tensor([tokens]))[0, -1], atol=5e-2, rtol=2e-2)
 
 
 def test_load_errors_are_clear(smollm_export, tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuronpack.runtime.engine.kv_rows import BlockCopy, RowAllocator, RowCopy, RowSwap
+from neuronpack.runtime.engine.kv_rows import BlockCopy, BlockExchange, RowAllocator, RowCopy, RowSwap
 from neuronpack.runtime.engine.prefix_cache import PrefixCaching, PrefixIndex, block_hashes
 from neuronpack.runtime.engine.scheduler import SlotScheduler
 from tests.helpers.fresh_interpreter import run_fresh
@@ -91,7 +91,7 @@ def test_a_free_rows_prefix_is_saved_into_the_pool_in_blocks_before_it_is_overwr
     assert rows.take_copies() == [BlockCopy(0, (0, 1), (0, 1), False)]
 
 
-def test_the_pool_evicts_least_recently_used_leaves_and_never_what_is_being_read():
+def test_the_pool_evicts_least_recently_used_leaves_and_a_hit_leaves_room_for_the_row_it_takes():
     rows: RowAllocator[str] = RowAllocator(1, cache_blocks=2, block_size=4)
     for i, owner in enumerate("abc"):
         rows.allocate(owner)
@@ -100,9 +100,35 @@ def test_the_pool_evicts_least_recently_used_leaves_and_never_what_is_being_read
     rows.take_copies()
     assert rows.cache_blocks_in_use == 2 and rows.lookup([2] * 9, 0) == 8 and rows.lookup([0] * 9, 0) == 0
     rows.release("x", tokens=[5] * 8, salt=0)
-    # d reads c's blocks from the pool while its row's own prefix (x's) must go somewhere: it is dropped
+    # d reads c's blocks into its row, whose own prefix (x's) goes into those very blocks: one exchange
     assert rows.allocate_cached("d", [2] * 9, 0) == (0, 8)
-    assert rows.take_copies() == [BlockCopy(0, (0, 1), (0, 1), False)]
+    assert rows.take_copies() == [BlockExchange(BlockCopy(0, (0, 1), (1, 0), True),
+                                                BlockCopy(0, (0, 1), (0, 1), False))]
+    assert rows.lookup([5] * 9, 0) == 8
+    rows.release("d", tokens=[2] * 8, salt=0)
+    assert rows.lookup([2] * 9, 0) == 8  # in the row
+
+
+def test_a_replay_of_more_prefixes_than_rows_keeps_all_that_rows_and_pool_hold():
+    """Issue 49's replay: 6 distinct prefixes, 4 rows and a pool of 2.5 prefixes' blocks; every repeat (the prefix
+    plus a question of its own) hits every full block, whether its prefix is in a row or in the pool. Before, a
+    repeat's row saved its copy of the shared prefix to the pool, and a hit from the pool kept its now-duplicate
+    blocks: each evicted another prefix."""
+    rows: RowAllocator[int] = RowAllocator(4, cache_blocks=95, block_size=16)
+    stems = [[1000 * p + t for t in range(600)] for p in range(6)]
+    served = iter(range(10**6))
+
+    def send(prompt: list[int]) -> int:
+        owner = next(served)
+        _, hit = rows.allocate_cached(owner, prompt, 0)
+        rows.take_copies()
+        rows.release(owner, tokens=[*prompt, *range(7)], salt=0)  # the prompt and the first 7 generated tokens
+        return hit
+
+    assert [send([*stem, 1, 2]) for stem in stems] == [0] * 6
+    for i, k in enumerate([2, 3, 5, 4, 3, 0, 1, 4, 0, 3, 2, 5] * 2):
+        assert send([*stems[k], 50 + i, 6, 7]) >= 592  # 37 full blocks, or the whole prefix in a row
+    assert rows.cache_blocks_in_use <= 95
 
 
 def test_a_row_match_is_topped_up_from_the_pool():

@@ -13,13 +13,13 @@ def test_a_fixed_budget_is_the_step_whatever_the_timings():
     assert budget.step_tokens(4) == 64 and not budget.automatic
 
 
-def test_the_automatic_chunk_takes_about_two_decode_steps():
+def test_the_automatic_chunk_takes_about_one_and_a_half_decode_steps():
     budget = StepBudget(None, max_chunk=512)
     assert budget.step_tokens(3) == 3 + FIRST_CHUNK  # nothing measured yet
     budget.observe_decode(0.030)
     budget.observe_prefill(0.300, 100)  # 3 ms a token
-    assert budget.chunk_tokens() == int((GAP_STEPS - 1) * 0.030 / 0.003) == 20
-    assert budget.step_tokens(2) == 22
+    assert budget.chunk_tokens() == int((GAP_STEPS - 1) * 0.030 / 0.003) == 15
+    assert budget.step_tokens(2) == 17
     for _ in range(20):  # a much slower prefill (a busy machine): never below one block
         budget.observe_prefill(1.0, 10)
     assert budget.chunk_tokens() == MIN_CHUNK
