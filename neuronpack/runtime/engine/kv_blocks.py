@@ -72,14 +72,6 @@ class BlockPool:
             ids.append(block.id)
         return ids
 
-    def touch(self, tokens: Sequence[int], salt: int) -> None:
-        """The chain of ``tokens`` was used now."""
-        stamp = next(self._clock)
-        for h in block_hashes(tokens, salt, self.block_size):
-            if (block := self._by_hash.get(h)) is None:
-                return
-            block.last_used = stamp
-
     def demote(self, tokens: Sequence[int], salt: int) -> None:
         """A row holds the chain of ``tokens`` now (its owner's prompt): the pool's copy of it is first to go when
         room is needed, with the single line of blocks that continues it here (a previous request's question and

@@ -21,8 +21,7 @@ used themselves. A prompt whose longest cached prefix is in the pool gets those 
 ``BlockCopy`` from the pool, after what its row holds already; a ``BlockExchange`` when the row's old prefix is saved
 into the blocks being read), and the pool's copy of what the row now holds goes first when room is needed
 (``BlockPool.demote``); a row taken in place saves what it kept beyond the new prompt's prefix only into free room
-when most of it is that prefix. Memory stays bounded by size rows + cache_blocks
-blocks whatever is cached.
+when most of it is that prefix. Memory stays bounded by size rows + cache_blocks blocks whatever is cached.
 
 Nothing else tracks rows: the model's KV cache is addressed by row (and pool block) and only applies the copies it
 is given; the EAGLE proposer keeps its draft KV in the same rows (an EAGLE engine caches no prefix, so it only ever

@@ -138,11 +138,6 @@ class PrefixIndex:
                         del self._by_hash[h]
         return entry
 
-    def touch(self, row: int) -> None:
-        """``row``'s entry was used now (least recently used goes first)."""
-        if (entry := self._entries.get(row)) is not None:
-            entry.last_used = next(self.clock)
-
     def longest_match(self, tokens: Sequence[int], salt: int, rows: Iterable[int] | None = None
                       ) -> tuple[int, int] | None:
         """(row, n): the row whose KV covers the longest prefix of ``tokens`` under ``salt`` and that prefix's
