@@ -22,6 +22,7 @@ from neuronpack.runtime.engine.logprobs import MAX_LOGPROBS, TokenLogprobs
 from neuronpack.runtime.engine.prefix_cache import USEFUL_BLOCKS
 from neuronpack.runtime.engine.sampling import RowSampler, SamplingParams
 from neuronpack.runtime.engine.speculation.stats import SpecStats
+from neuronpack.runtime.engine.step_budget import GAP_STEPS
 from neuronpack.runtime.engine.stopping import Decoder, FinishReason, IncrementalDetokenizer, SequenceOutput, StopRules
 from neuronpack.runtime.structured import CompiledGrammar, Constraint
 
@@ -84,8 +85,8 @@ class EngineSummary:
         if self.max_num_batched_tokens is not None:
             return (f"chunked prefill: {self.max_num_batched_tokens} tokens a step while streams decode "
                     "(--max-num-batched-tokens)")
-        return ("chunked prefill: while streams decode, a step prefills what takes about 1.5 decode steps, measured "
-                "(--max-num-batched-tokens N fixes the step's tokens)")
+        return (f"chunked prefill: while streams decode, a step prefills what takes about {GAP_STEPS - 1:g} decode "
+                "steps, measured (--max-num-batched-tokens N fixes the step's tokens)")
 
 
 class CompiledModel(Protocol):
