@@ -101,8 +101,15 @@ def request_log_note(target: str) -> str:
             f"{logging}")
 
 
+def server_origin(host: str, port: int) -> str:
+    """The HTTP origin of a server on ``host:port`` (an IPv6 address in brackets).
+
+    Example: ``server_origin("::1", 8000)`` is ``"http://[::1]:8000"``."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 def server_url(host: str, port: int) -> str:
     """The OpenAI base URL a server on ``host:port`` answers at (an IPv6 address in brackets).
 
     Example: ``server_url("::1", 8000)`` is ``"http://[::1]:8000/v1"``."""
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+    return f"{server_origin(host, port)}/v1"

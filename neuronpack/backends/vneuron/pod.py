@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from neuronpack.backends.vllm.serving import server_origin
 from neuronpack.backends.vneuron.backend import plugin_cache_root
 from neuronpack.backends.vneuron.cache import CACHE_DIR, entry_dirs, fill_local_root
 from neuronpack.backends.vneuron.probe import GUARDS
@@ -131,7 +132,7 @@ def _watch(proc: subprocess.Popen, root: Path, packaged: set[str], url: str) -> 
 def _health_url(argv: list[str]) -> str:
     host = _flag(argv, "--host") or "127.0.0.1"
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return f"http://{f'[{host}]' if ':' in host else host}:{_flag(argv, '--port') or '8000'}/health"
+    return f"{server_origin(host, int(_flag(argv, '--port') or 8000))}/health"
 
 
 def _flag(argv: list[str], name: str) -> str | None:

@@ -356,8 +356,9 @@ class Engine:
         except Exception as exc:
             self._fail(running, "decode failed: ", exc)
             return
-        self.metrics.decode_seconds.observe(time.monotonic() - started)
-        self.step_budget.observe_decode(time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self.metrics.decode_seconds.observe(seconds)
+        self.step_budget.observe_decode(seconds)
         self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
         for seq, outcome in zip(running, outcomes, strict=True):
             self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None,

@@ -166,16 +166,20 @@ class SlotScheduler(Generic[S]):
         def remaining(p: Prefilling[S]) -> int:
             return len(p.seq.prompt_ids) - p.computed
 
+        def continue_chunks(prefilling: list[Prefilling[S]]) -> None:
+            nonlocal width
+            for progress in prefilling:
+                if not (take := chunk(remaining(progress))):
+                    break
+                groups.append(self._chunk(progress, take))
+                width = max(width, take)
+
         # Prompts that finish within this step's budget go first, then new ones, then the longer ones: a chat's
         # short prompt is not queued behind a long document's every chunk (new prompts need a free row, so the
         # long ones get the budget back whenever the rows are full).
         short = [p for p in self.prefilling if token_budget is None or remaining(p) <= token_budget]
         long = [p for p in self.prefilling if p not in short]
-        for progress in short:
-            if not (take := chunk(remaining(progress))):
-                break
-            groups.append(self._chunk(progress, take))
-            width = max(width, take)
+        continue_chunks(short)
         admitted = 0
         while self.waiting and (limit is None or admitted < limit) \
                 and self.rows.free >= 1 + len(self.waiting[0].forks):
@@ -196,11 +200,7 @@ class SlotScheduler(Generic[S]):
             groups.append(self._chunk(progress, take))
             width = max(width, take)
             admitted += 1
-        for progress in long:
-            if not (take := chunk(remaining(progress))):
-                break
-            groups.append(self._chunk(progress, take))
-            width = max(width, take)
+        continue_chunks(long)
         self.prefilling = [p for p in self.prefilling if p.computed < len(p.seq.prompt_ids)]
         return StepPlan(moves=tuple(self.rows.take_copies()), prefills=tuple(groups))
 
