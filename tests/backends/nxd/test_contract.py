@@ -228,8 +228,17 @@ def test_quantized_checkpoint_fields_come_from_the_quantizer(tiny_llama, tmp_pat
 
 
 def test_qwen2_and_unknown_architectures(make_checkpoint, tmp_path, nxd_sdk):
+    """Qwen2 (config.json in its released names) maps to NxDI's class; saved by transformers 5 as it is (rope_theta
+    1e6 inside rope_parameters, which NxDI's transformers 4.57 ignores for its default 1e4), it is refused by name;
+    an unknown architecture is refused."""
+    from tests.upstream.family_checkpoints import released_config
+
     recipe = _tiny_recipe(tmp_path)
     qwen = make_checkpoint("qwen2")
+    with pytest.raises(UnsupportedModelError) as info:
+        NxdBackend().compile_config(_request(recipe, qwen, tmp_path))
+    assert "rope_parameters" in info.value.what and "rope_theta 10000" in info.value.what
+    released_config(qwen)
     config = NxdBackend().compile_config(_request(recipe, qwen, tmp_path))
     assert config["model_class"].endswith("qwen2.modeling_qwen2.NeuronQwen2ForCausalLM")
     odd = tmp_path / "odd"
