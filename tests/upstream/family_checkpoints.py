@@ -11,9 +11,7 @@
   E8M0 exponent; transformers' [E, in, out] transposed to [E, out, in]), with the released config keys
   (``initial_context_length``, ``experts_per_token``, ``quantization_config``). transformers' own MXFP4 loader
   dequantizes it back to exactly the packed values (the random weights are drawn on the FP4 grid).
-- ``gemma3``: Gemma3ForCausalLM with NxDI 0.9.0's hard-coded constants (vocab 262208, rope 1e4 local / 1e6 global x8
-  linear, eps 1e-6, every 6th layer global), norm weights on a grid bfloat16 holds exactly (NxDI keeps Gemma's norm
-  weights in bfloat16): what the Gemma 3 judge runs (neuronpack/backends/nxd/defects.py writes its own the same way).
+- Gemma 3: the judge's own writer, neuronpack/backends/nxd/defects.py ``write_tiny_gemma3``.
 
 Norms are randomised too, so a norm NxDI failed to load would show. Example::
 
@@ -26,6 +24,9 @@ import json
 from pathlib import Path
 
 FAMILIES = ("qwen3", "qwen3_tied", "qwen3_moe", "gpt_oss", "llama4")
+# the shipped recipes' checkpoints (their model.source) -> the tiny family that stands for them; others: a tiny Llama
+RECIPE_FAMILY = {"Qwen/Qwen3-8B": "qwen3", "Qwen/Qwen3-30B-A3B": "qwen3_moe", "openai/gpt-oss-20b": "gpt_oss",
+                 "meta-llama/Llama-4-Scout-17B-16E-Instruct": "llama4"}
 FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 MXFP4_CONFIG = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                            "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}
@@ -50,6 +51,13 @@ def write_family_checkpoint(out: Path, family: str, *, seed: int = 0) -> Path:
     if family == "gpt_oss":
         pack_experts_mxfp4(out)
     return out
+
+
+def recipe_family(recipe: Path) -> str | None:
+    """The family of a recipe file's checkpoint (RECIPE_FAMILY), None for a Llama-family one."""
+    import tomllib
+
+    return RECIPE_FAMILY.get(tomllib.loads(Path(recipe).read_text()).get("model", {}).get("source", ""))
 
 
 def released_config(checkpoint: Path) -> None:
@@ -101,12 +109,11 @@ def _mxfp4(weight):
 
 
 def _randomised(model, seed: int):
-    """Weights drawn N(0, 0.15), 1-D ones around their neutral value (1 for Llama-style norms, 0 for biases, sinks
-    and Gemma's 1 + w norms); gpt-oss experts on the FP4 grid times a power of two (exact in MXFP4)."""
+    """Weights drawn N(0, 0.15), 1-D ones around their neutral value (1 for norms, 0 for biases and sinks); gpt-oss
+    experts on the FP4 grid times a power of two (exact in MXFP4)."""
     import torch
 
     torch.manual_seed(seed)
-    gemma = type(model).__name__.startswith("Gemma")
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("experts.gate_up_proj", "experts.down_proj")) and "GptOss" in type(model).__name__:
@@ -114,8 +121,6 @@ def _randomised(model, seed: int):
                 param.copy_(torch.tensor(FP4)[codes] * 2.0**-4)
             elif param.dim() >= 2:
                 param.normal_(0.0, 0.15)
-            elif gemma:  # 1 + w with w on a 1/64 grid: exact in bfloat16
-                param.copy_(torch.randint(-16, 17, param.shape) / 64.0)
             elif "norm" in name:
                 param.normal_(1.0, 0.1)
             else:
@@ -126,8 +131,7 @@ def _randomised(model, seed: int):
 def _model_class(transformers, family: str):
     return {"qwen3": transformers.Qwen3ForCausalLM, "qwen3_tied": transformers.Qwen3ForCausalLM,
             "qwen3_moe": transformers.Qwen3MoeForCausalLM, "gpt_oss": transformers.GptOssForCausalLM,
-            "llama4": transformers.Llama4ForConditionalGeneration,
-            "gemma3": transformers.Gemma3ForCausalLM}[family]
+            "llama4": transformers.Llama4ForConditionalGeneration}[family]
 
 
 def _config(transformers, family: str, vocab: int):
@@ -153,10 +157,4 @@ def _config(transformers, family: str, vocab: int):
                       image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
                       projector_output_dim=64, pixel_shuffle_ratio=0.5)
         return transformers.Llama4Config(text_config=text, vision_config=vision)
-    if family == "gemma3":
-        return transformers.Gemma3TextConfig(
-            vocab_size=262208, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=4,
-            max_position_embeddings=131072, rope_theta=1e6, rope_local_base_freq=1e4,
-            rope_scaling={"rope_type": "linear", "factor": 8.0}, rms_norm_eps=1e-6, tie_word_embeddings=True)
     raise ValueError(f"unknown family {family!r}: one of {FAMILIES}")

@@ -203,6 +203,14 @@ def model_family(hf_config: dict, *, where: str) -> Family | None:
         return None
     arch = architecture_of(hf_config)
     refusal = REFUSED.get(arch or "")
+    if refusal is not None and refusal.judged:  # accepted only when this machine's NxDI passes the CPU judge
+        from neuronpack.backends.nxd.defects import JUDGED, judge
+
+        verdict = judge(arch)
+        if verdict.accepted:
+            return JUDGED[arch][0]
+        raise UnsupportedModelError(f"{arch} is refused for NxD Inference: {refusal.what}; this machine's "
+                                    f"verdict: {verdict.detail}", where=where, fix=refusal.fix)
     if refusal is not None:
         raise UnsupportedModelError(f"{arch} is refused for NxD Inference: {refusal.what}", where=where,
                                     fix=refusal.fix)

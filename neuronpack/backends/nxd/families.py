@@ -51,7 +51,7 @@ class Refusal:
     judged: bool = False  # refused unless the installed NxDI passes the family's CPU judge (defects.py)
 
 
-def _class(module: str, name: str) -> str:
+def nxdi_class(module: str, name: str) -> str:
     return f"{_MODELS}.{module}.{name}"
 
 
@@ -59,50 +59,50 @@ _NO_FC = ("NxDI builds the draft with the target's model class, and {cls} makes 
           "Llama and gpt-oss models read is_eagle_draft: models/llama/modeling_llama.py:1161, "
           "models/gpt_oss/modeling_gpt_oss.py:964)")
 FAMILIES: dict[str, Family] = {
-    "LlamaForCausalLM": Family("llama", _class("llama.modeling_llama", "NeuronLlamaForCausalLM"),
+    "LlamaForCausalLM": Family("llama", nxdi_class("llama.modeling_llama", "NeuronLlamaForCausalLM"),
                                "LlamaInferenceConfig, NeuronConfig"),
     # Mistral runs on NxDI's Llama class, as vLLM 0.9 mapped it (NxDI's own Mistral class agrees with it on the CPU,
     # sliding window included: docs/neuron.md)
-    "MistralForCausalLM": Family("llama", _class("llama.modeling_llama", "NeuronLlamaForCausalLM"),
+    "MistralForCausalLM": Family("llama", nxdi_class("llama.modeling_llama", "NeuronLlamaForCausalLM"),
                                  "LlamaInferenceConfig, NeuronConfig"),
-    "Qwen2ForCausalLM": Family("qwen2", _class("qwen2.modeling_qwen2", "NeuronQwen2ForCausalLM"),
+    "Qwen2ForCausalLM": Family("qwen2", nxdi_class("qwen2.modeling_qwen2", "NeuronQwen2ForCausalLM"),
                                "Qwen2InferenceConfig, Qwen2NeuronConfig",
                                no_eagle=_NO_FC.format(cls="NeuronQwen2Model")),
-    "Qwen3ForCausalLM": Family("qwen3", _class("qwen3.modeling_qwen3", "NeuronQwen3ForCausalLM"),
+    "Qwen3ForCausalLM": Family("qwen3", nxdi_class("qwen3.modeling_qwen3", "NeuronQwen3ForCausalLM"),
                                "Qwen3InferenceConfig, Qwen3NeuronConfig",
                                no_eagle=_NO_FC.format(cls="NeuronQwen3Model")),
-    "Qwen3MoeForCausalLM": Family("qwen3_moe", _class("qwen3_moe.modeling_qwen3_moe", "NeuronQwen3MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": Family("qwen3_moe", nxdi_class("qwen3_moe.modeling_qwen3_moe", "NeuronQwen3MoeForCausalLM"),
                                   "Qwen3MoeInferenceConfig, MoENeuronConfig", moe=True, required_keys=("num_experts",),
                                   no_eagle=_NO_FC.format(cls="NeuronQwen3MoeModel")),
     "GptOssForCausalLM": Family(
-        "gpt_oss", _class("gpt_oss.modeling_gpt_oss", "NeuronGptOssForCausalLM"),
+        "gpt_oss", nxdi_class("gpt_oss.modeling_gpt_oss", "NeuronGptOssForCausalLM"),
         "GptOssInferenceConfig, GptOssNeuronConfig (a MoENeuronConfig)", moe=True,
         no_eagle=(f"NxDI builds a gpt-oss target's draft with NeuronGptOssModel (sinks, MoE; "
                   f"models/gpt_oss/modeling_gpt_oss.py:964), and {_EAGLE_LAYOUT}, which do not load into it"),
         required_keys=("initial_context_length",),
         rope_default=(150000.0, {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                  "truncate": False, "original_max_position_embeddings": 4096})),
-    "MixtralForCausalLM": Family("mixtral", _class("mixtral.modeling_mixtral", "NeuronMixtralForCausalLM"),
+    "MixtralForCausalLM": Family("mixtral", nxdi_class("mixtral.modeling_mixtral", "NeuronMixtralForCausalLM"),
                                  "MixtralInferenceConfig, MoENeuronConfig", moe=True, rope_default=(1e6, None),
                                  no_eagle=_NO_FC.format(cls="NeuronMixtralModel")),
-    "DbrxForCausalLM": Family("dbrx", _class("dbrx.modeling_dbrx", "NeuronDbrxForCausalLM"),
+    "DbrxForCausalLM": Family("dbrx", nxdi_class("dbrx.modeling_dbrx", "NeuronDbrxForCausalLM"),
                               "DbrxInferenceConfig, MoENeuronConfig", moe=True, rope_default=None,
                               no_eagle=_NO_FC.format(cls="NeuronDbrxModel")),
     # Llama-3.2 multimodal: MllamaInferenceConfig + MultimodalVisionNeuronConfig; the vision encoder is traced with
     # the text buckets, its tile count comes from the checkpoint's vision_config
-    "MllamaForConditionalGeneration": Family("mllama", _class("mllama.modeling_mllama", "NeuronMllamaForCausalLM"),
+    "MllamaForConditionalGeneration": Family("mllama", nxdi_class("mllama.modeling_mllama", "NeuronMllamaForCausalLM"),
                                              "MllamaInferenceConfig, MultimodalVisionNeuronConfig",
                                              no_eagle="NxDI's Mllama has no fused speculation",
                                              fused_speculation=False, rope_default=None),
     # Llama 4 (Scout, Maverick) in Meta's multimodal layout, as vLLM's Neuron plugin serves it: NxDI's image-to-text
     # class, the text decoder and the vision encoder each with its NeuronConfig
     "Llama4ForConditionalGeneration": Family(
-        "llama4", _class("llama4.modeling_llama4", "NeuronLlama4ForCausalLM"),
+        "llama4", nxdi_class("llama4.modeling_llama4", "NeuronLlama4ForCausalLM"),
         "Llama4InferenceConfig, Llama4NeuronConfig (a MoENeuronConfig) for the text and the vision model", moe=True,
         rope_default=(500000.0, None),
         no_eagle=("NxDI's Llama 4 refuses fused speculation (\"Llama4 does not yet support fused speculation.\", "
                   "models/llama4/modeling_llama4.py:102)"), fused_speculation=False,
-        text_class=_class("llama4.modeling_llama4_text", "NeuronLlama4TextForCausalLM")),
+        text_class=nxdi_class("llama4.modeling_llama4_text", "NeuronLlama4TextForCausalLM")),
 }
 _GEMMA3_DEFECTS = (
     "NxDI 0.9.0's Gemma 3 computes wrong logits (its CPU run agrees with transformers on 8 of 17 tokens): "

@@ -23,6 +23,8 @@ from neuronpack.accuracy import nxdi_cpu  # noqa: E402
 if nxdi_cpu.nxdi_importable():
     nxdi_cpu.import_family_modules()  # before sealing: some run closed code at import (Qwen3-MoE's nki_jit())
     closed_shim.substitute_for_cpu()
+    if os.environ.get("NEURONPACK_UPSTREAM_FIX") == "gemma3":  # an NxDI that fixed Gemma 3, simulated in memory
+        import gemma3_fix  # noqa: F401
     closed_shim.seal()
 if os.environ.get("NEURONPACK_CLOSED_CALLS"):
     atexit.register(lambda: Path(os.environ["NEURONPACK_CLOSED_CALLS"]).write_text(json.dumps(closed_shim.CALLS)))
