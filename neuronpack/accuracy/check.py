@@ -319,7 +319,8 @@ def _load_reference(subject: Subject, vocab_size: int):
     if ref is None or not (ref / "config.json").is_file():
         raise AccuracyError("the reference checkpoint is not there", where=str(ref),
                             fix="pass --reference DIR (the Hugging Face checkpoint the artifact was compiled from)")
-    model = _quiet_from_pretrained(transformers, ref, dtype=torch.float32).eval()
+    # .float(): transformers dequantizes an MXFP4 checkpoint (gpt-oss) to bfloat16 whatever dtype is asked
+    model = _quiet_from_pretrained(transformers, ref, dtype=torch.float32).float().eval()
     if model.config.vocab_size != vocab_size:
         raise AccuracyError(f"reference vocabulary {model.config.vocab_size} differs from the artifact's "
                             f"{vocab_size}", where=str(ref), fix="pass the checkpoint the artifact was compiled from")

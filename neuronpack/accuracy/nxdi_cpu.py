@@ -82,7 +82,8 @@ def load_fused_spec_on_cpu(model_dir: str, recorded: dict[str, Any], draft_dir: 
 def dequantized_reference(reference, quantized_dir: str):
     """A copy of the float32 transformers ``reference`` holding the quantized checkpoint's weights dequantized
     (stored int8 / fp8 values x their float32 scale): what a correct quantized load must reproduce exactly. A head
-    the quantizer untied (``--include-lm-head`` on a tied model) is untied in the copy too."""
+    the quantizer untied (``--include-lm-head`` on a tied model) is untied in the copy too. Llama 4's checkpoint
+    names (``language_model.*``) are the text model's without that prefix; every dequantized weight must land."""
     import copy
 
     import torch
@@ -97,8 +98,15 @@ def dequantized_reference(reference, quantized_dir: str):
     if "lm_head.weight" in weights and head.weight is model.get_input_embeddings().weight:
         head.weight = torch.nn.Parameter(head.weight.detach().clone())
         model.config.tie_word_embeddings = False
-    state = {name: (value.float() * weights[name[: -len("weight")] + "scale"]
-                    if name.endswith(".weight") and name[: -len("weight")] + "scale" in weights else value.float())
-             for name, value in weights.items() if not name.endswith(".scale")}
+    own = model.state_dict()
+    state = {}
+    for name, value in weights.items():
+        if name.endswith(".scale"):
+            continue
+        scale = weights.get(name[: -len("weight")] + "scale") if name.endswith(".weight") else None
+        target = name if name in own or not name.startswith("language_model.") else name[len("language_model."):]
+        state[target] = value.float() * scale if scale is not None else value.float()
+        if scale is not None and target not in own:
+            raise ValueError(f"the reference has no {target} for the quantized {name}")
     model.load_state_dict(state, strict=False)
     return model

@@ -15,6 +15,7 @@ constructor stores it); it returns the platform target, as on a build box with N
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -132,14 +133,29 @@ def seal() -> None:
 # not scorable), and nothing of it reaches an artifact.
 SUBSTITUTED = ("neuronx_distributed_inference.models.layer_boundary_marker.ModuleMarkerStartWrapper.forward",
                "neuronx_distributed_inference.models.layer_boundary_marker.ModuleMarkerEndWrapper.forward")
+_ORIGINALS: dict = {}
+
+
+def _identity(self, *args):
+    return args[0] if len(args) == 1 else args
 
 
 def substitute_for_cpu() -> None:
     """Make the layer-boundary markers the identity (SUBSTITUTED); call after NxDI imported, before ``seal()``."""
     from neuronx_distributed_inference.models import layer_boundary_marker as markers
 
-    def identity(self, *args):
-        return args[0] if len(args) == 1 else args
+    for wrapper in (markers.ModuleMarkerStartWrapper, markers.ModuleMarkerEndWrapper):
+        _ORIGINALS.setdefault(wrapper, wrapper.forward)
+        wrapper.forward = _identity
 
-    markers.ModuleMarkerStartWrapper.forward = identity
-    markers.ModuleMarkerEndWrapper.forward = identity
+
+@contextlib.contextmanager
+def upstream_markers():
+    """Upstream's own markers back for a block (what a CPU without this harness runs)."""
+    for wrapper, forward in _ORIGINALS.items():
+        wrapper.forward = forward
+    try:
+        yield
+    finally:
+        for wrapper in _ORIGINALS:
+            wrapper.forward = _identity

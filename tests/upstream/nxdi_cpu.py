@@ -5,7 +5,9 @@ packages). The spec names the upstream source directories (``sys_path``) and the
 NeuronConfig kwargs neuronpack recorded (``neuron_config``), the NxDI class (``model_class``, as compile recorded it;
 none: Llama), ``dtype`` and ``tokens`` / ``prompt_len``; a run with a
 ``draft_dir`` loads NxDI's fused-speculation model (target + EAGLE draft) and reports the weights loaded; one with
-``load_only`` (LoRA, run in ``cwd``, the artifact) loads and reports its modules and LoRA weights. The closed
+``load_only`` (LoRA, run in ``cwd``, the artifact) loads and reports its modules and LoRA weights; one with ``limits``
+reports what neuronpack's check says NxDI cannot score for it (``upstream_limit``), with upstream's layer-boundary
+markers and with the harness's substitution. The closed
 packages are served by ``closed_shim``, sealed once NxDI has imported (every family's modules) and the layer-boundary
 markers are the identity (the harness's one substitution, closed_shim.SUBSTITUTED): from then on set-up, loading and
 every forward must run open code only. The loading itself is neuronpack's (``neuronpack.accuracy.nxdi_cpu``), the code
@@ -50,6 +52,12 @@ def main(spec_path: str, out_path: str) -> None:
                     run["model_dir"], run["neuron_config"], run["draft_dir"], dtype=run["dtype"],
                     seq_len=len(run["tokens"]) + 1, model_class=run.get("model_class"))}
                 results[name]["closed_calls"] = list(closed_shim.CALLS)
+                continue
+            if run.get("limits"):  # what neuronpack's check says it cannot score, with and without the substitution
+                with closed_shim.upstream_markers():
+                    upstream = nxdi_cpu.upstream_limit(run["neuron_config"], run.get("model_class"))
+                results[name] = {"upstream": upstream,
+                                 "harness": nxdi_cpu.upstream_limit(run["neuron_config"], run.get("model_class"))}
                 continue
             os.chdir(run.get("cwd") or ROOT)  # LoRA: lora_ckpt_paths are relative to the artifact
             app, module = nxdi_cpu.load_on_cpu(run["model_dir"], run["neuron_config"], dtype=run["dtype"],
