@@ -130,12 +130,14 @@ def quantization_key(ckpt: Checkpoint, options: QuantizeOptions) -> tuple[str, d
     return sha256_json(inputs), inputs
 
 
-def nxd_quantization_fields(options: QuantizeOptions, quantized_checkpoints_path: Path | None = None) -> dict:
+def nxd_quantization_fields(options: QuantizeOptions, quantized_checkpoints_path: Path | None = None,
+                            source: Path | None = None) -> dict:
     """The NxDI NeuronConfig kwargs for a checkpoint quantized with ``options``.
 
     ``modules_to_not_convert`` is read from the quantized checkpoint's config.json when ``quantized_checkpoints_path``
-    is given (the list resolved against the real module names); without it, it is derived from the options (lm_head
-    plus literal --skip names).
+    holds one (the list resolved against the real module names); before it exists (a dry-run), planned from the
+    ``source`` checkpoint's headers, as the quantizer will (the experts and biased projections a family keeps float
+    included); without either, derived from the options (lm_head plus literal --skip names).
 
     Example::
 
@@ -144,6 +146,8 @@ def nxd_quantization_fields(options: QuantizeOptions, quantized_checkpoints_path
         #  "quantization_dtype": "f8e4m3", "modules_to_not_convert": ["lm_head"]}
     """
     modules = _recorded_modules(quantized_checkpoints_path)
+    if modules is None and source is not None and (Path(source) / "config.json").is_file():
+        modules = list(_plan(open_checkpoint(Path(source)), options).modules_to_not_convert)
     if modules is None:
         modules = [] if options.include_lm_head else ["lm_head"]
         modules += [s.removeprefix("model.") for s in options.skip if not any(c in s for c in "*?[")]

@@ -88,7 +88,8 @@ class NxdBackend:
         family = model_family(hf_config, where=str(request.model_dir))
         check_speculation_kind(recipe, family)
         _check_checkpoint(Path(config_dir), hf_config)
-        neuron_config = nxd_neuron_config(recipe, plan, hf_config, request.model_dir, request.draft_dir)
+        neuron_config = nxd_neuron_config(recipe, plan, hf_config, request.model_dir, request.draft_dir,
+                                          request.source_model_dir)
         check_eagle3_supported(neuron_config, self.versions().get("neuronx-distributed-inference"))
         out: dict[str, Any] = {
             "architecture": architecture_of(hf_config),

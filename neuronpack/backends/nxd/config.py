@@ -29,7 +29,8 @@ SAMPLING_FIELDS = ("do_sample", "top_k", "top_p", "temperature", "dynamic", "det
 EAGLE_FIELDS = ("enable_eagle_speculation", "enable_fused_speculation", "enable_eagle_draft_input_norm", "is_eagle3")
 
 
-def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, draft_dir: Path | None) -> dict:
+def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, draft_dir: Path | None,
+                      source_dir: Path | None = None) -> dict:
     """The exact NeuronConfig kwargs for a recipe, starting from vLLM's defaults so the artifact matches what vLLM
     would compile; ``recipe.neuron_overrides`` is applied last as a shallow update (like vLLM's override).
 
@@ -65,7 +66,8 @@ def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, dr
         # MoENeuronConfig: experts sharded over every rank (no expert parallelism) unless the recipe says otherwise
         cfg.update(moe_tp_degree=t.tp_degree, moe_ep_degree=1)
     if recipe.quantization is not None:
-        cfg.update(_quantization_fields(recipe, model_dir, fused_qkv=bool(recipe.neuron_overrides.get("fused_qkv"))))
+        cfg.update(_quantization_fields(recipe, model_dir, source_dir,
+                                        fused_qkv=bool(recipe.neuron_overrides.get("fused_qkv"))))
     if recipe.speculation is not None:
         cfg.update(_speculation_fields(recipe, draft_dir))
     if recipe.lora is not None:
@@ -231,11 +233,13 @@ def model_class_path(hf_config: dict, *, where: str) -> str | None:
 _QKV = re.compile(r"(.*\bself_attn)\.([qkv]_proj)")
 
 
-def _quantization_fields(recipe: Recipe, model_dir: Path, *, fused_qkv: bool) -> dict:
+def _quantization_fields(recipe: Recipe, model_dir: Path, source_dir: Path | None, *, fused_qkv: bool) -> dict:
+    """``model_dir``: the quantized checkpoint (absent before a dry-run quantizes); ``source_dir``: what it is made
+    from, planned instead while the quantized one is not there yet."""
     from neuronpack.convert.quantize import QuantizeOptions, nxd_quantization_fields
 
     options = QuantizeOptions.from_recipe(recipe.quantization)
-    fields = nxd_quantization_fields(options, Path(model_dir))
+    fields = nxd_quantization_fields(options, Path(model_dir), source_dir)
     if fields.get("modules_to_not_convert") is not None:  # NxDI's names; keep order, drop repeats
         fields["modules_to_not_convert"] = nxd_module_names(fields["modules_to_not_convert"], fused_qkv=fused_qkv)
     fields["kv_cache_quant"] = bool(recipe.quantization.kv_cache)
