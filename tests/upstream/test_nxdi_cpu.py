@@ -175,19 +175,24 @@ def nxdi(tmp_path_factory):
     _add_lora_run(add, work, llama)
     # after the fused loads, in the same process: NxDI's fused loader leaves a class attribute set (see nxdi_cpu.py)
     add("target after fused loads", runs["llama-3.2-1b-inf2 float32"]["neuron_config"], "float32", reference=fp32)
+    results = run_worker(python, sources, work, runs)
+    if os.environ.get("NEURONPACK_NXDI_REPORT"):  # the figures, for docs and notes: {name: max |dlogit|, greedy}
+        figures = _figures(results, references, runs)
+        Path(os.environ["NEURONPACK_NXDI_REPORT"]).write_text(json.dumps(figures, indent=1))
+    return {name: (results[name], references[name]) for name in runs}
+
+
+def run_worker(python: Path, sources, work: Path, runs: dict) -> dict:
+    """Every run through one upstream worker process (nxdi_cpu.py in .venv-nxdi); {run name: result}."""
+    import torch
+
     spec = work / "spec.json"
     spec.write_text(json.dumps({"sys_path": [str(s) for s in sources], "port": _free_port(), "runs": runs}))
     out = work / "results.pt"
     done = subprocess.run([str(python), str(WORKER), str(spec), str(out)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr[-4000:]
-    import torch
-
-    results = torch.load(out)
-    if os.environ.get("NEURONPACK_NXDI_REPORT"):  # the figures, for docs and notes: {name: max |dlogit|, greedy}
-        figures = _figures(results, references, runs)
-        Path(os.environ["NEURONPACK_NXDI_REPORT"]).write_text(json.dumps(figures, indent=1))
-    return {name: (results[name], references[name]) for name in runs}
+    return torch.load(out)
 
 
 def _figures(results: dict, references: dict, runs: dict) -> dict:

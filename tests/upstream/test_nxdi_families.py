@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.upstream.family_checkpoints import write_family_checkpoint
-from tests.upstream.test_nxdi_cpu import NP, ROOT, WORKER, _free_port, nxdi_setup
+from tests.upstream.test_nxdi_cpu import NP, ROOT, nxdi_setup, run_worker
 
 TOKENS = [1, 5, 7, 9, 11, 13, 2, 3, 40, 51, 17, 90, 100, 120, 33, 60, 70, 80, 99, 101, 150, 200, 250, 300]
 PROMPT_LEN = 7
@@ -88,15 +88,7 @@ def families(tmp_path_factory):
                                             Path(config["neuron_config"]["quantized_checkpoints_path"]))
     runs["qwen3_moe limits"] = {**runs["qwen3_moe"], "limits": True}
     references["qwen3_moe limits"] = None
-    spec = work / "spec.json"
-    spec.write_text(json.dumps({"sys_path": [str(s) for s in sources], "port": _free_port(), "runs": runs}))
-    out = work / "results.pt"
-    done = subprocess.run([str(python), str(WORKER), str(spec), str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert done.returncode == 0, done.stderr[-4000:]
-    import torch
-
-    results = torch.load(out)
+    results = run_worker(python, sources, work, runs)
     if os.environ.get("NEURONPACK_NXDI_REPORT"):
         Path(os.environ["NEURONPACK_NXDI_REPORT"]).write_text(json.dumps(
             {name: agreement(results[name], references[name]) for name in runs if references[name] is not None},
