@@ -37,6 +37,7 @@ QUANTIZED = {"qwen3 int8": ("qwen3", ['quantization.dtype="int8"']),
              "gpt_oss int8 head": ("gpt_oss", ['quantization.dtype="int8"', "quantization.include_lm_head=true"]),
              "llama4 int8": ("llama4", ['quantization.dtype="int8"'])}
 STANDIN = ROOT / "tests" / "backends" / "neuron_standin"
+pytestmark = pytest.mark.slow  # one worker run of 14 NxDI loads: ~40 s alone, more under load
 
 
 def reference_logits(model_dir: Path, quantized: Path | None = None):
