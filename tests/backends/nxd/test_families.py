@@ -182,3 +182,43 @@ def test_expert_parallel_degrees_are_checked(families, tmp_path, nxd_sdk):
     odd = _recipe(tmp_path, "[neuron_overrides]\nmoe_tp_degree = 1\nmoe_ep_degree = 8\n", tp_degree=8)
     with pytest.raises(RecipeError, match="4 experts do not divide over moe_ep_degree 8"):
         NxdBackend().compile_config(_request(odd, families["qwen3_moe"], tmp_path))
+
+
+def test_convert_eagle_refuses_a_target_nxdi_cannot_speculate_with(families, tmp_path):
+    """convert-eagle writes the Llama-layout EAGLE head NxDI's Llama class reads; for a Qwen3 (or any other family's)
+    target it refuses by name before writing anything. Its target list is the family table's."""
+    from neuronpack.backends.nxd.families import FAMILIES
+    from neuronpack.convert.eagle import convert_eagle
+    from neuronpack.convert.eagle_layouts import EAGLE_TARGETS
+    from neuronpack.errors import ConversionError
+    from tests.convert.eagle_fixtures import make_eagle1_draft
+
+    assert set(EAGLE_TARGETS) == {arch for arch, family in FAMILIES.items() if family.no_eagle is None}
+    draft = make_eagle1_draft(tmp_path / "draft", hidden=64, vocab=384, layout="safetensors")
+    for family in ("qwen3", "gpt_oss", "llama4"):
+        with pytest.raises(ConversionError) as info:
+            convert_eagle(draft, families[family], tmp_path / f"out-{family}")
+        assert "only its Llama class" in info.value.what and not (tmp_path / f"out-{family}").exists()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "llama4"])
+def test_a_fine_tune_reuses_the_familys_traced_graphs(families, tmp_path, nxd_sdk, family):
+    """A fine-tune (same names / shapes / dtypes, new values) has the donor's graph key: NxDI's traced model (Llama 4:
+    text_model/ and vision_model/) is linked in and only the weights are sharded again, through NxDI's own sharding
+    (the image-to-text class: its text and vision sharding)."""
+    from neuronpack.pipeline import compile_model
+    from tests.helpers.tiny_models import fine_tune_copy
+
+    sets = ["target.framework=nxd", "target.instance=trn2", "target.tp_degree=2", "target.batch_size=2",
+            "target.seq_len=256", "target.max_context_length=128", "model.dtype=float32"]
+    root = tmp_path / "root"
+    donor = compile_model(str(families[family]), overrides=sets, out_root=root)
+    nxd_sdk.CALLS.clear()
+    tuned = fine_tune_copy(families[family], tmp_path / "fine-tune")
+    reused = compile_model(str(tuned), overrides=sets, out_root=root)
+    assert nxd_sdk.events("compile") == [] and reused.graphs_from["key"] == donor.key
+    graphs = ["text_model/model.pt", "vision_model/model.pt"] if family == "llama4" else ["model.pt"]
+    for graph in graphs:
+        assert (reused.path / graph).stat().st_ino == (donor.path / graph).stat().st_ino
+    sharded = [e for e, _ in nxd_sdk.CALLS if e.startswith("shard_")]
+    assert sharded == (["shard_text_weights", "shard_vision_weights"] if family == "llama4" else ["shard_weights"])
