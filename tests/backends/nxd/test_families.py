@@ -222,3 +222,46 @@ def test_a_fine_tune_reuses_the_familys_traced_graphs(families, tmp_path, nxd_sd
         assert (reused.path / graph).stat().st_ino == (donor.path / graph).stat().st_ino
     sharded = [e for e, _ in nxd_sdk.CALLS if e.startswith("shard_")]
     assert sharded == (["shard_text_weights", "shard_vision_weights"] if family == "llama4" else ["shard_weights"])
+
+
+def test_serve_commands_for_the_families(families, tmp_path, nxd_sdk):
+    """vllm-neuron (0.4.1 / 0.5.0) loads every NxDI model type: a Qwen3-MoE artifact gets the plain override, a Llama 4
+    one the image-to-text form its loader accepts ({text,vision}_neuron_config only); the V0 loaders (vLLM 0.9, the
+    fork 2.24.0) have no class for the 2026 families and are refused by name. make upstream-check runs these through
+    the pinned parsers and the plugin's own validators."""
+    from neuronpack.backends.vllm.targets import vllm_command
+    from neuronpack.errors import ServeError
+    from neuronpack.pipeline import compile_model
+
+    sets = ["target.framework=nxd", "target.instance=trn2", "target.tp_degree=2", "target.batch_size=2",
+            "target.seq_len=256", "target.max_context_length=128"]
+    for family in ("qwen3_moe", "llama4"):
+        built = compile_model(str(families[family]), overrides=sets, out_root=tmp_path / "root")
+        manifest = json.loads((built.path / "neuronpack.json").read_text())
+        command = vllm_command(built.path, manifest, target="vllm-neuron")
+        additional = json.loads(command.argv[command.argv.index("--additional-config") + 1])
+        override = additional["override_neuron_config"]
+        if family == "llama4":
+            assert set(override) == {"text_neuron_config", "vision_neuron_config"}
+            assert "context_encoding_buckets" in override["text_neuron_config"]
+        else:
+            assert override["moe_tp_degree"] == 2 and "text_neuron_config" not in override
+        for target in ("vllm-v0", "vllm-v0-fork"):
+            with pytest.raises(ServeError, match="Neuron loader has no model class for"):
+                vllm_command(built.path, manifest, target=target)
+
+
+def test_the_vneuron_plugin_builds_what_its_registry_serves(families, tmp_path):
+    """vneuron's architectures are the plugin's registry (less its EAGLE-3 draft): Qwen3 and gpt-oss yes, Qwen3-MoE
+    (NxDI only) refused naming the registry."""
+    from neuronpack.backends.vneuron.backend import ARCHITECTURES, PLUGIN_REGISTRY, VneuronBackend
+
+    assert set(ARCHITECTURES) == set(PLUGIN_REGISTRY["0.21"]) - {"Eagle3LlamaForCausalLM"}
+    path = tmp_path / "vneuron.toml"
+    path.write_text('[model]\ndtype = "bfloat16"\n[target]\nframework = "vneuron"\ninstance = "trn2"\n'
+                    "tp_degree = 4\nbatch_size = 2\nseq_len = 256\nmax_context_length = 128\n")
+    recipe = load_recipe(path)
+    assert VneuronBackend().compile_config(_request(recipe, families["qwen3"], tmp_path))["architecture"] == \
+        "Qwen3ForCausalLM"
+    with pytest.raises(UnsupportedModelError, match="Qwen3MoeForCausalLM is not a model neuronpack builds"):
+        VneuronBackend().compile_config(_request(recipe, families["qwen3_moe"], tmp_path))
