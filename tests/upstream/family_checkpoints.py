@@ -32,8 +32,9 @@ MXFP4_CONFIG = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.la
                                            "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}
 
 
-def write_family_checkpoint(out: Path, family: str, *, seed: int = 0) -> Path:
-    """A tiny random checkpoint of ``family`` (FAMILIES) with the tiny test tokenizer, in ``out``."""
+def write_family_checkpoint(out: Path, family: str, *, seed: int = 0, released: bool = True) -> Path:
+    """A tiny random checkpoint of ``family`` (FAMILIES) with the tiny test tokenizer, in ``out``; ``released=False``
+    keeps config.json as the transformers at hand wrote it (transformers 5: ``rope_parameters``)."""
     import transformers
 
     from tests.helpers.tiny_models import make_tokenizer
@@ -47,7 +48,8 @@ def write_family_checkpoint(out: Path, family: str, *, seed: int = 0) -> Path:
     out = Path(out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    released_config(out)
+    if released:
+        released_config(out)
     if family == "gpt_oss":
         pack_experts_mxfp4(out)
     return out

@@ -89,6 +89,12 @@ def families(tmp_path_factory):
                                             Path(config["neuron_config"]["quantized_checkpoints_path"]))
     runs["qwen3_moe limits"] = {**runs["qwen3_moe"], "limits": True}
     references["qwen3_moe limits"] = None
+    # config.json as transformers 5 writes it (rope_theta 1e6 inside rope_parameters): NxDI's transformers 4.57 would
+    # take 1e4 without neuronpack's renamed keys (families.transformers4_overrides)
+    renamed = write_family_checkpoint(work / "qwen3-t5-config", "qwen3", released=False)
+    assert "rope_parameters" in json.loads((renamed / "config.json").read_text())
+    runs["qwen3 transformers-5 config"] = {**runs["qwen3"], "model_dir": str(renamed)}
+    references["qwen3 transformers-5 config"] = reference_logits(renamed)
     results = run_worker(python, sources, work, runs)
     if os.environ.get("NEURONPACK_NXDI_REPORT"):
         Path(os.environ["NEURONPACK_NXDI_REPORT"]).write_text(json.dumps(
@@ -112,7 +118,7 @@ def _judged(families, name: str) -> dict:
     return agreement(result, reference)
 
 
-@pytest.mark.parametrize("family", sorted(RECIPES))
+@pytest.mark.parametrize("family", [*sorted(RECIPES), "qwen3 transformers-5 config"])
 def test_nxdis_own_class_agrees_with_transformers(families, family):
     figures = _judged(families, family)
     assert figures["top1"] == figures["rows"] == len(TOKENS) - PROMPT_LEN + 1, figures

@@ -38,7 +38,7 @@ from neuronpack.backends.nxd.config import (
     vision_neuron_config,
     vision_plan,
 )
-from neuronpack.backends.nxd.families import architecture_of, checkpoint_problem
+from neuronpack.backends.nxd.families import architecture_of, checkpoint_problem, transformers4_overrides
 from neuronpack.checkpoint.lora import copy_adapters, lora_path
 from neuronpack.errors import ArtifactError, BuildError, CheckpointError, UnsupportedModelError
 
@@ -99,6 +99,9 @@ class NxdBackend:
         }
         if family is not None and family.text_class:
             out["vision_neuron_config"] = vision_neuron_config(recipe, neuron_config)
+        renamed = transformers4_overrides(hf_config)
+        if renamed:  # a transformers 5 config.json: what NxDI's transformers 4.57 would read otherwise
+            out["config_overrides"] = renamed
         if recipe.speculation is not None:
             out["draft"] = {
                 "path": None if request.draft_dir is None else str(request.draft_dir),
@@ -212,15 +215,19 @@ def check_compiled(artifact_dir: Path, neuron_config: dict, *, image_to_text: bo
 
 def inference_config(model_cls, config: dict, model_dir: Path, draft_dir: Path | None):
     """NeuronConfig + InferenceConfig (and the FusedSpecNeuronConfig for speculation), as vLLM 0.9 builds them, from
-    a compile config (``compile_config`` / the CPU check's kwargs); the build and accuracy/nxdi_cpu.py both use it."""
+    a compile config (``compile_config`` / the CPU check's kwargs); the build and accuracy/nxdi_cpu.py both use it.
+    A transformers 5 config.json's renamed keys are given in the names NxDI's transformers 4.57 reads
+    (families.transformers4_overrides)."""
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
     neuron_config = model_cls.get_neuron_config_cls()(**config["neuron_config"])
+    renamed = transformers4_overrides(read_model_config(model_dir))
     if "vision_neuron_config" in config:  # NxDI's image-to-text application (Llama 4), as vLLM's plugin builds it
         vision = model_cls.get_neuron_config_cls()(**config["vision_neuron_config"])
         return model_cls.get_config_cls()(text_neuron_config=neuron_config, vision_neuron_config=vision,
-                                          load_config=load_pretrained_config(str(model_dir)))
-    inference = model_cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(model_dir)))
+                                          load_config=load_pretrained_config(str(model_dir)), **renamed)
+    inference = model_cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(model_dir)),
+                                           **renamed)
     if "draft" in config:
         from neuronx_distributed_inference.models.config import FusedSpecNeuronConfig
 
@@ -228,7 +235,8 @@ def inference_config(model_cls, config: dict, model_dir: Path, draft_dir: Path |
             raise BuildError("the recipe speculates but no draft was resolved", where="speculation.draft",
                              fix="set [speculation] draft to a local directory or cached hub id")
         draft_config = model_cls.get_config_cls()(
-            _draft_config_object(neuron_config), load_config=load_pretrained_config(str(draft_dir)))
+            _draft_config_object(neuron_config), load_config=load_pretrained_config(str(draft_dir)),
+            **transformers4_overrides(read_model_config(draft_dir)))
         inference.fused_spec_config = FusedSpecNeuronConfig(
             model_cls._model_cls, draft_config=draft_config, draft_model_path=str(draft_dir))
     return inference

@@ -9,9 +9,10 @@ quantization ``convert()`` makes quantized layers (``to_cpu()`` alone loads int8
 them); the KV cache (``kv_mgr.*``) is the model's own, and a tensor NxDI registers under two names (gpt-oss and
 Llama 4: ``feed_forward.moe.rmsnorm`` is ``post_attention_layernorm``) is loaded when one of its names is.
 An image-to-text family (Llama 4) runs its text decoder: NxDI's text class built on the checkpoint's ``text_config``,
-as its image-to-text class builds its text model. ``prefix_logits`` scores tokens teacher-forced through context
-encoding, one pass per prefix (on CPU NxDI's token generation returns the updated KV cache functionally and nothing
-writes it back).
+as its image-to-text class builds its text model. A transformers 5 config.json's renamed keys reach NxDI in the
+names its transformers 4.57 reads, as in the build (families.transformers4_overrides). ``prefix_logits`` scores
+tokens teacher-forced through context encoding, one pass per prefix (on CPU NxDI's token generation returns the
+updated KV cache functionally and nothing writes it back).
 
 Every recorded option is kept except what a CPU run at tp 1 and batch 1 must change (``CPU_OVERRIDES``).
 """
@@ -22,8 +23,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from neuronpack.backends.neuron.common import import_class
-from neuronpack.backends.nxd.families import FAMILIES
+from neuronpack.backends.neuron.common import import_class, read_model_config
+from neuronpack.backends.nxd.families import FAMILIES, transformers4_overrides
 from neuronpack.errors import AccuracyError
 
 CPU_OVERRIDES: dict[str, Any] = {
@@ -123,7 +124,8 @@ def load_on_cpu(model_dir: str, recorded: dict[str, Any], *, dtype: str, seq_len
 
     cls, text = _cpu_class(model_class or LLAMA)
     neuron_config = cls.get_neuron_config_cls()(**cpu_neuron_config(recorded, seq_len, dtype))
-    config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(model_dir))
+    config = cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(model_dir),
+                                  **transformers4_overrides(read_model_config(model_dir)))
     app = cls(model_dir, config.text_config if text else config)
     instance = DecoderModelInstance(app.models[0].model_cls, app.models[0].config)
     instance.load_module()

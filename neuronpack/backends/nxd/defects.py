@@ -35,8 +35,7 @@ MAX_ABS = 1e-3  # float32 on both sides: a correct NxDI differs by rounding only
 TOKENS = [2, 105, 9, 17, 4000, 33, 250000, 7, 81, 512, 64, 9, 1000, 77, 3, 45000, 12, 8, 260000, 5, 999, 42, 6, 130]
 PROMPT_LEN = 6
 GEMMA3 = Family("gemma3", nxdi_class("gemma3.modeling_gemma3", "NeuronGemma3ForCausalLM"),
-                "Gemma3InferenceConfig, Gemma3NeuronConfig", no_eagle="NxDI's Gemma 3 model makes no EAGLE `fc` layer",
-                rope_default=None)
+                "Gemma3InferenceConfig, Gemma3NeuronConfig", no_eagle="NxDI's Gemma 3 model makes no EAGLE `fc` layer")
 # the family NxDI builds once the judge accepts it, and the NxDI sources its defects live in (the verdict's key)
 JUDGED: dict[str, tuple[Family, tuple[str, ...]]] = {
     "Gemma3ForCausalLM": (GEMMA3, ("neuronx_distributed_inference.models.gemma3.modeling_gemma3",

@@ -37,9 +37,6 @@ class Family:
     # model from, which the CPU check runs on the checkpoint's text_config
     text_class: str | None = None
     required_keys: tuple[str, ...] = ()  # config.json keys NxDI's config class requires beyond transformers' own
-    # (rope_theta, rope_scaling) transformers 4.57 (NxDI 0.9.0's pin) takes when config.json names none: what a
-    # transformers 5 config.json (rope_parameters only) turns into on NxDI's side; None: not checked
-    rope_default: tuple[float, dict | None] | None = (10000.0, None)
 
 
 @dataclass(frozen=True)
@@ -72,34 +69,31 @@ FAMILIES: dict[str, Family] = {
                                "Qwen3InferenceConfig, Qwen3NeuronConfig",
                                no_eagle=_NO_FC.format(cls="NeuronQwen3Model")),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", nxdi_class("qwen3_moe.modeling_qwen3_moe", "NeuronQwen3MoeForCausalLM"),
-                                  "Qwen3MoeInferenceConfig, MoENeuronConfig", moe=True, required_keys=("num_experts",),
+                                  "Qwen3MoeInferenceConfig, MoENeuronConfig", moe=True,
                                   no_eagle=_NO_FC.format(cls="NeuronQwen3MoeModel")),
     "GptOssForCausalLM": Family(
         "gpt_oss", nxdi_class("gpt_oss.modeling_gpt_oss", "NeuronGptOssForCausalLM"),
         "GptOssInferenceConfig, GptOssNeuronConfig (a MoENeuronConfig)", moe=True,
         no_eagle=(f"NxDI builds a gpt-oss target's draft with NeuronGptOssModel (sinks, MoE; "
                   f"models/gpt_oss/modeling_gpt_oss.py:964), and {_EAGLE_LAYOUT}, which do not load into it"),
-        required_keys=("initial_context_length",),
-        rope_default=(150000.0, {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                 "truncate": False, "original_max_position_embeddings": 4096})),
+        required_keys=("initial_context_length",)),
     "MixtralForCausalLM": Family("mixtral", nxdi_class("mixtral.modeling_mixtral", "NeuronMixtralForCausalLM"),
-                                 "MixtralInferenceConfig, MoENeuronConfig", moe=True, rope_default=(1e6, None),
+                                 "MixtralInferenceConfig, MoENeuronConfig", moe=True,
                                  no_eagle=_NO_FC.format(cls="NeuronMixtralModel")),
     "DbrxForCausalLM": Family("dbrx", nxdi_class("dbrx.modeling_dbrx", "NeuronDbrxForCausalLM"),
-                              "DbrxInferenceConfig, MoENeuronConfig", moe=True, rope_default=None,
+                              "DbrxInferenceConfig, MoENeuronConfig", moe=True,
                               no_eagle=_NO_FC.format(cls="NeuronDbrxModel")),
     # Llama-3.2 multimodal: MllamaInferenceConfig + MultimodalVisionNeuronConfig; the vision encoder is traced with
     # the text buckets, its tile count comes from the checkpoint's vision_config
     "MllamaForConditionalGeneration": Family("mllama", nxdi_class("mllama.modeling_mllama", "NeuronMllamaForCausalLM"),
                                              "MllamaInferenceConfig, MultimodalVisionNeuronConfig",
                                              no_eagle="NxDI's Mllama has no fused speculation",
-                                             fused_speculation=False, rope_default=None),
+                                             fused_speculation=False),
     # Llama 4 (Scout, Maverick) in Meta's multimodal layout, as vLLM's Neuron plugin serves it: NxDI's image-to-text
     # class, the text decoder and the vision encoder each with its NeuronConfig
     "Llama4ForConditionalGeneration": Family(
         "llama4", nxdi_class("llama4.modeling_llama4", "NeuronLlama4ForCausalLM"),
         "Llama4InferenceConfig, Llama4NeuronConfig (a MoENeuronConfig) for the text and the vision model", moe=True,
-        rope_default=(500000.0, None),
         no_eagle=("NxDI's Llama 4 refuses fused speculation (\"Llama4 does not yet support fused speculation.\", "
                   "models/llama4/modeling_llama4.py:102)"), fused_speculation=False,
         text_class=nxdi_class("llama4.modeling_llama4_text", "NeuronLlama4TextForCausalLM")),
@@ -144,11 +138,10 @@ def family_of(hf_config: dict) -> Family | None:
 
 
 def checkpoint_problem(arch: str | None, hf_config: dict, tensor_names: Iterable[str]) -> tuple[str, str] | None:
-    """(what, fix) when NxDI would refuse this checkpoint of a known family, or read it other than it means, else
-    None: gpt-oss must carry the released MXFP4 experts (a bf16-dequantized copy has none, and NxDI's converter reads
-    only ``*_blocks`` / ``*_scales``); the config keys NxDI's config class requires (gpt-oss
-    ``initial_context_length``, Qwen3-MoE ``num_experts``); no transformers 5 rope_parameters NxDI's transformers
-    4.57 would read as other rotary positions; Llama 4 must hold its text_config."""
+    """(what, fix) when NxDI would refuse this checkpoint of a known family, else None: gpt-oss must carry the
+    released MXFP4 experts (a bf16-dequantized copy has none, and NxDI's converter reads only ``*_blocks`` /
+    ``*_scales``) and ``initial_context_length`` (NxDI's config class requires it); Llama 4 must hold its
+    text_config."""
     family = FAMILIES.get(arch or "")
     if family is None:
         return None
@@ -166,25 +159,38 @@ def checkpoint_problem(arch: str | None, hf_config: dict, tensor_names: Iterable
     text = hf_config["text_config"] if family.text_class else hf_config
     missing = [key for key in family.required_keys if key not in text]
     if missing:
-        renamed = " (transformers 5 writes it as num_local_experts)" if "num_experts" in missing else ""
-        return (f"config.json has no {', '.join(missing)}{renamed}, which NxDI's "
-                f"{family.config_classes.split(',')[0]} requires", "use the released config.json (or write "
-                f"{', '.join(missing)} into it as the released checkpoint has it)")
-    return _rope_problem(family, text)
+        return (f"config.json has no {', '.join(missing)}, which NxDI's {family.config_classes.split(',')[0]} "
+                "requires", f"use the released config.json (it has {', '.join(missing)})")
+    return None
 
 
-def _rope_problem(family: Family, text: dict) -> tuple[str, str] | None:
-    """A transformers 5 config.json keeps rope_theta / rope_scaling inside ``rope_parameters``; NxDI 0.9.0 reads it
-    with transformers 4.57, which ignores that key and takes the config class's defaults (Family.rope_default).
-    When those differ from what the checkpoint means, NxDI would compile other rotary positions, silently."""
-    params = text.get("rope_parameters")
-    if family.rope_default is None or not isinstance(params, dict) or "rope_theta" in text:
-        return None
-    theta, scaling = family.rope_default
-    given = {k: v for k, v in params.items() if k != "rope_theta"}
-    if params.get("rope_theta") == theta and given == (scaling or {"rope_type": "default"}):
-        return None
-    return ("config.json is in transformers 5's format (rope_parameters, no rope_theta): NxDI 0.9.0 reads it with "
-            f"transformers 4.57, which ignores rope_parameters and would use rope_theta {theta:g}"
-            f"{'' if scaling is None else ' with its default ' + scaling['rope_type'] + ' scaling'} instead of "
-            f"{params}", "write rope_theta (and rope_scaling) into config.json as the released checkpoint has them")
+def transformers4_overrides(hf_config: dict) -> dict:
+    """InferenceConfig kwargs for what a transformers 5 config.json names otherwise than transformers 4.57 (NxDI
+    0.9.0's pin, which reads config.json) does: ``rope_parameters`` -> ``rope_theta`` and ``rope_scaling`` (4.57
+    ignores rope_parameters and takes its config class's default rope, silently), ``num_local_experts`` ->
+    ``num_experts`` (Qwen3-MoE; 4.57's default is 128); inside ``text_config`` too (Llama 4). {} for a config.json
+    in the released names. NxDI sets these after loading config.json (``InferenceConfig(**kwargs)``), so the traced
+    model and the neuron_config.json it saves carry them.
+
+    Example::
+
+        transformers4_overrides({"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
+        # {"rope_theta": 1000000.0, "rope_scaling": None}
+    """
+    out = _released_names(hf_config)
+    text = hf_config.get("text_config")
+    if isinstance(text, dict) and _released_names(text):
+        out["text_config"] = {**text, **_released_names(text)}
+    return out
+
+
+def _released_names(section: dict) -> dict:
+    out: dict = {}
+    params = section.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" not in section and "rope_theta" in params:
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        out.update(rope_theta=params["rope_theta"], rope_scaling=None if scaling == {"rope_type": "default"} else
+                   scaling)
+    if section.get("model_type") == "qwen3_moe" and "num_experts" not in section and "num_local_experts" in section:
+        out["num_experts"] = section["num_local_experts"]
+    return out

@@ -247,19 +247,23 @@ def test_quantized_checkpoint_fields_come_from_the_quantizer(tiny_llama, tmp_pat
 
 
 def test_qwen2_and_unknown_architectures(make_checkpoint, tmp_path, nxd_sdk):
-    """Qwen2 (config.json in its released names) maps to NxDI's class; saved by transformers 5 as it is (rope_theta
-    1e6 inside rope_parameters, which NxDI's transformers 4.57 ignores for its default 1e4), it is refused by name;
-    an unknown architecture is refused."""
+    """Qwen2 maps to NxDI's class. Saved by transformers 5 (rope_theta 1e6 inside rope_parameters, which NxDI's
+    transformers 4.57 ignores for its default 1e4), its rope reaches NxDI in the released names: recorded in the
+    compile config and set on the InferenceConfig; a config.json in the released names needs nothing. An unknown
+    architecture is refused."""
     from tests.upstream.family_checkpoints import released_config
 
     recipe = _tiny_recipe(tmp_path)
     qwen = make_checkpoint("qwen2")
-    with pytest.raises(UnsupportedModelError) as info:
-        NxdBackend().compile_config(_request(recipe, qwen, tmp_path))
-    assert "rope_parameters" in info.value.what and "rope_theta 10000" in info.value.what
-    released_config(qwen)
-    config = NxdBackend().compile_config(_request(recipe, qwen, tmp_path))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    config = NxdBackend().compile_config(_request(recipe, qwen, staging))
     assert config["model_class"].endswith("qwen2.modeling_qwen2.NeuronQwen2ForCausalLM")
+    assert config["config_overrides"] == {"rope_theta": 1000000.0, "rope_scaling": None}
+    NxdBackend().build(_request(recipe, qwen, staging))
+    assert json.loads((staging / "neuron_config.json").read_text())["rope_theta"] == 1000000.0
+    released_config(qwen)
+    assert "config_overrides" not in NxdBackend().compile_config(_request(recipe, qwen, tmp_path))
     odd = tmp_path / "odd"
     shutil.copytree(qwen, odd)
     cfg = json.loads((odd / "config.json").read_text())
