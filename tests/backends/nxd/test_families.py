@@ -226,26 +226,33 @@ def test_a_fine_tune_reuses_the_familys_traced_graphs(families, tmp_path, nxd_sd
 
 def test_serve_commands_for_the_families(families, tmp_path, nxd_sdk):
     """vllm-neuron (0.4.1 / 0.5.0) loads every NxDI model type: a Qwen3-MoE artifact gets the plain override, a Llama 4
-    one the image-to-text form its loader accepts ({text,vision}_neuron_config only); the V0 loaders (vLLM 0.9, the
-    fork 2.24.0) have no class for the 2026 families and are refused by name. make upstream-check runs these through
-    the pinned parsers and the plugin's own validators."""
+    one the image-to-text form its loader accepts ({text,vision}_neuron_config only) and no max_prompt_length (the
+    plugin would add it to the override as max_context_length, which that form refuses), so a Llama 4 artifact whose
+    prompts stop short of its length is refused; the V0 loaders (vLLM 0.9, the fork 2.24.0) have no class for the 2026
+    families and are refused by name. make upstream-check runs these through the pinned parsers and validators."""
     from neuronpack.backends.vllm.targets import vllm_command
     from neuronpack.errors import ServeError
     from neuronpack.pipeline import compile_model
 
     sets = ["target.framework=nxd", "target.instance=trn2", "target.tp_degree=2", "target.batch_size=2",
-            "target.seq_len=256", "target.max_context_length=128"]
-    for family in ("qwen3_moe", "llama4"):
-        built = compile_model(str(families[family]), overrides=sets, out_root=tmp_path / "root")
+            "target.seq_len=256"]
+    for family, context in (("qwen3_moe", 128), ("llama4", 256), ("llama4", 128)):
+        built = compile_model(str(families[family]), overrides=[*sets, f"target.max_context_length={context}"],
+                              out_root=tmp_path / "root")
         manifest = json.loads((built.path / "neuronpack.json").read_text())
+        if family == "llama4" and context < 256:
+            with pytest.raises(ServeError, match="cannot take max_prompt_length for an image-to-text model"):
+                vllm_command(built.path, manifest, target="vllm-neuron")
+            continue
         command = vllm_command(built.path, manifest, target="vllm-neuron")
         additional = json.loads(command.argv[command.argv.index("--additional-config") + 1])
         override = additional["override_neuron_config"]
         if family == "llama4":
             assert set(override) == {"text_neuron_config", "vision_neuron_config"}
+            assert "max_prompt_length" not in additional
             assert "context_encoding_buckets" in override["text_neuron_config"]
         else:
-            assert override["moe_tp_degree"] == 2 and "text_neuron_config" not in override
+            assert override["moe_tp_degree"] == 2 and additional["max_prompt_length"] == 128
         for target in ("vllm-v0", "vllm-v0-fork"):
             with pytest.raises(ServeError, match="Neuron loader has no model class for"):
                 vllm_command(built.path, manifest, target=target)
