@@ -194,3 +194,12 @@ def _released_names(section: dict) -> dict:
     if section.get("model_type") == "qwen3_moe" and "num_experts" not in section and "num_local_experts" in section:
         out["num_experts"] = section["num_local_experts"]
     return out
+
+
+def family_report() -> dict:
+    """What `neuronpack doctor` shows of the table: each family NxDI builds (architecture -> family name and NxDI
+    class) and each architecture refused, with why."""
+    return {"built": {arch: {"family": f.name, "model_class": f.model_class.rsplit(".", 1)[1]}
+                      for arch, f in FAMILIES.items()},
+            "refused": {arch: r.what.split(":")[0] + (" (judged by a CPU run when NxDI imports)" if r.judged else "")
+                        for arch, r in REFUSED.items()}}

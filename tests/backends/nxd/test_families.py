@@ -272,3 +272,21 @@ def test_the_vneuron_plugin_builds_what_its_registry_serves(families, tmp_path):
         "Qwen3ForCausalLM"
     with pytest.raises(UnsupportedModelError, match="Qwen3MoeForCausalLM is not a model neuronpack builds"):
         VneuronBackend().compile_config(_request(recipe, families["qwen3_moe"], tmp_path))
+
+
+def test_doctor_and_inspect_name_the_families(families, tmp_path, nxd_sdk):
+    """doctor lists the families NxDI builds and what it refuses; inspect names an artifact's NxDI class."""
+    from typer.testing import CliRunner
+
+    from neuronpack.backends.environment import environment_report
+    from neuronpack.cli.app import app
+    from neuronpack.pipeline import compile_model
+
+    report = environment_report()["nxd_families"]
+    assert report["built"]["Qwen3MoeForCausalLM"]["model_class"] == "NeuronQwen3MoeForCausalLM"
+    assert "DeepseekV3ForCausalLM" in report["refused"] and "Gemma3ForCausalLM" in report["refused"]
+    built = compile_model(str(families["gpt_oss"]), out_root=tmp_path / "root", overrides=[
+        "target.framework=nxd", "target.instance=trn2", "target.tp_degree=2", "target.batch_size=2",
+        "target.seq_len=256", "target.max_context_length=128"])
+    out = CliRunner().invoke(app, ["inspect", str(built.path)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0 and "NeuronGptOssForCausalLM" in out.output, out.output
