@@ -7,7 +7,8 @@ none: Llama), ``dtype`` and ``tokens`` / ``prompt_len``; a run with a
 ``draft_dir`` loads NxDI's fused-speculation model (target + EAGLE draft) and reports the weights loaded; one with
 ``load_only`` (LoRA, run in ``cwd``, the artifact) loads and reports its modules and LoRA weights; one with ``limits``
 reports what neuronpack's check says NxDI cannot score for it (``upstream_limit``), with upstream's layer-boundary
-markers and with the harness's substitution. The closed
+markers and with the harness's substitution; one with ``judge`` (a file) runs the Gemma 3 judge's CPU run
+(backends/nxd/defects.py) and reports its verdict. The closed
 packages are served by ``closed_shim``, sealed once NxDI has imported (every family's modules) and the layer-boundary
 markers are the identity (the harness's one substitution, closed_shim.SUBSTITUTED): from then on set-up, loading and
 every forward must run open code only. The loading itself is neuronpack's (``neuronpack.accuracy.nxdi_cpu``), the code
@@ -52,6 +53,13 @@ def main(spec_path: str, out_path: str) -> None:
                     run["model_dir"], run["neuron_config"], run["draft_dir"], dtype=run["dtype"],
                     seq_len=len(run["tokens"]) + 1, model_class=run.get("model_class"))}
                 results[name]["closed_calls"] = list(closed_shim.CALLS)
+                continue
+            if run.get("judge"):  # the Gemma 3 judge's CPU run itself, in this process (defects.py runs it alone)
+                from neuronpack.backends.nxd import defects
+
+                verdict_file = Path(run["judge"])
+                defects.run_judge(run["arch"], verdict_file)
+                results[name] = {"verdict": json.loads(verdict_file.read_text())}
                 continue
             if run.get("limits"):  # what neuronpack's check says it cannot score, with and without the substitution
                 with closed_shim.upstream_markers():

@@ -89,6 +89,8 @@ def families(tmp_path_factory):
                                             Path(config["neuron_config"]["quantized_checkpoints_path"]))
     runs["qwen3_moe limits"] = {**runs["qwen3_moe"], "limits": True}
     references["qwen3_moe limits"] = None
+    runs["gemma3 judge"] = {**runs["qwen3"], "judge": str(work / "gemma3-verdict.json"), "arch": "Gemma3ForCausalLM"}
+    references["gemma3 judge"] = None
     # config.json as transformers 5 writes it (rope_theta 1e6 inside rope_parameters): NxDI's transformers 4.57 would
     # take 1e4 without neuronpack's renamed keys (families.transformers4_overrides)
     renamed = write_family_checkpoint(work / "qwen3-t5-config", "qwen3", released=False)
@@ -138,6 +140,15 @@ def test_moe_families_ran_nxdis_expert_layers(families):
     for family in ("qwen3_moe", "gpt_oss", "llama4"):
         modules = families[family][0]["modules"]
         assert any("Expert" in m for m in modules), (family, sorted(modules))
+
+
+def test_gemma3_judge_refuses_nxdi_090(families):
+    """The Gemma 3 judge's CPU run (backends/nxd/defects.py) on NxDI 0.9.0 as pinned: the two defects show, so the
+    verdict refuses (the accepting half, with the defects fixed, runs through `compile`: test_nxdi_family_eval.py)."""
+    verdict = families["gemma3 judge"][0]["verdict"]
+    assert not verdict["accepted"] and verdict["ran"], verdict
+    agree, rows = (int(v) for v in verdict["detail"].split(" top-1")[0].split(" of "))
+    assert rows == 19 and agree < rows, verdict
 
 
 def test_the_harness_substitution_is_an_upstream_limit_outside_it(families):

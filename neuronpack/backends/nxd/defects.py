@@ -123,7 +123,7 @@ def _run_child(arch: str) -> Verdict:
         return Verdict(**json.loads(out.read_text()))
 
 
-def _child(arch: str, out: Path) -> None:
+def run_judge(arch: str, out: Path) -> None:
     """The CPU run itself: NxDI's class vs transformers on the tiny checkpoint; the verdict as JSON in ``out``."""
     import torch
     import transformers
@@ -151,4 +151,4 @@ def _child(arch: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1], Path(sys.argv[2]))
+    run_judge(sys.argv[1], Path(sys.argv[2]))
