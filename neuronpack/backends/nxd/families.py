@@ -120,7 +120,6 @@ REFUSED: dict[str, Refusal] = {
         "models/llama4/modeling_llama4_text.py:250)",
         fix="compile the released Llama4ForConditionalGeneration checkpoint (its text decoder and vision encoder)"),
 }
-MODEL_CLASSES: dict[str, str] = {arch: family.model_class for arch, family in FAMILIES.items()}
 # gpt-oss's released expert layout, the only one NxDI's converter reads (models/gpt_oss/modeling_gpt_oss.py:206)
 MXFP4_SUFFIXES = ("mlp.experts.gate_up_proj_blocks", "mlp.experts.gate_up_proj_scales",
                   "mlp.experts.down_proj_blocks", "mlp.experts.down_proj_scales")
