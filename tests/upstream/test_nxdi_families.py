@@ -20,22 +20,24 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from neuronpack.pipeline import compile_model
 from tests.upstream.family_checkpoints import write_family_checkpoint
-from tests.upstream.test_nxdi_cpu import NP, ROOT, nxdi_setup, run_worker
+from tests.upstream.test_nxdi_cpu import ROOT, nxdi_setup, run_worker
 
 TOKENS = [1, 5, 7, 9, 11, 13, 2, 3, 40, 51, 17, 90, 100, 120, 33, 60, 70, 80, 99, 101, 150, 200, 250, 300]
 PROMPT_LEN = 7
 RECIPES = {"qwen3": "qwen3-8b-trn1", "qwen3_tied": "qwen3-8b-inf2", "qwen3_moe": "qwen3-30b-a3b-trn2",
            "gpt_oss": "gpt-oss-20b-trn2", "llama4": "llama-4-scout-trn2"}
 # quantized cases: family -> recipe [quantization] as --set lines (gpt-oss: only its head, see quant_plan.py)
-QUANTIZED = {"qwen3 int8": ("qwen3", ['quantization.dtype="int8"']),
-             "qwen3_moe fp8": ("qwen3_moe", ['quantization.dtype="fp8"']),
-             "gpt_oss int8 head": ("gpt_oss", ['quantization.dtype="int8"', "quantization.include_lm_head=true"]),
-             "llama4 int8": ("llama4", ['quantization.dtype="int8"'])}
+QUANTIZED = {"qwen3 int8": ("qwen3", ["quantization.dtype=int8"]),
+             "qwen3_moe fp8": ("qwen3_moe", ["quantization.dtype=fp8"]),
+             "gpt_oss int8 head": ("gpt_oss", ["quantization.dtype=int8", "quantization.include_lm_head=true"]),
+             "llama4 int8": ("llama4", ["quantization.dtype=int8"])}
 STANDIN = ROOT / "tests" / "backends" / "neuron_standin"
 pytestmark = pytest.mark.slow  # one worker run of 14 NxDI loads: ~40 s alone, more under load
 
@@ -55,15 +57,21 @@ def reference_logits(model_dir: Path, quantized: Path | None = None):
         return model(torch.tensor([TOKENS])).logits[0, PROMPT_LEN - 1:].float()
 
 
-def _quantized_build(model: Path, recipe: Path, root: Path, sets: list[str]) -> dict:
-    """``neuronpack compile`` with the stand-in SDK and the recipe's quantization: the NeuronConfig the manifest
-    records (quantized_checkpoints_path: the checkpoint the pipeline quantized)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STANDIN / "nxd"), str(STANDIN / "compiler")])}
-    args = [a for s in sets for a in ("--set", s)]
-    built = subprocess.run([*NP, "compile", str(model), "--recipe", str(recipe), "--out-root", str(root),
-                            "--progress", "none", *args], capture_output=True, text=True, env=env, check=True)
-    manifest = json.loads((Path(built.stdout.strip().splitlines()[-1]) / "neuronpack.json").read_text())
-    return manifest["compile_config"]
+def standin_builds(builds: dict[str, tuple[Path, Path, list[str]]], root: Path) -> dict[str, dict]:
+    """``neuronpack compile`` (pipeline.compile_model) of each (checkpoint, recipe, --set lines) with the stand-in SDK
+    (neuronx-cc is not here), all in one process: {name: the manifest's compile_config} (a quantized recipe's
+    quantized_checkpoints_path: the checkpoint the pipeline quantized). The artifact is ``compile_config["path"]``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STANDIN / "nxd"), str(STANDIN / "compiler"), str(ROOT)])}
+    script = ("import json, sys; from pathlib import Path; from neuronpack.pipeline import compile_model\n"
+              "out = {}\n"
+              "for name, (model, recipe, sets) in json.loads(sys.argv[1]).items():\n"
+              "    r = compile_model(model, recipe=Path(recipe), overrides=sets, out_root=Path(sys.argv[2]))\n"
+              "    out[name] = {**r.manifest_json['compile_config'], 'path': str(r.path)}\n"
+              "print(json.dumps(out))")
+    spec = {name: [str(model), str(recipe), list(sets)] for name, (model, recipe, sets) in builds.items()}
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(spec), str(root)], capture_output=True, text=True,
+                          env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -72,18 +80,17 @@ def families(tmp_path_factory):
     sources, python, work, _ = nxdi_setup(tmp_path_factory, "families")
     checkpoints = {name: write_family_checkpoint(work / name, name) for name in RECIPES}
     runs, references = {}, {}
-    for name, recipe in RECIPES.items():
-        dry = json.loads(subprocess.run([*NP, "compile", str(checkpoints[name]), "--recipe",
-                                         str(ROOT / "recipes" / f"{recipe}.toml"), "--dry-run", "--format", "json",
-                                         "--out-root", str(work / "root")],
-                                        capture_output=True, text=True, check=True).stdout)
+    for name, recipe in RECIPES.items():  # what `compile --dry-run` records (pipeline.compile_model, in process)
+        dry = compile_model(str(checkpoints[name]), recipe=ROOT / "recipes" / f"{recipe}.toml", dry_run=True,
+                            out_root=work / "root").compile_config
         runs[name] = {"model_dir": str(checkpoints[name]), "neuron_config": dry["neuron_config"],
                       "model_class": dry["model_class"], "dtype": "float32", "tokens": TOKENS,
                       "prompt_len": PROMPT_LEN}
         references[name] = reference_logits(checkpoints[name])
-    for name, (family, sets) in QUANTIZED.items():
-        config = _quantized_build(checkpoints[family], ROOT / "recipes" / f"{RECIPES[family]}.toml", work / "q",
-                                  sets)
+    built = standin_builds({name: (checkpoints[family], ROOT / "recipes" / f"{RECIPES[family]}.toml", sets)
+                            for name, (family, sets) in QUANTIZED.items()}, work / "q")
+    for name, (family, _) in QUANTIZED.items():
+        config = built[name]
         runs[name] = {**runs[family], "neuron_config": config["neuron_config"]}
         references[name] = reference_logits(checkpoints[family],
                                             Path(config["neuron_config"]["quantized_checkpoints_path"]))

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.upstream.family_checkpoints import write_family_checkpoint
 from tests.upstream.test_nxdi_cpu import ROOT, nxdi_setup
-from tests.upstream.test_nxdi_eval import STANDIN, _neuronpack
+from tests.upstream.test_nxdi_eval import _neuronpack
+from tests.upstream.test_nxdi_families import standin_builds
 
 RECIPES = {"qwen3_moe": "qwen3-30b-a3b-trn2", "llama4": "llama-4-scout-trn2", "gpt_oss": "gpt-oss-20b-trn2",
            "qwen3": "qwen3-8b-inf2"}
 # gpt-oss in float32: in bfloat16 the tiny random gpt-oss's router flips an expert choice on one token (max KL 0.52,
 # over the bfloat16 gate's 0.5), a property of the random weights, not of NxDI (float32: within 5e-6 of transformers)
-SETS = {"gpt_oss": ["--set", "model.dtype=float32"]}
+SETS = {"gpt_oss": ["model.dtype=float32"]}
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +30,9 @@ def family_artifacts(tmp_path_factory):
     """(python, sources, work, {family: checkpoint}, {family: artifact built with the stand-in SDK})."""
     sources, python, work, _ = nxdi_setup(tmp_path_factory, "family-eval")
     checkpoints = {name: write_family_checkpoint(work / name, name) for name in RECIPES}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STANDIN / "nxd"), str(STANDIN / "compiler"), str(ROOT)])}
-    # the three builds in one process (imports once): pipeline.compile_model, what `neuronpack compile` runs
-    builds = {name: [str(checkpoints[name]), str(ROOT / "recipes" / f"{RECIPES[name]}.toml"), SETS.get(name, [])[1:]]
-              for name in ("qwen3_moe", "llama4", "gpt_oss")}
-    script = ("import json, sys; from pathlib import Path; from neuronpack.pipeline import compile_model; "
-              "print(json.dumps({n: str(compile_model(m, recipe=Path(r), overrides=o, out_root=Path(sys.argv[2]))"
-              ".path) for n, (m, r, o) in json.loads(sys.argv[1]).items()}))")
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(builds), str(work / "root")],
-                          capture_output=True, text=True, env=env, check=True)
-    artifacts = {name: Path(path) for name, path in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    built = standin_builds({name: (checkpoints[name], ROOT / "recipes" / f"{RECIPES[name]}.toml", SETS.get(name, []))
+                            for name in ("qwen3_moe", "llama4", "gpt_oss")}, work / "root")
+    artifacts = {name: Path(config["path"]) for name, config in built.items()}
     return python, sources, work, checkpoints, artifacts
 
 
