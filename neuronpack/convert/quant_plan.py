@@ -10,11 +10,12 @@ what NxD Inference keeps in float stays float (``keeps_float``): a MoE block's r
 ``nn.Linear``, never converted), the experts (NxDI's converters fuse them from the checkpoint's weights and drop any
 scale; they are listed as ``expert_mlps`` / ``shared_experts`` in modules_to_not_convert, NxDI's module names),
 attention sinks and norms (1-D), and gpt-oss's released MXFP4 experts (``*_blocks`` / ``*_scales``, carried as
-they are: the one quantized input accepted). An attention projection with a bias (Qwen2's q/k/v, all of gpt-oss's) stays
-float too: NxDI's attention rewrites those biases in its preshard hooks (modules/attention/gqa.py:326, called for
-q/k/v and o), and NxD's quantized layers cannot take that (``set_bias_to_state_dict`` raises:
-neuronx_distributed/quantization/quantization_layers.py:419). gpt-oss therefore has nothing NxDI takes quantized but
-its lm_head (``--include-lm-head``).
+they are: the one quantized input accepted). An attention projection with a bias (Qwen2's q/k/v, all of gpt-oss's)
+is quantized like any Linear (the portable backend takes it), but NxD Inference cannot load it quantized: its
+attention rewrites those biases in its preshard hooks (modules/attention/gqa.py:326, for q/k/v and o) and NxD's
+quantized layers cannot take that (``set_bias_to_state_dict`` raises:
+neuronx_distributed/quantization/quantization_layers.py:419); ``biased_projections`` names them, and the nxd backend
+refuses such a quantization with the --skip that avoids it.
 A tied lm_head (no ``lm_head.weight``: the head is ``model.embed_tokens.weight``) with ``include_lm_head`` is untied:
 the output gains a quantized ``lm_head.weight`` made from the embedding matrix (``untie_from``), the embedding stays
 float for the token lookup, and config.json says ``tie_word_embeddings: false`` (NxDI then loads the head as its
@@ -209,17 +210,9 @@ def plan_quantization(
     if untie:
         candidates.append(LM_HEAD)  # made from EMBED (it is not in infos)
     skipped = {name for name in candidates if any(skip_matches(glob, module_prefix(name)) for glob in skip)}
-    kept_float = {name for name in candidates if _biased_projection(name, infos)}
-    skipped |= kept_float
     unmatched = tuple(g for g in skip if not any(skip_matches(g, module_prefix(n)) for n in candidates))
     quantize = tuple(name for name in infos if name in set(candidates) - skipped)
     untie_from = EMBED if untie and LM_HEAD not in skipped else None
-    if not quantize and untie_from is None and kept_float and not skipped - kept_float:
-        raise QuantizationError(
-            "nothing NxD Inference takes quantized: every attention projection has a bias (NxD's quantized layers "
-            "cannot take one, quantization_layers.py:419) and routers, experts and norms stay float",
-            where=where, fix="add --include-lm-head to quantize the lm_head alone, or serve the checkpoint as it is",
-        )
     if not quantize and untie_from is None:
         raise QuantizationError(
             "every Linear weight is excluded by --skip: nothing left to quantize", where=where,
@@ -240,10 +233,12 @@ def plan_quantization(
     )
 
 
-def _biased_projection(name: str, infos: Mapping[str, _Info]) -> bool:
-    """An attention projection with a bias (kept float: see the module docstring)."""
-    prefix = module_prefix(name)
-    return prefix.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj", "o_proj") and prefix + ".bias" in infos
+def biased_projections(names: Iterable[str]) -> list[str]:
+    """The attention projections (module prefixes) that have a bias, among a checkpoint's tensor names: NxD's
+    quantized layers cannot take their bias (see the module docstring), so NxDI loads them only in float."""
+    names = set(names)
+    return sorted(p for p in (module_prefix(n) for n in names if n.endswith(".weight"))
+                  if p.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj", "o_proj") and p + ".bias" in names)
 
 
 def _float_matrix(info: _Info | None) -> bool:

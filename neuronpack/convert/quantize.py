@@ -32,7 +32,13 @@ from typing import Any
 from neuronpack import __version__
 from neuronpack.checkpoint import AUX_FILES, Checkpoint, open_checkpoint
 from neuronpack.convert.quant_options import QuantizeOptions
-from neuronpack.convert.quant_plan import QuantPlan, check_not_quantized, plan_quantization
+from neuronpack.convert.quant_plan import (
+    QuantPlan,
+    biased_projections,
+    check_not_quantized,
+    module_prefix,
+    plan_quantization,
+)
 from neuronpack.convert.quant_report import read_report, summarize
 from neuronpack.convert.quant_stream import METHOD, write_quantized
 from neuronpack.digest import file_sha256, sha256_json
@@ -158,6 +164,20 @@ def nxd_quantization_fields(options: QuantizeOptions, quantized_checkpoints_path
         "quantization_dtype": NXD_DTYPE[options.dtype],
         "modules_to_not_convert": modules,
     }
+
+
+def quantized_biased_projections(options: QuantizeOptions, quantized: Path | None, source: Path | None) -> list[str]:
+    """The attention projections with a bias a quantized checkpoint holds quantized, which NxD Inference cannot load
+    (quant_plan.biased_projections): read from ``quantized`` when it exists, planned from ``source`` before it does
+    (a dry-run). Torch-free (headers only)."""
+    if quantized is not None and (Path(quantized) / "config.json").is_file():
+        names = set(open_checkpoint(Path(quantized)).names())
+        return [p for p in biased_projections(names) if p + ".scale" in names]
+    if source is not None and (Path(source) / "config.json").is_file():
+        ckpt = open_checkpoint(Path(source))
+        planned = {module_prefix(n) for n in _plan(ckpt, options).quantize}
+        return [p for p in biased_projections(ckpt.names()) if p in planned]
+    return []
 
 
 # --- planning and reuse -----------------------------------------------------------------------------------------

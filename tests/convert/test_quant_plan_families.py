@@ -62,15 +62,22 @@ def test_qwen3_moe_quantizes_attention_and_keeps_router_and_experts_float():
     assert plan.modules_to_not_convert == ("lm_head", "expert_mlps")  # NxDI's module names
 
 
-def test_gpt_oss_carries_mxfp4_and_has_only_its_head_to_quantize():
+def test_gpt_oss_carries_mxfp4_and_quantizes_only_linears():
+    """The MXFP4 experts are carried as they are, the router and sinks stay float; the biased attention projections
+    are planned like any Linear (the nxd backend refuses to give those to NxDI: quant_plan.biased_projections)."""
+    from neuronpack.convert.quant_plan import biased_projections
+
     infos = gpt_oss()
     check_not_quantized(infos, MXFP4, where="ckpt")  # the released MXFP4 experts are accepted as they are
-    with pytest.raises(QuantizationError, match="every attention projection has a bias") as info:
-        plan_quantization(infos, MXFP4)
-    assert "--include-lm-head" in info.value.fix
-    plan = plan_quantization(infos, MXFP4, include_lm_head=True)
-    assert plan.quantize == ("lm_head.weight",)
-    assert plan.modules_to_not_convert == ("layers.0.self_attn", "expert_mlps")
+    plan = plan_quantization(infos, MXFP4)
+    assert plan.quantize == tuple(f"model.layers.0.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj",
+                                                                                    "o_proj"))
+    assert plan.modules_to_not_convert == ("lm_head", "expert_mlps")
+    assert biased_projections(infos) == [f"model.layers.0.self_attn.{p}" for p in ("k_proj", "o_proj", "q_proj",
+                                                                                    "v_proj")]
+    skipped = plan_quantization(infos, MXFP4, include_lm_head=True, skip=("*.self_attn",))
+    assert skipped.quantize == ("lm_head.weight",)
+    assert skipped.modules_to_not_convert == ("layers.0.self_attn", "expert_mlps")
     for name in ("model.layers.0.mlp.router.weight", "model.layers.0.self_attn.sinks",
                  "model.layers.0.mlp.experts.down_proj_blocks"):
         assert keeps_float(name) is not None, name

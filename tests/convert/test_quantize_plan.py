@@ -30,6 +30,7 @@ def llama_infos(layers: int = 2, *, tied: bool = False, dtype: str = "BF16") -> 
         infos[f"model.layers.{i}.input_layernorm.weight"] = Info(dtype, (8,))
         for lin in LINEARS:
             infos[f"model.layers.{i}.{lin}.weight"] = Info(dtype, (8, 8))
+        infos[f"model.layers.{i}.self_attn.q_proj.bias"] = Info(dtype, (8,))
     infos["model.norm.weight"] = Info(dtype, (8,))
     if not tied:
         infos["lm_head.weight"] = Info(dtype, (100, 8))

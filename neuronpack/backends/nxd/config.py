@@ -236,9 +236,17 @@ _QKV = re.compile(r"(.*\bself_attn)\.([qkv]_proj)")
 def _quantization_fields(recipe: Recipe, model_dir: Path, source_dir: Path | None, *, fused_qkv: bool) -> dict:
     """``model_dir``: the quantized checkpoint (absent before a dry-run quantizes); ``source_dir``: what it is made
     from, planned instead while the quantized one is not there yet."""
-    from neuronpack.convert.quantize import QuantizeOptions, nxd_quantization_fields
+    from neuronpack.convert.quantize import QuantizeOptions, nxd_quantization_fields, quantized_biased_projections
 
     options = QuantizeOptions.from_recipe(recipe.quantization)
+    biased = quantized_biased_projections(options, Path(model_dir), source_dir)
+    if biased:  # NxD's quantized layers cannot take the bias NxDI's attention rewrites (quant_plan.py)
+        kinds = sorted({prefix.rsplit(".", 1)[-1] for prefix in biased})
+        raise RecipeError(
+            f"NxD Inference cannot load a quantized attention projection with a bias ({', '.join(kinds)} of "
+            f"{len(biased)} layer(s)): NxDI rewrites the bias in its preshard hook and NxD's quantized layers cannot "
+            "take it (neuronx_distributed/quantization/quantization_layers.py:419)", where="recipe [quantization]",
+            fix="keep them float: skip = [" + ", ".join(f'"*.{kind}"' for kind in kinds) + "] in [quantization]")
     fields = nxd_quantization_fields(options, Path(model_dir), source_dir)
     if fields.get("modules_to_not_convert") is not None:  # NxDI's names; keep order, drop repeats
         fields["modules_to_not_convert"] = nxd_module_names(fields["modules_to_not_convert"], fused_qkv=fused_qkv)

@@ -290,3 +290,29 @@ def test_doctor_and_inspect_name_the_families(families, tmp_path, nxd_sdk):
         "target.seq_len=256", "target.max_context_length=128"])
     out = CliRunner().invoke(app, ["inspect", str(built.path)], env={"COLUMNS": "200"})
     assert out.exit_code == 0 and "NeuronGptOssForCausalLM" in out.output, out.output
+
+
+def test_nxd_refuses_quantized_biased_projections_with_the_skip_that_avoids_them(make_checkpoint, tmp_path, nxd_sdk):
+    """Qwen2's q/k/v have biases: NxD's quantized layers cannot take them (the portable backend can, so the quantizer
+    quantizes them): the nxd recipe is refused before quantizing (planned from the source) and after (read from the
+    quantized checkpoint), naming the skip; with it, NxDI gets them as float in modules_to_not_convert."""
+    from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
+    from tests.upstream.family_checkpoints import released_config
+
+    qwen = make_checkpoint("qwen2")
+    released_config(qwen)
+    recipe = _recipe(tmp_path, '[quantization]\ndtype = "int8"\n')
+    quantized = quantize_checkpoint(qwen, tmp_path / "q", QuantizeOptions("int8")).out
+    for model_dir in (tmp_path / "not-yet", quantized):
+        request = BuildRequest(model_dir=model_dir, recipe=recipe, plan=recipe.bucket_plan(), staging=tmp_path,
+                               source_model_dir=qwen)
+        with pytest.raises(RecipeError) as info:
+            NxdBackend().compile_config(request)
+        assert "k_proj, q_proj, v_proj" in info.value.what and info.value.fix.endswith(
+            'skip = ["*.k_proj", "*.q_proj", "*.v_proj"] in [quantization]')
+    skipping = _recipe(tmp_path, '[quantization]\ndtype = "int8"\nskip = ["*.q_proj", "*.k_proj", "*.v_proj"]\n')
+    kept = quantize_checkpoint(qwen, tmp_path / "q-skip", QuantizeOptions("int8", skip=tuple(
+        skipping.quantization.skip))).out
+    config = NxdBackend().compile_config(BuildRequest(model_dir=kept, recipe=skipping, plan=skipping.bucket_plan(),
+                                                      staging=tmp_path, source_model_dir=qwen))["neuron_config"]
+    assert "layers.0.self_attn.qkv_proj.q_proj" in config["modules_to_not_convert"]
