@@ -242,6 +242,14 @@ def _check_donor_files(manifest: Manifest, donor: Donor) -> None:
                              fix="run `neuronpack verify` on the donor, and compile with --no-reuse")
 
 
+def _check_checkpoint(model_dir: Path) -> None:
+    """What no backend may build silently: a tied head with another head stored (checkpoint/tied_head.py)."""
+    from neuronpack.checkpoint import open_checkpoint
+    from neuronpack.checkpoint.tied_head import check_tied_head
+
+    check_tied_head(open_checkpoint(Path(model_dir)))
+
+
 def _accuracy(manifest: Manifest, artifact_dir: Path, reporter: Reporter) -> dict[str, Any]:
     from neuronpack.accuracy import check_accuracy, subject_from_manifest
 
@@ -268,6 +276,7 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
     from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
 
     inputs, key, final = plan.inputs, plan.key, plan.dest
+    _check_checkpoint(inputs.model_dir)
     staging = new_staging(final.parent, key)
     try:
         graph_donor = None
