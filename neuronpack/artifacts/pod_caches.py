@@ -99,10 +99,10 @@ def _locked(base: Path, mode: int) -> int:
     """A descriptor of ``base``'s lock file holding ``mode``; retried when a gc renamed the directory away while we
     waited (the lock we got then belongs to a removed file)."""
     while True:
-        base.mkdir(parents=True, exist_ok=True)
         try:
+            base.mkdir(parents=True, exist_ok=True)
             fd = os.open(base / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # renamed away between the two calls
+        except (FileExistsError, FileNotFoundError):  # renamed away while mkdir looked, or before the open
             continue
         fcntl.flock(fd, mode)
         try:
