@@ -186,29 +186,11 @@ class TorchLaunch:
         return ServedApp(app, loaded, s)
 
     def _chat_format(self, loaded: LoadedEngine, reporter: Reporter):
-        """How the model chats: gpt-oss (model_type gpt_oss) in harmony, as vLLM switches on the model type; any
-        other through its chat template, with ``--reasoning-parser``'s split when given."""
-        from neuronpack.runtime.openai.chat_format import TemplateChat
-        from neuronpack.runtime.openai.reasoning import HARMONY_PARSER, ThinkParser
-
-        name = self.options.reasoning_parser
-        model_type = artifact_model_type(self.artifact_dir)
-        if model_type == "gpt_oss":
-            if name not in (None, HARMONY_PARSER):
-                raise ServeError(f"gpt-oss chats in harmony, whose reasoning parser is {HARMONY_PARSER}, not {name!r}",
-                                 where="--reasoning-parser", fix=f"drop the option or pass {HARMONY_PARSER}")
-            from neuronpack.runtime.openai.harmony import HarmonyChat
-
-            reporter.info("chat format: harmony (gpt-oss), reasoning parser " + HARMONY_PARSER)
-            return HarmonyChat.load(loaded.engine.tokenizer)
-        if name == HARMONY_PARSER:
-            raise ServeError(f"{HARMONY_PARSER} reads gpt-oss's harmony format, and this artifact's model type is "
-                             f"{model_type!r}", where="--reasoning-parser", fix="pass the parser of this model family")
-        if name is None:
-            return TemplateChat()
-        parser = ThinkParser.load(name, loaded.engine.tokenizer.token_id, where=str(self.artifact_dir))
-        reporter.info(f"reasoning parser: {name} ({parser.tags.start}...{parser.tags.end} to reasoning_content)")
-        return TemplateChat(parser)
+        chat, line = chat_format_for(artifact_model_type(self.artifact_dir), self.options.reasoning_parser,
+                                     loaded.engine.tokenizer, where=str(self.artifact_dir))
+        if line:
+            reporter.info(line)
+        return chat
 
     def _request_log(self, loaded: LoadedEngine, reporter: Reporter):
         """The server's RequestLog (None without ``--request-log``), and the line that says where it goes."""
@@ -262,6 +244,32 @@ def serve_launch(artifact_dir: Path, manifest: Manifest, options: ServeOptions) 
     if o.request_log is not None:  # vLLM writes no such file: say where the same sample comes from
         launch.notes.append(request_log_note(launch.command.target))
     return launch
+
+
+def chat_format_for(model_type: str | None, reasoning_parser: str | None, tokenizer: Any, *, where: str
+                    ) -> tuple[Any, str | None]:
+    """How a model chats, and the line serve logs about it: gpt-oss (model_type gpt_oss) in harmony, as vLLM
+    switches on the model type (its reasoning parser openai_gptoss set by itself); any other model through its chat
+    template, with ``reasoning_parser``'s split when given. ServeError for a parser that does not fit the model."""
+    from neuronpack.runtime.openai.chat_format import TemplateChat
+    from neuronpack.runtime.openai.reasoning import HARMONY_PARSER, ThinkParser
+
+    if model_type == "gpt_oss":
+        if reasoning_parser not in (None, HARMONY_PARSER):
+            raise ServeError(f"gpt-oss chats in harmony, whose reasoning parser is {HARMONY_PARSER}, not "
+                             f"{reasoning_parser!r}", where="--reasoning-parser",
+                             fix=f"drop the option or pass {HARMONY_PARSER}")
+        from neuronpack.runtime.openai.harmony import HarmonyChat
+
+        return HarmonyChat.load(tokenizer), f"chat format: harmony (gpt-oss), reasoning parser {HARMONY_PARSER}"
+    if reasoning_parser == HARMONY_PARSER:
+        raise ServeError(f"{HARMONY_PARSER} reads gpt-oss's harmony format, and this artifact's model type is "
+                         f"{model_type!r}", where="--reasoning-parser", fix="pass the parser of this model family")
+    if reasoning_parser is None:
+        return TemplateChat(), None
+    parser = ThinkParser.load(reasoning_parser, tokenizer.token_id, where=where)
+    return TemplateChat(parser), f"reasoning parser: {reasoning_parser} ({parser.tags.start}...{parser.tags.end} " \
+                                 "to reasoning_content)"
 
 
 def artifact_model_type(artifact_dir: Path) -> str | None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from neuronpack.runtime.engine import StepOutput
 
 Delta = dict[str, Any]
+State = tuple[Any, Any, int, str]  # a token's (channel, recipient, message number, text)
 FUNCTIONS = "functions."
 
 
@@ -41,8 +42,8 @@ class HarmonyChoice:
         self._parser = StreamableParser(encoding, role=Role.ASSISTANT)
         self.include_reasoning = include_reasoning
         self.calls = 0  # tool calls opened
-        self._recipient: str | None = None  # the recipient of the last tool call opened
-        self._reasoning_messages = -1  # the parser's message count when reasoning was last sent
+        self._call_opened: tuple[str, int] | None = None  # (recipient, message number) of the last call opened
+        self._reasoning_message = -1  # the message number of the reasoning sent last
         self._broken = False
 
     def feed(self, out: StepOutput) -> list[Delta]:
@@ -55,48 +56,48 @@ class HarmonyChoice:
             except Exception:  # HarmonyError: the model left the format
                 self._broken = True
                 return self._deltas(states) + ([{"content": out.text}] if out.text else [])
-            states.append((self._parser.current_channel, self._parser.current_recipient,
+            # the message a token belongs to is numbered by the messages harmony completed before it
+            states.append((self._parser.current_channel, self._parser.current_recipient, len(self._parser.messages),
                            self._parser.last_content_delta or ""))
         return self._deltas(states)
 
     def finish(self, finish_reason: str | None) -> tuple[list[Delta], str | None]:
         return [], "tool_calls" if self.calls and finish_reason == "stop" else finish_reason
 
-    def _deltas(self, states: list[tuple[str | None, str | None, str]]) -> list[Delta]:
+    def _deltas(self, states: list[State]) -> list[Delta]:
         out: list[Delta] = []
-        for channel, recipient, text in _groups(states):
+        for channel, recipient, number, text in _groups(states):
             if recipient and recipient.startswith(FUNCTIONS) and channel in ("commentary", "analysis"):
-                out += self._call(recipient, text)
+                out += self._call(recipient, number, text)
             elif channel == "final" or channel == "commentary" and recipient is None:
                 if text:
                     out.append({"content": text})
             elif channel == "analysis" and self.include_reasoning and text:
-                out.append({"reasoning": self._reasoning(text)})
+                out.append({"reasoning": self._reasoning(number, text)})
         return out
 
-    def _call(self, recipient: str, text: str) -> list[Delta]:
+    def _call(self, recipient: str, number: int, text: str) -> list[Delta]:
         out = []
-        if recipient != self._recipient:  # a new call: its id and name first
-            self._recipient = recipient
+        if (recipient, number) != self._call_opened:  # a new call: its id and name first
+            self._call_opened = (recipient, number)
             self.calls += 1
             out.append({"tool_calls": [{"index": self.calls - 1, **tool_call(recipient[len(FUNCTIONS):], "")}]})
         if text:
             out.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": text}}]})
         return out
 
-    def _reasoning(self, text: str) -> str:
-        messages = len(self._parser.messages)
-        joined = "\n" + text if self._reasoning_messages not in (-1, messages) else text
-        self._reasoning_messages = messages
+    def _reasoning(self, number: int, text: str) -> str:
+        joined = "\n" + text if self._reasoning_message not in (-1, number) else text
+        self._reasoning_message = number
         return joined
 
 
-def _groups(states: list[tuple[str | None, str | None, str]]) -> list[tuple[str | None, str | None, str]]:
-    """Consecutive tokens of one (channel, recipient) with their text joined."""
-    groups: list[tuple[str | None, str | None, str]] = []
-    for channel, recipient, text in states:
-        if groups and groups[-1][:2] == (channel, recipient):
-            groups[-1] = (channel, recipient, groups[-1][2] + text)
+def _groups(states: list[State]) -> list[State]:
+    """Consecutive tokens of one message (channel, recipient, number) with their text joined."""
+    groups: list[State] = []
+    for channel, recipient, number, text in states:
+        if groups and groups[-1][:3] == (channel, recipient, number):
+            groups[-1] = (channel, recipient, number, groups[-1][3] + text)
         else:
-            groups.append((channel, recipient, text))
+            groups.append((channel, recipient, number, text))
     return groups
