@@ -8,6 +8,10 @@ norms them) so that each token of a script is followed by the next one. Greedy d
 the script's first token then writes the script: a bigram chain, so the script's tokens must be distinct.
 transformers' own ``generate`` gives the same tokens (a test checks it).
 
+``make_qwen3_demo`` writes the one docs/serve.md serves: with Qwen3's chat template, it answers a question with
+``<think>Let me see</think>\n\n Paris is nice<|im_end|>``, and `` Paris is nice<|im_end|>`` when the prompt closes the
+reasoning itself (``enable_thinking`` false); ``python -m tests.helpers.scripted_models DIR`` writes it.
+
 Example::
 
     tok = qwen3_tokenizer()
@@ -92,3 +96,29 @@ def make_scripted_checkpoint(out: Path, tokenizer, chains: list[list[int]], *, v
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg.eos_token_id,
                                                             "pad_token_id": cfg.pad_token_id}))
     return out
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def make_qwen3_demo(out: Path) -> tuple[Path, list[int], list[int], list[int]]:
+    """The scripted Qwen3-layout model of docs/serve.md in ``out``: (its directory, the prompt ids of QUESTION with
+    thinking on, with thinking off, the tokens it writes after the first)."""
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+    out = Path(out)
+    tok = qwen3_tokenizer()
+    tok.save_pretrained(out)
+    template = ArtifactTokenizer.from_dir(out)
+    thinking = template.encode_chat(QUESTION)
+    plain = template.encode_chat(QUESTION, template_kwargs={"enable_thinking": False})
+    think = script(tok, [thinking[-1]], [["<think>"], "Let me see", ["</think>"]])
+    answer = script(tok, [plain[-1]], [" Paris is nice", ["<|im_end|>"]])
+    make_scripted_checkpoint(out, tok, [[*think, plain[-1]], answer])
+    return out, thinking, plain, [*think[1:], *answer]
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(make_qwen3_demo(Path(sys.argv[1]))[0])

@@ -10,11 +10,10 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.scripted_models import make_scripted_checkpoint, qwen3_tokenizer, script
+from tests.helpers.scripted_models import QUESTION, make_qwen3_demo
 from tests.runtime.serving import EXPORT, LiveServer, build_artifact, hf_greedy
 
 NAME = "qwen3-tiny"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 REASONING, CONTENT = "Let me see", "\n\n Paris is nice"
 CITY = {"type": "object", "properties": {"city": {"const": "Paris"}}, "required": ["city"],
         "additionalProperties": False}
@@ -23,18 +22,8 @@ CITY = {"type": "object", "properties": {"city": {"const": "Paris"}}, "required"
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
     """(checkpoint, artifact, the prompt ids of QUESTION with thinking on / off, the tokens the model writes)."""
-    from neuronpack.runtime.tokenizer import ArtifactTokenizer
-
     root = tmp_path_factory.mktemp("qwen3-scripted")
-    tok = qwen3_tokenizer()
-    tok.save_pretrained(root / "tok")
-    template = ArtifactTokenizer.from_dir(root / "tok")
-    thinking = template.encode_chat(QUESTION)
-    plain = template.encode_chat(QUESTION, template_kwargs={"enable_thinking": False})
-    think = script(tok, [thinking[-1]], [["<think>"], "Let me see", ["</think>"]])
-    answer = script(tok, [plain[-1]], [" Paris is nice", ["<|im_end|>"]])
-    model = make_scripted_checkpoint(root / "model", tok, [[*think, plain[-1]], answer])
-    written = [*think[1:], *answer]
+    model, thinking, plain, written = make_qwen3_demo(root / "model")
     # Qwen3's tool instructions take ~440 tokens of this small vocabulary: a longer model length than the usual 128
     overrides = [*EXPORT, "target.seq_len=512", "buckets.token_generation=[64, 512]"]
     return model, build_artifact(model, root / "store", overrides), thinking, plain, written
