@@ -175,8 +175,13 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] | None = None
 
     def as_template_dict(self) -> dict[str, Any]:
-        """The message as the chat template sees it (text parts joined; other parts refused)."""
+        """The message as the chat template sees it (text parts joined; other parts refused). An assistant's
+        reasoning is given under both of its names (``reasoning_content``, which templates such as Qwen3's read, and
+        vLLM's newer ``reasoning``), whichever the client sent."""
         data = self.model_dump(exclude_none=True)
+        reasoning = data.get("reasoning_content", data.get("reasoning"))
+        if self.role == "assistant" and isinstance(reasoning, str):
+            data["reasoning_content"] = data["reasoning"] = reasoning
         if isinstance(self.content, list):
             texts = []
             for part in self.content:

@@ -130,13 +130,21 @@ def test_a_forced_tool_call_follows_the_reasoning(client):
 
 
 def test_history_reasoning_reaches_the_template_and_models_are_unchanged(client, server, scripted):
+    """Qwen3's template renders an assistant's reasoning_content after the last question (a tool-calling turn); the
+    client may send it under vLLM's newer name, reasoning, too."""
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
-    history = [*QUESTION, {"role": "assistant", "content": "Paris.", "reasoning_content": "It is Paris."},
-               {"role": "user", "content": "And of Spain?"}]
-    expected = ArtifactTokenizer.from_dir(scripted[1]).encode_chat(history)
-    out = client.chat.completions.create(model=NAME, messages=history, max_tokens=2, temperature=0)
-    assert out.usage.prompt_tokens == len(expected)
+    tok = ArtifactTokenizer.from_dir(scripted[1])
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    for name in ("reasoning_content", "reasoning"):
+        history = [*QUESTION, {"role": "assistant", "content": None, name: "I need the weather.", "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+        out = client.chat.completions.create(model=NAME, messages=history, max_tokens=2, temperature=0)
+        rendered = [{**m, "reasoning_content": "I need the weather."} if m["role"] == "assistant" else m
+                    for m in history]
+        expected = tok.apply_chat_template(rendered)
+        assert "<think>\nI need the weather.\n</think>" in expected
+        assert out.usage.prompt_tokens == len(tok.encode(expected, add_special_tokens=False))
     assert [m.id for m in client.models.list().data] == [NAME]
 
 
