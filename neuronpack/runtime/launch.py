@@ -186,8 +186,10 @@ class TorchLaunch:
         return ServedApp(app, loaded, s)
 
     def _chat_format(self, loaded: LoadedEngine, reporter: Reporter):
-        chat, line = chat_format_for(artifact_model_type(self.artifact_dir), self.options.reasoning_parser,
-                                     loaded.engine.tokenizer, where=str(self.artifact_dir))
+        o = self.options
+        chat, line = chat_format_for(artifact_model_type(self.artifact_dir), o.reasoning_parser,
+                                     loaded.engine.tokenizer, where=str(self.artifact_dir),
+                                     tool_call_parser=o.tool_call_parser)
         if line:
             reporter.info(line)
         return chat
@@ -246,14 +248,20 @@ def serve_launch(artifact_dir: Path, manifest: Manifest, options: ServeOptions) 
     return launch
 
 
-def chat_format_for(model_type: str | None, reasoning_parser: str | None, tokenizer: Any, *, where: str
-                    ) -> tuple[Any, str | None]:
+def chat_format_for(model_type: str | None, reasoning_parser: str | None, tokenizer: Any, *, where: str,
+                    tool_call_parser: str | None = None) -> tuple[Any, str | None]:
     """How a model chats, and the line serve logs about it: gpt-oss (model_type gpt_oss) in harmony, as vLLM
-    switches on the model type (its reasoning parser openai_gptoss set by itself); any other model through its chat
-    template, with ``reasoning_parser``'s split when given. ServeError for a parser that does not fit the model."""
+    switches on the model type (its reasoning parser openai_gptoss set by itself, its tool calls vLLM's ``openai``
+    parser's); any other model through its chat template (Hermes tool calls), with ``reasoning_parser``'s split when
+    given. ServeError for a parser that does not fit the model."""
     from neuronpack.runtime.openai.chat_format import TemplateChat
     from neuronpack.runtime.openai.reasoning import HARMONY_PARSER, ThinkParser
 
+    tools = "openai" if model_type == "gpt_oss" else "hermes"  # vLLM's names of the two tool-call parsers
+    if tool_call_parser not in (None, tools):
+        raise ServeError(f"this artifact's tool calls are read with {tools} (model type {model_type!r}), "
+                         f"not {tool_call_parser!r}", where="--tool-call-parser",
+                         fix=f"drop it or pass {tools}")
     if model_type == "gpt_oss":
         if reasoning_parser not in (None, HARMONY_PARSER):
             raise ServeError(f"gpt-oss chats in harmony, whose reasoning parser is {HARMONY_PARSER}, not "
@@ -298,9 +306,10 @@ def refuse_options(framework: str, options: ServeOptions, *, where: str) -> None
         raise ServeError("--weights applies to vneuron artifacts (the others carry or record their weights)",
                          where="--weights", fix="drop the option")
     if framework == "torch":
-        if options.tool_call_parser not in (None, "hermes"):
-            raise ServeError(f"the built-in server parses hermes tool calls only, not {options.tool_call_parser!r}",
-                             where="--tool-call-parser", fix="drop the option or pass hermes")
+        if options.tool_call_parser not in (None, "hermes", "openai"):
+            raise ServeError(f"the built-in server parses hermes tool calls (and gpt-oss's harmony ones, vLLM's "
+                             f"openai parser) only, not {options.tool_call_parser!r}", where="--tool-call-parser",
+                             fix="drop the option or pass hermes")
         return
     if not limits.prefix_caching or limits.prefix_cache_memory != DEFAULT_PREFIX_CACHE_MIB:
         raise ServeError("--no-enable-prefix-caching and --prefix-cache-memory set the built-in runtime's prefix "

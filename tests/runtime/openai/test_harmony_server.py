@@ -111,3 +111,7 @@ def test_a_reasoning_parser_that_does_not_fit_the_model_is_refused(server):
         chat_format_for("gpt_oss", "qwen3", server.engine.tokenizer, where="art")
     with pytest.raises(ServeError, match="openai_gptoss reads gpt-oss's harmony format"):
         chat_format_for("llama", "openai_gptoss", server.engine.tokenizer, where="art")
+    with pytest.raises(ServeError, match="tool calls are read with openai .model type 'gpt_oss'., not 'hermes'"):
+        chat_format_for("gpt_oss", None, server.engine.tokenizer, where="art", tool_call_parser="hermes")
+    assert chat_format_for("gpt_oss", "openai_gptoss", server.engine.tokenizer, where="art",
+                           tool_call_parser="openai")[1].startswith("chat format: harmony")
