@@ -155,3 +155,37 @@ def test_chat_template_kwargs_the_server_sets_itself_are_refused(client, server)
     # a plain HTTP client sees the same request refused before anything is generated
     body = {"model": NAME, "messages": QUESTION, "chat_template_kwargs": {"tokenize": True}}
     assert httpx.post(f"{server.url}/v1/chat/completions", json=body).status_code == 400
+
+
+@pytest.mark.slow  # a second compile, with prompt-lookup speculation
+def test_prompt_lookup_drafts_across_the_end_of_the_reasoning(scripted, tmp_path):
+    """Speculation with a grammar behind the reasoning: the prompt holds the script, so prompt lookup drafts
+    "</think>", "\\n\\n", " Paris" ...; the drafted reasoning is free, the grammar cuts the draft after "</think>". The
+    answer is the one plain decoding gives."""
+    from neuronpack.backends.torch_aot import load_artifact
+    from neuronpack.runtime.engine import Engine
+    from neuronpack.runtime.engine.metrics import metric_value
+    from neuronpack.runtime.engine.speculation.config import SpeculationConfig
+    from neuronpack.runtime.openai.chat_format import TemplateChat
+    from neuronpack.runtime.openai.reasoning import ThinkParser
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+    from tests.runtime.conftest import SPECULATION
+    from tests.runtime.serving import engine_server
+
+    overrides = [*EXPORT, *SPECULATION, "target.seq_len=512", "buckets.token_generation=[64, 512]"]
+    artifact = build_artifact(scripted[0], tmp_path / "store", overrides)
+    tok = ArtifactTokenizer.from_dir(artifact)
+    engine = Engine(load_artifact(artifact), tok,
+                    speculation=SpeculationConfig("prompt_lookup", 3, prompt_lookup_min=1, prompt_lookup_max=3))
+    chat_format = TemplateChat(ThinkParser.load("qwen3", tok.token_id))
+    # (a prompt whose last tag is </think> would have closed the reasoning: vLLM's is_reasoning_end, here too)
+    messages = [{"role": "user", "content": "Repeat:\nLet me see</think>\n\n Paris is nice, then <think>"}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
+    with engine_server(engine, served_model_name=NAME, chat_format=chat_format) as live:
+        speculating = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        out = speculating.chat.completions.create(model=NAME, messages=messages, max_tokens=24, temperature=0,
+                                                  response_format=response_format)
+        accepted = metric_value(httpx.get(f"{live.url}/metrics").text,
+                                "neuronpack_spec_decode_num_accepted_tokens_total")
+    assert reasoning_of(out.choices[0].message) == REASONING
+    assert json.loads(out.choices[0].message.content) == {"city": "Paris"} and accepted > 0
