@@ -307,8 +307,8 @@ def refuse_options(framework: str, options: ServeOptions, *, where: str) -> None
                          where="--weights", fix="drop the option")
     if framework == "torch":
         if options.tool_call_parser not in (None, "hermes", "openai"):
-            raise ServeError(f"the built-in server parses hermes tool calls (and gpt-oss's harmony ones, vLLM's "
-                             f"openai parser) only, not {options.tool_call_parser!r}", where="--tool-call-parser",
+            raise ServeError(f"the built-in server parses hermes tool calls only (and gpt-oss's harmony ones: vLLM's "
+                             f"openai), not {options.tool_call_parser!r}", where="--tool-call-parser",
                              fix="drop the option or pass hermes")
         return
     if not limits.prefix_caching or limits.prefix_cache_memory != DEFAULT_PREFIX_CACHE_MIB:

@@ -22,7 +22,7 @@ from tests.runtime.serving import LiveServer
 REFUSED = [  # (framework, options, what the one line names)
     ("torch", ServeOptions(weights="/models/llama"), "--weights applies to vneuron artifacts"),
     ("nxd", ServeOptions(weights="/models/llama"), "--weights applies to vneuron artifacts"),
-    ("torch", ServeOptions(tool_call_parser="mistral"), "only, not 'mistral'"),
+    ("torch", ServeOptions(tool_call_parser="mistral"), "harmony ones: vLLM's openai), not 'mistral'"),
     ("torch", ServeOptions(reasoning_parser="qwen4"), "reasoning parser 'qwen4' not found. Available parsers: "
                                                       "cohere_command3, cohere_command4, deepseek_r1"),
     ("torch", ServeOptions(reasoning_parser="granite"), "the built-in server implements qwen3, mimo, deepseek_r1, "

@@ -167,7 +167,8 @@ def create_app(
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         group = RequestGroup(engine, gen_requests, n=body.n, log=request_log)
         if body.stream:
-            return sse(group, stream_chat(group, body, request_id, lambda: chat.choice(body, plan, prepared)))
+            return sse(group, stream_chat(group, body, request_id, lambda: chat.choice(body, plan, prepared),
+                                          reasoning=chat.reasoning))
         completed, outputs = await run_unless_disconnected(request, _collect(group, len(gen_requests)))
         if not completed:
             return Response(status_code=CLIENT_CLOSED_REQUEST)

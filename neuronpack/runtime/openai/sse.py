@@ -102,8 +102,12 @@ async def stream_completion(
 
 
 async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, request_id: str,
-                      new_choice: Callable[[], ChoiceStream]) -> AsyncIterator[dict[str, Any]]:
+                      new_choice: Callable[[], ChoiceStream], *, reasoning: bool = False
+                      ) -> AsyncIterator[dict[str, Any]]:
+    """A chat stream; ``reasoning``: the model's reasoning is parsed, so with ``include_reasoning`` false no chunk
+    carries logprobs (their token texts would leak it; vLLM hides them too)."""
     with_usage = body.include_usage
+    hide_logprobs = reasoning and not body.include_reasoning
     tokenizer = group.engine.tokenizer
     streams = [new_choice() for _ in range(body.n)]
     for index in range(body.n):
@@ -119,7 +123,7 @@ async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, reque
         if finish_reason:
             last, finish_reason = streams[index].finish(finish_reason)
             deltas += last
-        logprobs = chat_logprobs(tokenizer, body, out.logprobs) if out.token_ids else None
+        logprobs = chat_logprobs(tokenizer, body, out.logprobs) if out.token_ids and not hide_logprobs else None
         if not deltas and (finish_reason or logprobs):
             deltas = [{}]
         for i, delta in enumerate(deltas):

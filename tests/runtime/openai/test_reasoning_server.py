@@ -107,6 +107,10 @@ def test_a_response_cut_inside_the_reasoning_is_all_reasoning(client):
 def test_include_reasoning_false_drops_it(client):
     out = chat(client, extra_body={"include_reasoning": False})
     assert reasoning_of(out.choices[0].message) is None and out.choices[0].message.content == CONTENT
+    reasoning, content, *_, deltas = streamed(client, logprobs=True, extra_body={"include_reasoning": False})
+    assert (reasoning, content) == (None, CONTENT)
+    chunks = list(chat(client, stream=True, logprobs=True, extra_body={"include_reasoning": False}))
+    assert all(c.choices[0].logprobs is None for c in chunks if c.choices)  # their tokens would show the reasoning
 
 
 def test_structured_output_applies_after_the_reasoning(client):
