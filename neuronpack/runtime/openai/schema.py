@@ -71,6 +71,7 @@ UNSUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
     "web_search_options": lambda v: v is None,
+    "thinking_token_budget": lambda v: v is None,  # vLLM's cap on reasoning tokens
 }
 
 

@@ -90,3 +90,20 @@ def test_unknown_and_unimplemented_names_are_refused_with_vllms_list():
     with pytest.raises(ServeError, match="needs <think> and </think> as tokens") as err:
         ThinkParser.load("qwen3", {"<think>": 5}.get)
     assert "drop --reasoning-parser qwen3" in err.value.fix
+
+
+def test_reasoning_fields_of_a_request():
+    from neuronpack.errors import InvalidRequestError
+    from neuronpack.runtime.openai.schema import ChatCompletionRequest
+
+    def body(**fields):
+        return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                                                     **fields})
+
+    assert body(reasoning_effort="none").template_kwargs() == {"reasoning_effort": "none", "enable_thinking": False}
+    kwargs = {"enable_thinking": True, "reasoning_effort": "low"}
+    assert body(reasoning_effort="high", chat_template_kwargs=kwargs).template_kwargs() == \
+        {"enable_thinking": True, "reasoning_effort": "high"}  # the top-level effort wins, the kwargs' switch stays
+    with pytest.raises(InvalidRequestError, match="thinking_token_budget is not supported"):
+        body(thinking_token_budget=64).refuse_unsupported()
+    body(thinking_token_budget=None).refuse_unsupported()
