@@ -25,12 +25,14 @@ FAMILIES: dict[str, str] = {
     "llama": "llama",
     "mistral": "llama",
     "qwen2": "llama",
+    "qwen3": "qwen3",
 }
 # HF architectures -> family, for a config.json that names no model_type (the portable backend runs a causal LM)
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
