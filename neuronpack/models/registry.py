@@ -26,6 +26,9 @@ FAMILIES: dict[str, str] = {
     "mistral": "llama",
     "qwen2": "llama",
     "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: its text decoder
 }
 # HF architectures -> family, for a config.json that names no model_type (the portable backend runs a causal LM)
 ARCHITECTURES: dict[str, str] = {
@@ -33,6 +36,9 @@ ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
