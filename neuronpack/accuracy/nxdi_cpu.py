@@ -198,20 +198,6 @@ def dequantized_reference(reference, quantized_dir: str):
     the quantizer untied (``--include-lm-head`` on a tied model) is untied in the copy too."""
     import copy
 
-    import torch
-    from safetensors import safe_open
+    from neuronpack.accuracy.reference import dequantize_into
 
-    model = copy.deepcopy(reference)
-    weights = {}
-    for shard in sorted(Path(quantized_dir).glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            weights.update({name: f.get_tensor(name) for name in f.keys()})
-    head = model.get_output_embeddings()
-    if "lm_head.weight" in weights and head.weight is model.get_input_embeddings().weight:
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())
-        model.config.tie_word_embeddings = False
-    state = {name: (value.float() * weights[name[: -len("weight")] + "scale"]
-                    if name.endswith(".weight") and name[: -len("weight")] + "scale" in weights else value.float())
-             for name, value in weights.items() if not name.endswith(".scale")}
-    model.load_state_dict(state, strict=False)
-    return model
+    return dequantize_into(copy.deepcopy(reference), quantized_dir)
