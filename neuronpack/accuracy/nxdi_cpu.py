@@ -86,27 +86,6 @@ def dequantized_reference(reference, quantized_dir: str):
     names (``language_model.*``) are the text model's without that prefix; every dequantized weight must land."""
     import copy
 
-    import torch
-    from safetensors import safe_open
+    from neuronpack.accuracy.reference import dequantize_into
 
-    model = copy.deepcopy(reference)
-    weights = {}
-    for shard in sorted(Path(quantized_dir).glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            weights.update({name: f.get_tensor(name) for name in f.keys()})
-    head = model.get_output_embeddings()
-    if "lm_head.weight" in weights and head.weight is model.get_input_embeddings().weight:
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())
-        model.config.tie_word_embeddings = False
-    own = model.state_dict()
-    state = {}
-    for name, value in weights.items():
-        if name.endswith(".scale"):
-            continue
-        scale = weights.get(name[: -len("weight")] + "scale") if name.endswith(".weight") else None
-        target = name if name in own or not name.startswith("language_model.") else name[len("language_model."):]
-        state[target] = value.float() * scale if scale is not None else value.float()
-        if scale is not None and target not in own:
-            raise ValueError(f"the reference has no {target} for the quantized {name}")
-    model.load_state_dict(state, strict=False)
-    return model
+    return dequantize_into(copy.deepcopy(reference), quantized_dir)

@@ -180,6 +180,28 @@ def quantized_biased_projections(options: QuantizeOptions, quantized: Path | Non
     return []
 
 
+def recorded_source(quantized_dir: Path) -> Path | None:
+    """The checkpoint ``quantized_dir`` was quantized from, as its ``neuronpack-quantize.json`` records it, when that
+    directory still holds exactly the files the key was computed over (sha256, from the digest cache when
+    unchanged); None when there is no record, or the source is gone or changed.
+
+    Example::
+
+        recorded_source(Path("llama-int8"))     # Path("/models/llama"), or None once it was edited or removed
+    """
+    record = _read_record(Path(quantized_dir))
+    source = record.get("source") if record else None
+    files = ((record.get("key_inputs") or {}).get("files") or {}) if record else {}
+    if not isinstance(source, str) or not isinstance(files, dict) or not files:
+        return None
+    root = Path(source)
+    for name, digest in files.items():
+        path = root / str(name)
+        if not path.is_file() or file_sha256(path) != digest:
+            return None
+    return root
+
+
 # --- planning and reuse -----------------------------------------------------------------------------------------
 def _plan(ckpt: Checkpoint, options: QuantizeOptions) -> QuantPlan:
     infos = {name: ckpt.info(name) for name in ckpt.names()}
