@@ -83,7 +83,8 @@ def load_reference(reference: Reference, vocab_size: int):
         raise AccuracyError("the reference checkpoint is not there", where=str(ref),
                             fix="pass --reference DIR (the Hugging Face checkpoint the artifact was compiled from)")
     check_tied_head(open_checkpoint(ref))
-    model = _quiet_from_pretrained(transformers, ref, dtype=torch.float32).eval()
+    # .float(): transformers dequantizes an MXFP4 checkpoint (gpt-oss) to bfloat16 whatever dtype is asked
+    model = _quiet_from_pretrained(transformers, ref, dtype=torch.float32).float().eval()
     if reference.dequantized:
         model = dequantize_into(model, ref)
     if model.config.vocab_size != vocab_size:
@@ -96,7 +97,8 @@ def dequantize_into(model, quantized_dir: Path | str):
     """``model`` (a float transformers model of the quantized checkpoint's architecture) holding the checkpoint's
     weights dequantized: stored int8 / fp8 values x their float32 scale, every other tensor as stored; what a correct
     quantized load must reproduce. A head the quantizer untied (``--include-lm-head`` on a tied model) is untied in
-    the model too. Returns ``model``."""
+    the model too; Llama 4's ``language_model.*`` names land on the text model's, and a quantized weight that would
+    land nowhere is refused. Returns ``model``."""
     import torch
     from safetensors import safe_open
 
@@ -108,9 +110,18 @@ def dequantize_into(model, quantized_dir: Path | str):
     if "lm_head.weight" in weights and head.weight is model.get_input_embeddings().weight:
         head.weight = torch.nn.Parameter(head.weight.detach().clone())
         model.config.tie_word_embeddings = False
-    state = {name: (value.float() * weights[name[: -len("weight")] + "scale"]
-                    if name.endswith(".weight") and name[: -len("weight")] + "scale" in weights else value.float())
-             for name, value in weights.items() if not name.endswith(".scale")}
+    own = model.state_dict()
+    state = {}
+    for name, value in weights.items():
+        if name.endswith(".scale"):
+            continue
+        scale = weights.get(name[: -len("weight")] + "scale") if name.endswith(".weight") else None
+        # Llama 4 stores its text model under language_model.*; transformers' text model has the names without it
+        target = name if name in own or not name.startswith("language_model.") else name[len("language_model."):]
+        if scale is not None and target not in own:
+            raise AccuracyError(f"the reference model has no {target} for the quantized {name}", where=str(
+                quantized_dir), fix="score the quantized checkpoint against the model it was quantized from")
+        state[target] = value.float() * scale if scale is not None else value.float()
     model.load_state_dict(state, strict=False)
     return model
 
