@@ -65,9 +65,11 @@ def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, dr
     if family is not None and family.moe:
         # MoENeuronConfig: experts sharded over every rank (no expert parallelism) unless the recipe says otherwise
         cfg.update(moe_tp_degree=t.tp_degree, moe_ep_degree=1)
-    if recipe.quantization is not None:
-        cfg.update(_quantization_fields(recipe, model_dir, source_dir,
-                                        fused_qkv=bool(recipe.neuron_overrides.get("fused_qkv"))))
+    options = _quantize_options(recipe, hf_config)
+    if options is not None:
+        cfg.update(_quantization_fields(options, model_dir, source_dir if recipe.quantization else None,
+                                        fused_qkv=bool(recipe.neuron_overrides.get("fused_qkv")),
+                                        kv_cache=bool(recipe.quantization and recipe.quantization.kv_cache)))
     if recipe.speculation is not None:
         cfg.update(_speculation_fields(recipe, draft_dir))
     if recipe.lora is not None:
@@ -233,12 +235,27 @@ def model_class_path(hf_config: dict, *, where: str) -> str | None:
 _QKV = re.compile(r"(.*\bself_attn)\.([qkv]_proj)")
 
 
-def _quantization_fields(recipe: Recipe, model_dir: Path, source_dir: Path | None, *, fused_qkv: bool) -> dict:
-    """``model_dir``: the quantized checkpoint (absent before a dry-run quantizes); ``source_dir``: what it is made
-    from, planned instead while the quantized one is not there yet."""
-    from neuronpack.convert.quantize import QuantizeOptions, nxd_quantization_fields, quantized_biased_projections
+def _quantize_options(recipe: Recipe, hf_config: dict):
+    """How the weights NxDI loads are quantized: the recipe's ``[quantization]``, else the section ``neuronpack
+    quantize`` wrote into the checkpoint's config.json (compiled as float, NxDI would read its int8 / fp8 values as
+    floats and drop the scales); None for float weights."""
+    from neuronpack.convert.quant_options import QuantizeOptions
 
-    options = QuantizeOptions.from_recipe(recipe.quantization)
+    if recipe.quantization is not None:
+        return QuantizeOptions.from_recipe(recipe.quantization)
+    stored = hf_config.get("quantization")
+    if not isinstance(stored, dict) or not stored.get("dtype"):
+        return None
+    return QuantizeOptions(str(stored["dtype"]), str(stored.get("granularity") or "per-channel"),
+                           include_lm_head=bool(stored.get("include_lm_head")))
+
+
+def _quantization_fields(options, model_dir: Path, source_dir: Path | None, *, fused_qkv: bool, kv_cache: bool
+                         ) -> dict:
+    """``options``: a QuantizeOptions; ``model_dir``: the quantized checkpoint (absent before a dry-run quantizes);
+    ``source_dir``: what it is made from, planned instead while the quantized one is not there yet."""
+    from neuronpack.convert.quantize import nxd_quantization_fields, quantized_biased_projections
+
     biased = quantized_biased_projections(options, Path(model_dir), source_dir)
     if biased:  # NxD's quantized layers cannot take the bias NxDI's attention rewrites (quant_plan.py)
         kinds = sorted({prefix.rsplit(".", 1)[-1] for prefix in biased})
@@ -250,7 +267,7 @@ def _quantization_fields(recipe: Recipe, model_dir: Path, source_dir: Path | Non
     fields = nxd_quantization_fields(options, Path(model_dir), source_dir)
     if fields.get("modules_to_not_convert") is not None:  # NxDI's names; keep order, drop repeats
         fields["modules_to_not_convert"] = nxd_module_names(fields["modules_to_not_convert"], fused_qkv=fused_qkv)
-    fields["kv_cache_quant"] = bool(recipe.quantization.kv_cache)
+    fields["kv_cache_quant"] = kv_cache
     return fields
 
 

@@ -246,6 +246,21 @@ def test_quantized_checkpoint_fields_come_from_the_quantizer(tiny_llama, tmp_pat
     assert "lm_head" in n["modules_to_not_convert"]
 
 
+def test_a_quantized_checkpoint_compiled_without_a_quantization_section_loads_quantized(tiny_llama, tmp_path,
+                                                                                        nxd_sdk):
+    """A `neuronpack quantize`d checkpoint under a recipe without [quantization]: the NeuronConfig comes from the
+    checkpoint's own record (compiled as float, NxDI would read the int8 values as floats and drop the scales)."""
+    from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
+
+    quantized = quantize_checkpoint(tiny_llama, tmp_path / "q", QuantizeOptions("int8")).out
+    n = NxdBackend().compile_config(_request(_tiny_recipe(tmp_path), quantized, tmp_path))["neuron_config"]
+    assert (n["quantized"], n["quantized_checkpoints_path"], n["quantization_type"], n["quantization_dtype"],
+            n["kv_cache_quant"]) == (True, str(quantized), "per_channel_symmetric", "int8", False)
+    assert n["modules_to_not_convert"] == ["lm_head"]
+    float_config = NxdBackend().compile_config(_request(_tiny_recipe(tmp_path), tiny_llama, tmp_path))
+    assert float_config["neuron_config"]["quantized"] is False
+
+
 def test_qwen2_and_unknown_architectures(make_checkpoint, tmp_path, nxd_sdk):
     """Qwen2 maps to NxDI's class. Saved by transformers 5 (rope_theta 1e6 inside rope_parameters, which NxDI's
     transformers 4.57 ignores for its default 1e4), its rope reaches NxDI in the released names: recorded in the
