@@ -53,6 +53,7 @@ struct Proj {
   const float* scale = nullptr;     // I8: [E, N]
   const uint8_t* e8m0 = nullptr;    // FP4: [E, N, K / 32]
   int64_t E = 0, N = 0, K = 0;
+  bool bf16_x = false;              // x is bfloat16 (MXFP4 then runs against bfloat16 rows where the CPU can)
   const uint8_t* row(int64_t e, int64_t n) const { return w + (e * N + n) * row_bytes; }
   const uint8_t* block_scales(int64_t e, int64_t n) const { return e8m0 + (e * N + n) * (K / 32); }
 };
@@ -60,7 +61,7 @@ struct Proj {
 Proj make_proj(const char* name, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
                const std::optional<at::Tensor>& bias, int64_t E, int64_t N, int64_t K, at::ScalarType dtype) {
   Proj p;
-  p.E = E, p.N = N, p.K = K;
+  p.E = E, p.N = N, p.K = K, p.bf16_x = dtype == at::kBFloat16;
   p.weight = weight.contiguous();
   const auto wt = weight.scalar_type();
   const bool has_scale = scale.has_value() && scale->defined();
@@ -130,13 +131,18 @@ Routing route(const at::Tensor& ids_in, const at::Tensor& weights_in, int64_t T,
 
 // -- rows of x in the layout a format's kernel reads --------------------------------------------------------------
 
-// rows: float32 [S, K]; bf16 (bfloat16 weights against bfloat16 rows): uint16 [S, K]; fp4: block-permuted float32.
+// The slots' rows of x as p's kernels read them (moe_dots.h): float32 [S, K] (MXFP4: block-permuted); bfloat16
+// [S, K] (bfloat16 weights, vdpbf16ps); MXFP4's 16-bit digits (``fp4_digits``) with each row's step.
+enum class Layout { Float, Bf16, Digits };
+
 struct Rows {
-  std::vector<float> f;
+  Layout layout = Layout::Float;
+  std::vector<float> f, step;
   std::vector<uint16_t> h;
-  const void* data = nullptr;
+  std::vector<uint8_t> d;
+  const uint8_t* data = nullptr;
   int64_t bytes_per_row = 0;
-  const void* row(int64_t s) const { return static_cast<const char*>(data) + s * bytes_per_row; }
+  const void* row(int64_t s) const { return data + s * bytes_per_row; }
 };
 
 #ifdef NEURONPACK_AVX512
@@ -144,20 +150,68 @@ bool bf16_dot() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
   return has;
 }
+bool int8_dot() {
+  static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
 #endif
 
-// src: float32 [S, K] -> the layout ``p``'s kernels read.
-void layout_rows(const Proj& p, const float* src, int64_t S, int64_t K, Rows& out) {
+// The layout p's kernels read where every row is finite: bfloat16 weights against bfloat16 rows, MXFP4 against
+// bfloat16 x as digits, on CPUs with the instructions; float32 otherwise (float32 x keeps MXFP4 exact).
+Layout layout_for(const Proj& p) {
 #ifdef NEURONPACK_AVX512
-  if (p.fmt == Fmt::BF16 && bf16_dot()) {
+  if (p.fmt == Fmt::BF16 && bf16_dot()) return Layout::Bf16;
+  if (p.fmt == Fmt::FP4 && p.bf16_x && int8_dot()) return Layout::Digits;
+#endif
+  (void)p;
+  return Layout::Float;
+}
+
+// Row x [K] as fp4_digits (moe_dots.h) into out [groups * kDigitGroupBytes]; its step (x ~ step * q). False if x is
+// not finite.
+bool fp4_digits(const float* x, int64_t K, uint8_t* out, float& step) {
+  constexpr float kLevels = 32639.f;  // |q| at most this: both digits fit a signed byte
+  float top = 0.f;
+  for (int64_t i = 0; i < K; ++i) {
+    if (!std::isfinite(x[i])) return false;
+    top = std::max(top, std::abs(x[i]));
+  }
+  step = top > 0.f ? top / kLevels : 1.f;
+  const float inv = top > 0.f ? kLevels / top : 0.f;
+  const int64_t groups = (K + 127) / 128;
+  std::fill_n(out, groups * kDigitGroupBytes, 0);
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t group = i / 128, block = (i % 128) / 32, j = i % 32;  // element j of the group's block
+    const int32_t q = static_cast<int32_t>(std::nearbyint(x[i] * inv));
+    const int32_t d0 = ((q + 128) & 255) - 128, d1 = (q - d0) / 256;  // q = d0 + 256 d1, both in -128 .. 127
+    uint8_t* g = out + kDigitGroupBytes * group;
+    const int64_t byte = 16 * block + j / 2;  // its weight byte in the group; even j: the low nibble
+    g[(j % 2) * 128 + byte] = static_cast<uint8_t>(d0), g[(j % 2) * 128 + 64 + byte] = static_cast<uint8_t>(d1);
+    reinterpret_cast<int32_t*>(g + 256)[byte / 4] += kFp4Offset * q;  // the lane's 12 sum(q)
+  }
+  return true;
+}
+
+// src: float32 [S, K] (values of x's dtype) -> the layout p's kernels read.
+void layout_rows(const Proj& p, const float* src, int64_t S, int64_t K, Rows& out) {
+  out.layout = layout_for(p);
+  if (out.layout == Layout::Digits) {
+    const int64_t per_row = (K + 127) / 128 * kDigitGroupBytes;
+    out.d.resize(S * per_row), out.step.resize(S);
+    bool finite = true;
+    for (int64_t s = 0; s < S && finite; ++s) finite = fp4_digits(src + s * K, K, out.d.data() + s * per_row, out.step[s]);
+    out.data = out.d.data(), out.bytes_per_row = per_row;
+    if (finite) return;
+    out.layout = Layout::Float;  // an inf or a NaN in x: the float32 lookup carries it through
+  }
+  if (out.layout == Layout::Bf16) {
     out.h.resize(S * K);
     for (int64_t i = 0; i < S * K; ++i) out.h[i] = static_cast<at::BFloat16>(src[i]).x;  // exact: bfloat16 values
-    out.data = out.h.data(), out.bytes_per_row = K * 2;
+    out.data = reinterpret_cast<const uint8_t*>(out.h.data()), out.bytes_per_row = K * 2;
     return;
   }
-#endif
   out.f.resize(S * K);
-  if (p.fmt == Fmt::FP4) {
+  if (p.fmt == Fmt::FP4) {  // per block of 32: the even elements, then the odd ones
     for (int64_t s = 0; s < S; ++s)
       for (int64_t b = 0; b < K; b += 32)
         for (int i = 0; i < 16; ++i) {
@@ -167,14 +221,15 @@ void layout_rows(const Proj& p, const float* src, int64_t S, int64_t K, Rows& ou
   } else {
     std::copy(src, src + S * K, out.f.begin());
   }
-  out.data = out.f.data(), out.bytes_per_row = K * 4;
+  out.data = reinterpret_cast<const uint8_t*>(out.f.data()), out.bytes_per_row = K * 4;
 }
 
 #ifdef NEURONPACK_AVX512
-// o0[m], o1[m] = rows r0, r1 of expert e against MB rows of x (the layout's, consecutive), int8 scales applied.
+// o0[m], o1[m] = rows r0, r1 of expert e against MB rows of x from slot s (consecutive), int8 scales applied.
 template <int MB>
-void dot_pair(const Proj& p, int64_t e, int64_t r0, int64_t r1, const void* x, float* o0, float* o1) {
+void dot_pair(const Proj& p, int64_t e, int64_t r0, int64_t r1, const Rows& rows, int64_t s, float* o0, float* o1) {
   const int64_t K = p.K;
+  const void* x = rows.row(s);
   switch (p.fmt) {
     case Fmt::F32:
       dot2<F32, MB>(reinterpret_cast<const float*>(p.row(e, r0)), reinterpret_cast<const float*>(p.row(e, r1)),
@@ -183,7 +238,7 @@ void dot_pair(const Proj& p, int64_t e, int64_t r0, int64_t r1, const void* x, f
     case Fmt::BF16: {
       const auto* w0 = reinterpret_cast<const uint16_t*>(p.row(e, r0));
       const auto* w1 = reinterpret_cast<const uint16_t*>(p.row(e, r1));
-      if (bf16_dot()) dot2_bf16<MB>(w0, w1, static_cast<const uint16_t*>(x), K, K, o0, o1);
+      if (rows.layout == Layout::Bf16) dot2_bf16<MB>(w0, w1, static_cast<const uint16_t*>(x), K, K, o0, o1);
       else dot2<BF16, MB>(w0, w1, static_cast<const float*>(x), K, K, o0, o1);
       return;
     }
@@ -195,13 +250,17 @@ void dot_pair(const Proj& p, int64_t e, int64_t r0, int64_t r1, const void* x, f
       return;
     }
     case Fmt::FP4:
-      dot2_fp4<MB>(p.row(e, r0), p.block_scales(e, r0), p.row(e, r1), p.block_scales(e, r1),
-                   static_cast<const float*>(x), K, K, o0, o1);
+      if (rows.layout == Layout::Digits)
+        dot2_fp4_digits<MB>(p.row(e, r0), p.block_scales(e, r0), p.row(e, r1), p.block_scales(e, r1),
+                            static_cast<const uint8_t*>(x), rows.bytes_per_row, K, rows.step.data() + s, o0, o1);
+      else
+        dot2_fp4<MB>(p.row(e, r0), p.block_scales(e, r0), p.row(e, r1), p.block_scales(e, r1),
+                     static_cast<const float*>(x), K, K, o0, o1);
       return;
   }
 }
 
-using PairFn = void (*)(const Proj&, int64_t, int64_t, int64_t, const void*, float*, float*);
+using PairFn = void (*)(const Proj&, int64_t, int64_t, int64_t, const Rows&, int64_t, float*, float*);
 constexpr PairFn kPairs[kChunk] = {dot_pair<1>, dot_pair<2>, dot_pair<3>, dot_pair<4>,
                                    dot_pair<5>, dot_pair<6>, dot_pair<7>, dot_pair<8>};
 
@@ -241,7 +300,7 @@ void gate_up_rows(const Proj& p, const std::vector<int64_t>& listed, const Routi
     for (int64_t j = j0; j < j1; ++j)
       for (int64_t s = first; s < last; s += kChunk) {
         const int rows = static_cast<int>(std::min<int64_t>(kChunk, last - s));
-        kPairs[rows - 1](p, e, j, I + j, x.row(s), g, u);
+        kPairs[rows - 1](p, e, j, I + j, x, s, g, u);
         for (int m = 0; m < rows; ++m) out[(s + m) * p.N + j] = g[m], out[(s + m) * p.N + I + j] = u[m];
       }
   });
@@ -256,7 +315,7 @@ void down_rows(const Proj& p, const std::vector<int64_t>& listed, const Routing&
       const int64_t n = i < half ? n0 + i : n1 - 1, n2 = i < half ? n + half : n;  // an odd last row: with itself
       for (int64_t s = first; s < last; s += kChunk) {
         const int rows = static_cast<int>(std::min<int64_t>(kChunk, last - s));
-        kPairs[rows - 1](p, e, n, n2, x.row(s), y0, y1);
+        kPairs[rows - 1](p, e, n, n2, x, s, y0, y1);
         for (int m = 0; m < rows; ++m) out[(s + m) * p.N + n] = y0[m], out[(s + m) * p.N + n2] = y1[m];
       }
     }

@@ -49,20 +49,24 @@ def dequantize(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
     return values.reshape(*lead[:-1], lead[-1] * BLOCK).to(dtype)
 
 
-def quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
+def quantize(weight: Tensor, *, chunk_rows: int = 4096) -> tuple[Tensor, Tensor]:
     """float [..., K] -> (blocks uint8 [..., K / 32, 16], scales uint8 [..., K / 32]): each block's scale the
     smallest power of two that brings its largest magnitude within 6, each value rounded to the nearest FP4 value
-    (ties to the smaller magnitude). For tests and benchmarks that need MXFP4 weights written as gpt-oss ships them."""
+    (ties to the smaller magnitude), ``chunk_rows`` rows at a time (a few bytes of temporaries per weight). For tests
+    and benchmarks that need MXFP4 weights written as gpt-oss ships them."""
     *lead, k = weight.shape
     if k % BLOCK:
         raise ValueError(f"MXFP4 rows must be a multiple of {BLOCK} long, not {k}")
-    w = weight.float().reshape(*lead, k // BLOCK, BLOCK)
-    top = w.abs().amax(-1).clamp_min(2.0 ** -126)
-    exponent = torch.ceil(torch.log2(top / 6.0)).clamp(-127, 127)
-    scales = (exponent + 127).to(torch.uint8)
-    scaled = w / e8m0_values(scales)[..., None]
-    grid = fp4_values(torch.arange(8))  # the 8 magnitudes, ascending
-    codes = (scaled.abs()[..., None] - grid).abs().argmin(-1)  # nearest magnitude (argmin: the first, smaller one)
-    codes = codes | ((scaled < 0).to(torch.int64) << 3)
-    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
-    return blocks, scales
+    rows = weight.reshape(-1, k)
+    blocks = torch.empty(rows.shape[0], k // 2, dtype=torch.uint8)
+    scales = torch.empty(rows.shape[0], k // BLOCK, dtype=torch.uint8)
+    midpoints = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # between the 8 magnitudes
+    for r in range(0, rows.shape[0], chunk_rows):
+        w = rows[r:r + chunk_rows].float().reshape(-1, k // BLOCK, BLOCK)
+        top = w.abs().amax(-1).clamp_min(2.0 ** -126)
+        s = (torch.ceil(torch.log2(top / 6.0)).clamp(-127, 127) + 127).to(torch.uint8)
+        scaled = w / e8m0_values(s)[..., None]
+        codes = torch.bucketize(scaled.abs(), midpoints).to(torch.uint8) | ((scaled < 0).to(torch.uint8) << 3)
+        blocks[r:r + chunk_rows] = (codes[..., 0::2] | (codes[..., 1::2] << 4)).reshape(-1, k // 2)
+        scales[r:r + chunk_rows] = s
+    return blocks.reshape(*lead, k // BLOCK, BLOCK // 2), scales.reshape(*lead, k // BLOCK)

@@ -19,7 +19,8 @@ SWIGLU = (1.0, math.inf, 0.0)
 GPT_OSS = (1.702, 7.0, 1.0)
 # of the output's largest magnitude; int8: a prefill's GEMMs round x to two int8 rows (kernels/int8_gemm.cpp: an
 # error of max|x| / 64516 per element)
-TOLERANCE = {"float32": 2e-6, "bfloat16": 2e-2, "int8": 1e-4, "mxfp4": 2e-6}
+TOLERANCE = {"float32": 2e-6, "bfloat16": 2e-2, "int8": 1e-4, "mxfp4": 2e-6, "mxfp4-bf16": 2e-2}
+# mxfp4-bf16: MXFP4 weights, bfloat16 x (rounded to 16-bit integers per row on CPUs with AVX512_VNNI)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,7 +37,7 @@ def experts(fmt: str, n_experts: int, hidden: int, inter: int, gen: torch.Genera
         scales = tuple(w.abs().amax(-1) / 127 for w in (gate_up, down))  # [E, rows]
         gate_up, down = ((w / s[..., None]).round().to(torch.int8)
                          for w, s in zip((gate_up, down), scales, strict=True))
-    elif fmt == "mxfp4":
+    elif fmt.startswith("mxfp4"):
         (gate_up, gs), (down, ds) = mxfp4.quantize(gate_up), mxfp4.quantize(down)
         scales = (gs, ds)
     else:
@@ -52,15 +53,15 @@ def routing(tokens: int, n_experts: int, k: int, gen: torch.Generator):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "mxfp4", "mxfp4-bf16"])
 @pytest.mark.parametrize("tokens", [1, 3, 16, 40])  # 40 tokens of top-2 over 4 experts: ~20 per expert, GEMMs
 def test_routed_experts_match_the_reference(fmt, tokens, threads):
     gen = torch.Generator().manual_seed(tokens * 10 + threads)
-    dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
+    dtype = torch.bfloat16 if fmt in ("bfloat16", "mxfp4-bf16") else torch.float32
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for n_experts, hidden, inter, k, bias, act in ((4, 64, 32, 2, True, GPT_OSS), (8, 96, 64, 3, False, SWIGLU)):
+        for n_experts, hidden, inter, k, bias, act in ((4, 64, 32, 2, True, GPT_OSS), (8, 96, 160, 3, False, SWIGLU)):
             x = torch.randn(tokens, hidden, generator=gen).to(dtype)
             ids, weights = routing(tokens, n_experts, k, gen)
             args = (x, ids, weights, *experts(fmt, n_experts, hidden, inter, gen, bias), *act)
@@ -72,12 +73,12 @@ def test_routed_experts_match_the_reference(fmt, tokens, threads):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "mxfp4", "mxfp4-bf16"])
 def test_experts_no_token_chose_never_enter_a_result(fmt):
     """Every expert no token routes to holds NaN: a kernel computing all experts and masking the results (NaN * 0)
     would give NaN."""
     gen = torch.Generator().manual_seed(3)
-    dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
+    dtype = torch.bfloat16 if fmt in ("bfloat16", "mxfp4-bf16") else torch.float32
     gate_up, down, gs, ds, gb, db = experts(fmt, 6, 64, 32, gen, bias=True)
     chosen = torch.tensor([[1, 4], [4, 1], [1, 4]])
     for t in (gate_up, down, gs, ds, gb, db):
@@ -103,3 +104,18 @@ def test_bad_arguments_are_refused_with_what_is_wrong():
     with pytest.raises(RuntimeError, match="x is Float"):
         torch.ops.neuronpack.routed_experts(x, torch.tensor([[0, 1], [1, 2]]), torch.ones(2, 2),
                                             gate_up.bfloat16(), down.bfloat16(), None, None, None, None, *SWIGLU)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "mxfp4-bf16"])
+def test_a_token_holding_nan_gives_nan_as_the_reference_does(fmt):
+    """Formats that round x to integers (MXFP4 against bfloat16 x) take the float path when x is not finite."""
+    gen = torch.Generator().manual_seed(5)
+    dtype = torch.bfloat16 if fmt == "mxfp4-bf16" else torch.float32
+    weights = experts(fmt, 4, 64, 32, gen, bias=False)
+    x = torch.randn(2, 64, generator=gen).to(dtype)
+    x[0, 3] = float("nan")
+    ids, w = routing(2, 4, 2, gen)
+    y = torch.ops.neuronpack.routed_experts(x, ids, w, *weights, *SWIGLU)
+    ref = routed_experts_reference(x, ids, w, *weights, *SWIGLU)
+    assert torch.isnan(y[0]).all() and torch.isnan(ref[0]).all()
+    torch.testing.assert_close(y[1].float(), ref[1].float(), rtol=2e-2, atol=2e-2)
