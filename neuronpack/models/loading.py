@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from neuronpack.checkpoint import Checkpoint
-    from neuronpack.models.llama import LlamaForCausalLM
+    from neuronpack.models.decoder import CausalLM
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 INT8, FP8 = "I8", "F8_E4M3"
@@ -63,7 +63,7 @@ def load_model(
     *,
     max_seq_len: int | None = None,
     reporter: Reporter | None = None,
-) -> LlamaForCausalLM:
+) -> CausalLM:
     """Build the portable model for a checkpoint directory (or an open ``Checkpoint``) in ``dtype``.
 
     int8 linears stay int8; fp8 linears are dequantized to ``dtype`` (no CPU weight-only fp8 matmul) with a warning.
@@ -74,7 +74,7 @@ def load_model(
     """
     reporter = reporter or NullReporter()
     from neuronpack.checkpoint import open_checkpoint
-    from neuronpack.models.llama import build_model
+    from neuronpack.models.decoder import build_model
 
     ckpt = source if not isinstance(source, str | Path) else open_checkpoint(Path(source))
     cfg = ModelConfig.from_hf(ckpt.config, max_seq_len=max_seq_len)
@@ -93,7 +93,7 @@ def load_model(
     return model
 
 
-def model_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+def model_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
     """Every tensor the compiled graphs read, by name: parameters and buffers, the tied lm_head under both names."""
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))

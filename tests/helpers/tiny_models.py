@@ -25,7 +25,8 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-ARCHS = ("llama", "llama3", "mistral", "qwen2", "smollm")
+ARCHS = ("llama", "llama3", "mistral", "qwen2", "smollm", "qwen3")
+GEMMA3_WINDOW = 8  # the tiny Gemma 3's sliding window: shorter than the tests' prompts and generations
 
 
 def make_tokenizer(vocab_size: int = 384):
@@ -86,9 +87,11 @@ def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=bool(tie),
                                        use_sliding_window=False)
-    elif arch == "qwen3":  # not in ARCHS: the portable backend does not build Qwen3 (q/k norms); Neuron tests do
+    elif arch == "qwen3":  # head_dim 16 of hidden 64 / 4 heads: explicit, as Qwen3's are
         cfg = transformers.Qwen3Config(**common, head_dim=16, rope_theta=1000000.0, tie_word_embeddings=bool(tie),
                                        use_sliding_window=False)
+    elif arch == "gemma3":
+        cfg = gemma3_config(common, tie=True if tie is None else tie)
     elif arch == "smollm":
         # SmolLM2 is a Llama with tied embeddings and 3:1 grouped-query attention.
         cfg = transformers.LlamaConfig(**{**common, "num_attention_heads": 6, "num_key_value_heads": 2,
@@ -97,6 +100,20 @@ def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None
     else:
         raise ValueError(f"unknown tiny arch {arch!r}; choose from {ARCHS}")
     return cfg
+
+
+def gemma3_config(common: dict, *, tie: bool, **overrides):
+    """A Gemma 3 text config: sliding layers (window ``GEMMA3_WINDOW``, rope theta 10k) and a last global layer
+    (theta 1M, linear rope scaling as Gemma 3 4B+), head_dim 16 with query_pre_attn_scalar 24 (not head_dim, so the
+    scale is exercised)."""
+    import transformers
+
+    layers = common["num_hidden_layers"]
+    layer_types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+    return transformers.Gemma3TextConfig(**{**common, "rms_norm_eps": 1e-6}, head_dim=16, query_pre_attn_scalar=24,
+                                         sliding_window=GEMMA3_WINDOW, layer_types=layer_types,
+                                         rope_scaling={"rope_type": "linear", "factor": 8.0},
+                                         tie_word_embeddings=tie, **overrides)
 
 
 def make_tiny_checkpoint(

@@ -104,7 +104,7 @@ class KvCache:
 
     def store(self, rows, starts, new_k, new_v) -> None:
         """Write a step's K/V ([layers, n, kv, T, hd]) into ``rows`` at positions ``starts[i]..``."""
-        from neuronpack.models.llama import store_kv
+        from neuronpack.models.attention import store_kv
 
         store_kv(self.k, rows, starts, new_k)
         store_kv(self.v, rows, starts, new_v)

@@ -74,8 +74,8 @@ class CompiledLM:
     """The loaded model, its compiled graphs and the KV cache they share (kv_cache.py). A slot is a cache row: the
     runtime's RowAllocator keeps a step's rows packed into rows 0..n-1, so a step over n rows runs at batch n.
 
-    A step is ``LlamaForCausalLM.forward_step`` of the loaded model (its embedding, rotary tables and masks run
-    eagerly: a few small ops) with the compiled layer and head graphs in place of its modules."""
+    A step is ``CausalLM.forward_step`` (models/decoder.py) of the loaded model (its embedding, rotary tables and
+    masks run eagerly: a few small ops) with the compiled layer and head graphs in place of its modules."""
 
     def __init__(self, config: ArtifactConfig, model, runners: dict[str, Callable], eos: tuple[int, ...]):
         import torch
