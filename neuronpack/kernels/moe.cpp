@@ -10,7 +10,7 @@
 // MXFP4, uint8 blocks [E, rows, K / 32, 16] with uint8 E8M0 scales [E, rows, K / 32] (moe_dots.h). Biases [E, rows],
 // float32 or x's dtype. Rounding follows transformers' experts in x's dtype: gate_up (+ bias), the activation, down
 // (+ bias), each weighted expert output and each sum rounded to the dtype (no-ops in float32); sums in float32.
-// models/moe.py holds the same formula in torch ops (``routed_experts_reference``).
+// models/moe_reference.py holds the same formula in torch ops (``routed_experts_reference``).
 //
 // How: the T * k (token, choice) pairs are sorted by expert into slots, and each expert the call routes to is read
 // once, whatever number of tokens chose it. Experts with up to kMaxRows slots (every expert of a decode step) run the

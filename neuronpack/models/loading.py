@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from neuronpack.errors import CheckpointError, UnsupportedModelError
 from neuronpack.models.config import ModelConfig
+from neuronpack.models.registry import family
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
@@ -78,8 +79,12 @@ def load_model(
 
     ckpt = source if not isinstance(source, str | Path) else open_checkpoint(Path(source))
     cfg = ModelConfig.from_hf(ckpt.config, max_seq_len=max_seq_len)
-    cfg = dataclasses.replace(cfg, tie_word_embeddings=cfg.tie_word_embeddings or ckpt.tied)
-    quantized = quantized_linears(ckpt)
+    builder = family(cfg.family)
+    cfg = builder.checkpoint_config(dataclasses.replace(cfg, tie_word_embeddings=cfg.tie_word_embeddings or ckpt.tied),
+                                    ckpt)
+    names = builder.checkpoint_names(set(ckpt.names()))  # our name -> the checkpoint's, where they differ
+    ours = {theirs: name[: -len(".weight")] for name, theirs in names.items() if name.endswith(".weight")}
+    quantized = {ours.get(f"{p}.weight", p): kind for p, kind in quantized_linears(ckpt).items()}
     int8 = frozenset(p for p, kind in quantized.items() if kind == INT8)
     if any(kind == FP8 for kind in quantized.values()):
         reporter.warn("fp8 weights are dequantized at load: CPU PyTorch has no weight-only fp8 matmul")
@@ -87,7 +92,8 @@ def load_model(
     expected = model.state_dict()
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-    tensors = dict(_read_tensors(ckpt, expected, quantized, dtype, reporter))
+    assembled = builder.checkpoint_tensors(ckpt, cfg, dtype)  # e.g. an MoE layer's stacked experts
+    tensors = dict(_read_tensors(ckpt, expected, quantized, dtype, reporter, names, assembled))
     model.load_state_dict(tensors, strict=False, assign=True)
     model.tie_weights()
     return model
@@ -101,8 +107,11 @@ def model_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
 
 
 def _read_tensors(
-    ckpt: Checkpoint, expected: dict, quantized: dict[str, str], dtype: torch.dtype, reporter: Reporter
+    ckpt: Checkpoint, expected: dict, quantized: dict[str, str], dtype: torch.dtype, reporter: Reporter,
+    names: dict[str, str], assembled: dict[str, torch.Tensor],
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each expected tensor by our name: ``assembled`` by the family, else the checkpoint's (``names``: where its
+    name differs)."""
     import torch
 
     from neuronpack.models.quant import dequantize_fp8
@@ -111,14 +120,18 @@ def _read_tensors(
         for name, slot in expected.items():
             prefix, _, leaf = name.rpartition(".")
             kind = quantized.get(prefix)
-            tensor = _get(ckpt, name)
-            if kind == FP8 and leaf == "weight":
-                tensor = dequantize_fp8(tensor, _get(ckpt, f"{prefix}.scale"), dtype)
-            elif kind == INT8 and leaf == "scale":
-                # Scales stay float32 (the kernel casts per call); a per-tensor [1] scale becomes per-channel.
-                tensor = tensor.to(torch.float32).reshape(-1, 1).expand(slot.shape).contiguous()
-            elif tensor.is_floating_point():
-                tensor = tensor.to(dtype)
+            if name in assembled:
+                tensor = assembled[name]  # the family's, in its final dtype
+            else:
+                tensor = _get(ckpt, names.get(name, name))
+                if kind == FP8 and leaf == "weight":
+                    scale = _get(ckpt, names.get(f"{prefix}.scale", f"{prefix}.scale"))
+                    tensor = dequantize_fp8(tensor, scale, dtype)
+                elif kind == INT8 and leaf == "scale":
+                    # Scales stay float32 (the kernel casts per call); a per-tensor [1] scale becomes per-channel.
+                    tensor = tensor.to(torch.float32).reshape(-1, 1).expand(slot.shape).contiguous()
+                elif tensor.is_floating_point():
+                    tensor = tensor.to(dtype)
             if tuple(tensor.shape) != tuple(slot.shape):
                 raise CheckpointError(
                     f"tensor {name} has shape {tuple(tensor.shape)}, the config implies {tuple(slot.shape)}",

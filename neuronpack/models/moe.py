@@ -1,114 +1,98 @@
-"""Routed experts (mixture of experts) in torch ops: the formula of neuronpack's kernel, for graphs exported without
-it (export-only artifacts) and for tests.
+"""The mixture-of-experts FFN of the MoE families (Qwen3-MoE, Mixtral, gpt-oss): a router, then the routed experts,
+which read and compute only the experts each token chose (torch.ops.neuronpack.routed_experts, kernels/moe.cpp; its
+formula in torch ops, models/moe_reference.py, for graphs exported without the kernels).
 
-``routed_experts_reference`` computes what ``torch.ops.neuronpack.routed_experts`` (kernels/moe.cpp) computes, with
-the same arguments: x [T, H], each token's k expert ids and weights, the experts' stacked weights (gate rows then up
-rows ``[E, 2I, H]``, down ``[E, H, I]``; float, int8 with per-channel scales, or MXFP4 blocks with E8M0 scales),
-optional biases, and the activation's alpha, limit and up offset (SwiGLU: 1, inf, 0; gpt-oss: 1.702, 7, 1).
-Few (token, choice) pairs (T * k below the number of experts: a decode step) gather only the chosen experts'
-weights; more run every expert on every token and keep the routed results (a prefill reads every expert anyway; the
-kernel's GEMMs compute only the routed rows). Rounding as transformers' experts in x's dtype (see moe.cpp).
+The experts' weights are stacked as the kernel takes them, whatever the checkpoint's layout (models/moe_checkpoint.py
+reads them): ``experts.gate_up.weight`` [E, 2I, H] (gate rows, then up rows) and ``experts.down.weight`` [E, H, I],
+float in the compute dtype, int8 with ``.scale`` [E, rows] float32 (per channel), or MXFP4 (blocks uint8
+[E, rows, K / 32, 16] with ``.scale`` the E8M0 bytes [E, rows, K / 32]: 4.25 bits per weight, as gpt-oss ships);
+``.bias`` [E, rows] float32 where the family has expert biases. The router is a linear (``gate`` or ``router``: the
+family's checkpoint name), float unless the checkpoint quantized it.
 
 Example::
 
-    y = routed_experts_reference(x, ids, weights, gate_up, down)   # x [T, H], ids / weights [T, k] -> [T, H]
+    ffn = SparseMoE(cfg, "model.layers.0.mlp", frozenset(), "gate")   # meta weights until loaded
+    y = ffn(x)                                                       # x [B, T, H] -> [B, T, H]
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from neuronpack.models import mxfp4
-
-
-def routed_experts_reference(x: Tensor, expert_ids: Tensor, expert_weights: Tensor, gate_up: Tensor, down: Tensor,
-                             gate_up_scale: Tensor | None = None, down_scale: Tensor | None = None,
-                             gate_up_bias: Tensor | None = None, down_bias: Tensor | None = None,
-                             alpha: float = 1.0, limit: float = math.inf, up_offset: float = 0.0) -> Tensor:
-    """x [..., H], expert_ids / expert_weights [..., k] -> [..., H] in x's dtype (see the module docstring)."""
-    h = x.shape[-1]
-    rows = x.reshape(-1, h)
-    ids = expert_ids.reshape(rows.shape[0], -1)
-    weights = expert_weights.reshape(rows.shape[0], -1).float()
-    order = ids.argsort(-1)  # each token's experts in ascending order: the order transformers adds them in
-    ids, weights = ids.gather(-1, order), weights.gather(-1, order)
-    gate = (gate_up, gate_up_scale, gate_up_bias)
-    down_proj = (down, down_scale, down_bias)
-    act = (alpha, limit, up_offset)
-    if _statically_below(rows.shape[0] * ids.shape[1], gate_up.shape[0]):
-        y = _gathered(rows, ids, weights, gate, down_proj, act)
-    else:
-        y = _every_expert(rows, ids, weights, gate, down_proj, act)
-    return y.to(x.dtype).view(x.shape)
+from neuronpack.models.config import ModelConfig
+from neuronpack.models.layers import make_linear
+from neuronpack.models.moe_config import TOPK_SOFTMAX, MoeConfig
+from neuronpack.models.moe_reference import routed_experts_reference
 
 
-def activation(gate_up: Tensor, alpha: float, limit: float, up_offset: float) -> Tensor:
-    """[..., 2I] (gate then up) -> [..., I]: g' * sigmoid(alpha * g') * (u' + up_offset), g' = min(g, limit),
-    u' = clamp(u, -limit, limit)."""
-    i = gate_up.shape[-1] // 2
-    g = gate_up[..., :i].clamp(max=limit)
-    u = gate_up[..., i:].clamp(-limit, limit)
-    return g / (1 + torch.exp(-alpha * g)) * (u + up_offset)
+class StackedProjection(nn.Module):
+    """One projection of every expert: ``weight`` [E, rows, K] (float or int8) or MXFP4 blocks [E, rows, K / 32, 16];
+    ``scale`` [E, rows] float32 (int8) or the E8M0 bytes [E, rows, K / 32] (MXFP4); ``bias`` [E, rows] float32."""
+
+    def __init__(self, experts: int, rows: int, k: int, fmt: str, bias: bool) -> None:
+        super().__init__()
+        if fmt == "mxfp4":
+            self.register_buffer("weight", torch.empty(experts, rows, k // 32, 16, dtype=torch.uint8))
+            self.register_buffer("scale", torch.empty(experts, rows, k // 32, dtype=torch.uint8))
+        elif fmt == "int8":
+            self.register_buffer("weight", torch.empty(experts, rows, k, dtype=torch.int8))
+            self.register_buffer("scale", torch.empty(experts, rows, dtype=torch.float32))
+        else:
+            self.weight = nn.Parameter(torch.empty(experts, rows, k))
+            self.scale = None
+        self.register_buffer("bias", torch.empty(experts, rows, dtype=torch.float32) if bias else None)
 
 
-def expert_matrix(weight: Tensor, scale: Tensor | None) -> Tensor:
-    """Stacked (or gathered) expert weights [..., rows, K] as float32: float as is, int8 times its per-channel
-    scale, MXFP4 blocks [..., rows, K / 32, 16] with their E8M0 scales dequantized."""
-    if weight.dtype == torch.uint8:
-        return mxfp4.dequantize(weight, scale, torch.float32)
-    if weight.dtype == torch.int8:
-        return weight.float() * scale.float().reshape(*weight.shape[:-1], 1)
-    return weight.float()
+class RoutedExperts(nn.Module):
+    """The experts of one MoE layer (``gate_up``, ``down``): x [N, H], each row's expert ids and weights [N, k]
+    -> [N, H]. ``kernel``: run neuronpack's kernel (models/linear_kernels.py flags it), else the torch reference."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        moe: MoeConfig = cfg.moe
+        e, h, i = moe.num_experts, cfg.hidden_size, moe.intermediate_size
+        self.gate_up = StackedProjection(e, 2 * i, h, moe.expert_format, moe.expert_bias)
+        self.down = StackedProjection(e, h, i, moe.expert_format, moe.expert_bias)
+        self.activation = (moe.alpha, moe.limit, moe.up_offset)
+        self.kernel = False
+
+    def forward(self, x: Tensor, expert_ids: Tensor, expert_weights: Tensor) -> Tensor:
+        args = (x, expert_ids, expert_weights, self.gate_up.weight, self.down.weight, self.gate_up.scale,
+                self.down.scale, self.gate_up.bias, self.down.bias, *self.activation)
+        if self.kernel and x.dtype in (torch.float32, torch.bfloat16):
+            return torch.ops.neuronpack.routed_experts(*args)
+        return routed_experts_reference(*args)
 
 
-def _rounded(v: Tensor, dtype: torch.dtype) -> Tensor:
-    return v.to(dtype).float()
+class SparseMoE(nn.Module):
+    """A MoE layer's FFN at ``prefix``: the router (``router_name``: ``gate`` or ``router``, with a bias where the
+    family has one; int8 when its prefix is in ``int8``) picks each token's experts and their weights as the family's
+    transformers router does (models/moe_config.py), then ``experts`` computes them. ``forward(x, lora)``:
+    x [B, T, H] -> [B, T, H] (no LoRA on experts)."""
 
+    def __init__(self, cfg: ModelConfig, prefix: str, int8: frozenset[str], router_name: str = "gate") -> None:
+        super().__init__()
+        moe: MoeConfig = cfg.moe
+        self.router_name, self.moe = router_name, moe
+        router = make_linear(cfg.hidden_size, moe.num_experts, moe.router_bias, f"{prefix}.{router_name}" in int8)
+        setattr(self, router_name, router)
+        self.experts = RoutedExperts(cfg)
 
-def _gathered(rows: Tensor, ids: Tensor, weights: Tensor, gate: tuple, down: tuple, act: tuple) -> Tensor:
-    """Only the chosen experts' weights, gathered per (token, choice): [T, k, ...]."""
-    dtype = rows.dtype
+    def route(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """rows [N, H] -> (expert ids [N, k] int64, routing weights [N, k])."""
+        moe = self.moe
+        logits = getattr(self, self.router_name)(rows)  # [N, E] in the compute dtype
+        if moe.routing == TOPK_SOFTMAX:  # gpt-oss: a softmax over the top k logits, in their dtype
+            top, ids = torch.topk(logits, moe.experts_per_token, dim=-1)
+            return ids, torch.softmax(top, dim=-1, dtype=top.dtype)
+        weights, ids = torch.topk(torch.softmax(logits.float(), dim=-1), moe.experts_per_token, dim=-1)
+        if moe.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids, weights.to(logits.dtype) if moe.weights_in_dtype else weights
 
-    def project(x: Tensor, proj: tuple) -> Tensor:  # x [T, k?, K] -> [T, k, rows] float32, + bias, rounded
-        weight, scale, bias = proj
-        w = expert_matrix(weight[ids], None if scale is None else scale[ids])  # [T, k, rows, K]
-        y = torch.einsum("tkn,tkon->tko", x.float().expand(*ids.shape, x.shape[-1]), w)
-        return _rounded(y + bias[ids].float() if bias is not None else y, dtype)
-
-    hidden = _rounded(activation(project(rows[:, None, :], gate), *act), dtype)  # [T, k, I]
-    ys = project(hidden, down)  # [T, k, H]
-    acc = torch.zeros_like(ys[:, 0])
-    for j in range(ids.shape[1]):  # in expert order, each sum rounded
-        acc = _rounded(acc + _rounded(ys[:, j] * weights[:, j, None], dtype), dtype)
-    return acc
-
-
-def _every_expert(rows: Tensor, ids: Tensor, weights: Tensor, gate: tuple, down: tuple, act: tuple) -> Tensor:
-    """Every expert on every token, in expert order, each token keeping the experts it chose."""
-    dtype = rows.dtype
-    x = rows.float()
-    acc = torch.zeros_like(x)
-
-    def project(v: Tensor, proj: tuple, e: int) -> Tensor:
-        weight, scale, bias = proj
-        y = v @ expert_matrix(weight[e], None if scale is None else scale[e]).T
-        return _rounded(y + bias[e].float() if bias is not None else y, dtype)
-
-    for e in range(down[0].shape[0]):
-        chosen = ids == e  # [T, k]
-        ys = project(_rounded(activation(project(x, gate, e), *act), dtype), down, e)
-        w = (weights * chosen).sum(-1, keepdim=True)
-        acc = torch.where(chosen.any(-1, keepdim=True), _rounded(acc + _rounded(ys * w, dtype), dtype), acc)
-    return acc
-
-
-def _statically_below(m, limit: int) -> bool:
-    """``m < limit`` for a plain size, or a symbolic one (a dynamic batch) when provable for every value."""
-    if isinstance(m, int):
-        return m < limit
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    return statically_known_true(m < limit)
+    def forward(self, x: Tensor, lora: Tensor | None = None) -> Tensor:
+        b, t, h = x.shape
+        rows = x.reshape(b * t, h)
+        ids, weights = self.route(rows)
+        return self.experts(rows, ids, weights).view(b, t, h)

@@ -1,10 +1,11 @@
 """A mixture-of-experts block's experts read from a checkpoint, whatever layout it ships in, into the stacked tensors
-the routed-experts kernel takes (kernels/moe.cpp): ``gate_up_proj`` [E, 2I, H] (the gate rows, then the up rows),
-``down_proj`` [E, H, I], and where the checkpoint has them ``gate_up_proj_scale`` / ``down_proj_scale`` and
-``gate_up_proj_bias`` / ``down_proj_bias`` [E, rows] (float32).
+the routed-experts kernel takes (kernels/moe.cpp), by their names under the block's ``experts`` (models/moe.py):
+``gate_up.weight`` [E, 2I, H] (the gate rows, then the up rows), ``down.weight`` [E, H, I], and where the checkpoint
+has them ``gate_up.scale`` / ``down.scale`` and ``gate_up.bias`` / ``down.bias`` [E, rows] (float32).
 
 Layouts, recognised from the tensor names under the block's prefix:
 
+- neuronpack's own (an artifact's weights): the names above, as they are;
 - per expert (what transformers writes for Qwen3-MoE and Mixtral, and their released checkpoints):
   ``experts.<e>.<gate>.weight`` [I, H], ``<up>`` [I, H], ``<down>`` [H, I] (Mixtral's w1 / w3 / w2); int8 ones as
   ``neuronpack quantize`` writes them, with NxD Inference's ``.scale`` [rows, 1] beside each;
@@ -20,52 +21,67 @@ Float tensors are cast to the compute dtype; int8 and MXFP4 stay compact.
 Example::
 
     tensors = read_experts(ckpt, ["model.layers.0.mlp"], ExpertNames(), torch.float32)
-    tensors["gate_up_proj"].shape       # [E, 2I, H]
+    tensors["gate_up.weight"].shape       # [E, 2I, H]
+    expert_format(ckpt, ["model.layers.0.mlp"], ExpertNames())   # "float", "int8" or "mxfp4"
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from neuronpack.errors import CheckpointError
+from neuronpack.models.moe_config import ExpertNames
 
 if TYPE_CHECKING:
     from neuronpack.checkpoint import Checkpoint
 
 
-@dataclass(frozen=True)
-class ExpertNames:
-    """How a family names one block's experts. ``gate`` / ``up`` / ``down``: the per-expert linears;
-    ``interleaved``: fused gate_up rows (or columns) alternate gate and up; ``transposed``: fused tensors stored for
-    ``x @ W`` ([E, H, 2I], [E, I, H])."""
-
-    gate: str = "gate_proj"
-    up: str = "up_proj"
-    down: str = "down_proj"
-    interleaved: bool = False
-    transposed: bool = False
+OWN, MXFP4, FUSED, PER_EXPERT = "own", "mxfp4", "fused", "per_expert"
 
 
 def read_experts(ckpt: Checkpoint, prefixes: Sequence[str], names: ExpertNames, dtype: torch.dtype
                  ) -> dict[str, Tensor]:
     """The experts of the first of ``prefixes`` (the block's module, e.g. ``model.layers.3.mlp``) the checkpoint
-    has, in the kernel's layout (see the module docstring)."""
+    has, in the kernel's layout (see the module docstring), by their names under the block's ``experts``."""
     present = set(ckpt.names())
+    layout, base = _layout(ckpt, prefixes, names, present)
+    if layout == OWN:
+        return {name[len(base) + 1:]: _own(ckpt.get(name), dtype) for name in sorted(present)
+                if name.startswith(f"{base}.gate_up.") or name.startswith(f"{base}.down.")}
+    read = {MXFP4: _mxfp4, FUSED: _fused, PER_EXPERT: _per_expert}[layout]
+    return read(ckpt, base, names, present, dtype)
+
+
+def expert_format(ckpt: Checkpoint, prefixes: Sequence[str], names: ExpertNames) -> str:
+    """How the checkpoint holds the first of ``prefixes``' experts: "float", "int8" (per channel, with scales) or
+    "mxfp4", from the tensors' names and dtypes alone."""
+    present = set(ckpt.names())
+    layout, base = _layout(ckpt, prefixes, names, present)
+    if layout == MXFP4:
+        return "mxfp4"
+    first = {OWN: f"{base}.gate_up.weight", FUSED: f"{base}.gate_up_proj",
+             PER_EXPERT: f"{base}.0.{names.gate}.weight"}[layout]
+    return {"I8": "int8", "U8": "mxfp4"}.get(ckpt.info(first).dtype, "float")
+
+
+def _layout(ckpt: Checkpoint, prefixes: Sequence[str], names: ExpertNames, present: set[str]) -> tuple[str, str]:
     for prefix in prefixes:
         base = f"{prefix}.experts"
-        if f"{base}.gate_up_proj_blocks" in present:
-            return _mxfp4(ckpt, base, names, present)
-        if f"{base}.gate_up_proj" in present:
-            return _fused(ckpt, base, names, present, dtype)
-        if f"{base}.0.{names.gate}.weight" in present:
-            return _per_expert(ckpt, base, names, present, dtype)
+        for layout, name in ((OWN, f"{base}.gate_up.weight"), (MXFP4, f"{base}.gate_up_proj_blocks"),
+                             (FUSED, f"{base}.gate_up_proj"), (PER_EXPERT, f"{base}.0.{names.gate}.weight")):
+            if name in present:
+                return layout, base
     raise CheckpointError(f"checkpoint has no experts under {' or '.join(prefixes)}", where=str(ckpt.root),
                           fix="check that config.json belongs to these weights")
+
+
+def _own(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """Weights of a float dtype in ``dtype``; int8 / MXFP4 bytes, scales and biases as stored."""
+    return t.to(dtype) if t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.dim() == 3 else t
 
 
 def halves(t: Tensor, dim: int) -> Tensor:
@@ -81,13 +97,14 @@ def _fused(ckpt: Checkpoint, base: str, names: ExpertNames, present: set[str], d
         gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
     if names.interleaved:
         gate_up = halves(gate_up, 1)
-    out = {"gate_up_proj": gate_up.to(dtype).contiguous(), "down_proj": down.to(dtype).contiguous()}
+    out = {"gate_up.weight": gate_up.to(dtype).contiguous(), "down.weight": down.to(dtype).contiguous()}
     return out | _biases(ckpt, base, names, present)
 
 
-def _mxfp4(ckpt: Checkpoint, base: str, names: ExpertNames, present: set[str]) -> dict[str, Tensor]:
+def _mxfp4(ckpt: Checkpoint, base: str, names: ExpertNames, present: set[str], dtype: torch.dtype
+           ) -> dict[str, Tensor]:
     out = {}
-    for proj in ("gate_up_proj", "down_proj"):
+    for proj, ours in (("gate_up_proj", "gate_up"), ("down_proj", "down")):
         blocks, scales = ckpt.get(f"{base}.{proj}_blocks"), ckpt.get(f"{base}.{proj}_scales")
         if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape:
             raise CheckpointError(f"{base}.{proj}_blocks / _scales are not MXFP4 (uint8 [E, rows, K / 32, 16] and "
@@ -95,16 +112,16 @@ def _mxfp4(ckpt: Checkpoint, base: str, names: ExpertNames, present: set[str]) -
                                   f"{scales.dtype}", where=str(ckpt.root), fix="check the checkpoint")
         if proj == "gate_up_proj" and names.interleaved:  # rows alternate gate / up
             blocks, scales = halves(blocks, 1), halves(scales, 1)
-        out[proj], out[f"{proj}_scale"] = blocks.contiguous(), scales.contiguous()
+        out[f"{ours}.weight"], out[f"{ours}.scale"] = blocks.contiguous(), scales.contiguous()
     return out | _biases(ckpt, base, names, present)
 
 
 def _biases(ckpt: Checkpoint, base: str, names: ExpertNames, present: set[str]) -> dict[str, Tensor]:
     out = {}
-    for proj in ("gate_up_proj", "down_proj"):
+    for proj, ours in (("gate_up_proj", "gate_up"), ("down_proj", "down")):
         if f"{base}.{proj}_bias" in present:
             bias = ckpt.get(f"{base}.{proj}_bias").float()
-            out[f"{proj}_bias"] = halves(bias, 1) if proj == "gate_up_proj" and names.interleaved else bias
+            out[f"{ours}.bias"] = halves(bias, 1) if proj == "gate_up_proj" and names.interleaved else bias
     return out
 
 
@@ -116,12 +133,13 @@ def _per_expert(ckpt: Checkpoint, base: str, names: ExpertNames, present: set[st
     gate_up = _stacked(ckpt, [[f"{base}.{e}.{names.gate}", f"{base}.{e}.{names.up}"] for e in range(count)],
                        present, dtype)
     down = _stacked(ckpt, [[f"{base}.{e}.{names.down}"] for e in range(count)], present, dtype)
-    out = {"gate_up_proj": gate_up[0], "down_proj": down[0]}
-    for key, (_, scale, bias) in (("gate_up_proj", gate_up), ("down_proj", down)):
+    out = {}
+    for key, (weight, scale, bias) in (("gate_up", gate_up), ("down", down)):
+        out[f"{key}.weight"] = weight
         if scale is not None:
-            out[f"{key}_scale"] = scale
+            out[f"{key}.scale"] = scale
         if bias is not None:
-            out[f"{key}_bias"] = bias
+            out[f"{key}.bias"] = bias
     return out
 
 

@@ -26,6 +26,9 @@ FAMILIES: dict[str, str] = {
     "mistral": "llama",
     "qwen2": "llama",
     "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
+    "mixtral": "mixtral",
+    "gpt_oss": "gpt_oss",
 }
 # HF architectures -> family, for a config.json that names no model_type (the portable backend runs a causal LM)
 ARCHITECTURES: dict[str, str] = {
@@ -33,6 +36,9 @@ ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "GptOssForCausalLM": "gpt_oss",
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

@@ -45,8 +45,10 @@ def tiny_moe_config(family: str, *, vocab_size: int, layers: int = 2, sliding_wi
         return transformers.MixtralConfig(**common, num_hidden_layers=layers, intermediate_size=32,
                                           num_local_experts=8, rope_theta=1000000.0, sliding_window=None)
     if family == "gpt_oss":
+        yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0}  # 8 x 64 = max_position_embeddings
         return transformers.GptOssConfig(**common, num_hidden_layers=layers, intermediate_size=32,
-                                         num_local_experts=8, sliding_window=sliding_window,
+                                         num_local_experts=8, sliding_window=sliding_window, rope_parameters=yarn,
                                          layer_types=["sliding_attention", "full_attention"] * (layers // 2))
     raise ValueError(f"unknown MoE family {family!r}; choose from {FAMILIES}")
 

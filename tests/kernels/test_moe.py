@@ -1,8 +1,8 @@
 """neuronpack's routed experts (neuronpack/kernels/moe.cpp): torch.ops.neuronpack.routed_experts computes what the
-torch reference (models/moe.py) computes, for every weight format (float32, bfloat16, int8 with per-channel scales,
-MXFP4), a decode step's few rows (the register kernels) and a prefill's many (experts with more than 16 tokens run
-GEMMs), both activations (SwiGLU, gpt-oss's clamped one), biases, 1 and 2 threads; experts no token chose never
-enter a result."""
+torch reference (models/moe_reference.py) computes, for every weight format (float32, bfloat16, int8 with
+per-channel scales, MXFP4 against float32 and bfloat16 x), a decode step's few rows (the register kernels) and a
+prefill's many (experts with more than 16 tokens run GEMMs), both activations (SwiGLU, gpt-oss's clamped one),
+biases, 1 and 2 threads; experts no token chose never enter a result."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from neuronpack.kernels import load_kernels
 from neuronpack.models import mxfp4
-from neuronpack.models.moe import routed_experts_reference
+from neuronpack.models.moe_reference import routed_experts_reference
 
 SWIGLU = (1.0, math.inf, 0.0)
 GPT_OSS = (1.702, 7.0, 1.0)

@@ -8,12 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 
 from neuronpack.checkpoint import open_checkpoint
 from neuronpack.errors import CheckpointError
 from neuronpack.kernels import load_kernels
-from neuronpack.models.moe import routed_experts_reference
-from neuronpack.models.moe_checkpoint import ExpertNames, read_experts
+from neuronpack.models.moe_checkpoint import expert_format, read_experts
+from neuronpack.models.moe_config import ExpertNames
+from neuronpack.models.moe_reference import routed_experts_reference
 from tests.helpers.tiny_moe import make_tiny_moe_checkpoint
 
 # (family, layout) -> where its block's experts are and how they are named; the activation's alpha, limit, offset
@@ -41,15 +43,16 @@ def test_each_layout_computes_what_transformers_experts_compute(tmp_path, family
     tensors = read_experts(open_checkpoint(path), prefixes, names, torch.float32)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     experts = hf.model.layers[0].mlp.experts
+    assert expert_format(open_checkpoint(path), prefixes, names) == ("mxfp4" if layout == "mxfp4" else "float")
     if layout == "mxfp4":  # compact at rest: the blocks and scales, not a widened copy
-        assert tensors["gate_up_proj"].dtype == torch.uint8 and tensors["gate_up_proj"].shape == (8, 64, 2, 16)
-        assert tensors["gate_up_proj_scale"].shape == (8, 64, 2)
+        assert tensors["gate_up.weight"].dtype == torch.uint8 and tensors["gate_up.weight"].shape == (8, 64, 2, 16)
+        assert tensors["gate_up.scale"].shape == (8, 64, 2)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, 64, generator=gen)
     weights, ids = torch.softmax(torch.randn(5, 8, generator=gen), -1).topk(2, -1)
     act = (experts.alpha, experts.limit, 1.0) if family == "gpt_oss" else (1.0, float("inf"), 0.0)
-    args = (x, ids, weights, tensors["gate_up_proj"], tensors["down_proj"], tensors.get("gate_up_proj_scale"),
-            tensors.get("down_proj_scale"), tensors.get("gate_up_proj_bias"), tensors.get("down_proj_bias"), *act)
+    args = (x, ids, weights, tensors["gate_up.weight"], tensors["down.weight"], tensors.get("gate_up.scale"),
+            tensors.get("down.scale"), tensors.get("gate_up.bias"), tensors.get("down.bias"), *act)
     with torch.no_grad():
         want = experts(x, ids, weights)
     torch.testing.assert_close(torch.ops.neuronpack.routed_experts(*args), want, rtol=1e-5, atol=1e-5)
@@ -57,17 +60,24 @@ def test_each_layout_computes_what_transformers_experts_compute(tmp_path, family
 
 
 def test_int8_experts_stay_int8_with_their_scales(tmp_path):
-    from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
-
+    """Per-expert int8 linears in NxD Inference's format (``.weight`` int8, ``.scale`` [rows, 1] float32), as a
+    quantizer writes them: stacked as int8 with their scales, not widened."""
     src = make_tiny_moe_checkpoint(tmp_path / "mixtral", "mixtral")
-    out = tmp_path / "mixtral-int8"
-    quantize_checkpoint(src, out, QuantizeOptions("int8"))
-    names = ExpertNames(gate="w1", up="w3", down="w2")
-    tensors = read_experts(open_checkpoint(out), ["model.layers.1.block_sparse_moe"], names, torch.float32)
-    ref = read_experts(open_checkpoint(src), ["model.layers.1.block_sparse_moe"], names, torch.float32)
-    assert tensors["gate_up_proj"].dtype == torch.int8 and tensors["gate_up_proj_scale"].shape == (8, 64)
-    dequantized = tensors["gate_up_proj"].float() * tensors["gate_up_proj_scale"][..., None]
-    assert (dequantized - ref["gate_up_proj"]).abs().max() <= ref["gate_up_proj"].abs().amax() / 127
+    tensors = load_file(src / "model.safetensors")
+    for name in [n for n in tensors if ".experts." in n]:
+        w = tensors.pop(name)
+        scale = w.abs().amax(-1, keepdim=True) / 127
+        tensors[name] = (w / scale).round().to(torch.int8)
+        tensors[name[: -len("weight")] + "scale"] = scale
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    names, prefixes = ExpertNames(gate="w1", up="w3", down="w2"), ["model.layers.1.block_sparse_moe"]
+    ckpt = open_checkpoint(src)
+    assert expert_format(ckpt, prefixes, names) == "int8"
+    read = read_experts(ckpt, prefixes, names, torch.float32)
+    assert read["gate_up.weight"].dtype == torch.int8 and read["gate_up.scale"].shape == (8, 64)
+    expert = "model.layers.1.block_sparse_moe.experts.3"
+    assert torch.equal(read["gate_up.weight"][3, :32], tensors[f"{expert}.w1.weight"])
+    torch.testing.assert_close(read["down.scale"][3], tensors[f"{expert}.w2.scale"][:, 0])
 
 
 def test_a_checkpoint_without_the_experts_is_refused(tmp_path):
