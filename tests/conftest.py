@@ -80,3 +80,19 @@ def family_artifact(tmp_path_factory):
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def moe_artifact(tmp_path_factory):
+    """name -> MoeArtifact: the MoE families' tiny checkpoints compiled once per session on first use
+    (tests/helpers/moe_artifacts.py: "qwen3_moe", "mixtral", "gpt_oss", "gpt_oss-mxfp4")."""
+    from tests.helpers.moe_artifacts import build_moe_artifact
+
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = build_moe_artifact(name, tmp_path_factory.mktemp(f"moe-{name}"))
+        return built[name]
+
+    return get

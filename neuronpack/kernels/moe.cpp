@@ -4,8 +4,9 @@
 //     gate_up_scale?, down_scale?, gate_up_bias?, down_bias?, alpha, limit, up_offset) -> [T, H] in x's dtype:
 //   y[t] = sum_j w[t, j] * (down[e] @ act(gate_up[e] @ x[t] + gate_up_bias[e]) + down_bias[e]),  e = expert_ids[t, j]
 //   act(g, u) = g' * sigmoid(alpha * g') * (u' + up_offset),  g' = min(g, limit), u' = clamp(u, -limit, limit)
-// with the gate rows [0, I) of gate_up and the up rows [I, 2I): SwiGLU is alpha 1, limit inf, up_offset 0 (Qwen3-MoE,
-// Mixtral); gpt-oss's clamped SwiGLU alpha 1.702, limit 7, up_offset 1. Weights [E, 2I, H] and [E, H, I] of x's
+// with the gate rows [0, I) of gate_up and the up rows [I, 2I): SwiGLU is alpha 1, no limit (0 or inf: none; an
+// AOTInductor package cannot hold an inf argument), up_offset 0 (Qwen3-MoE, Mixtral); gpt-oss's clamped SwiGLU
+// alpha 1.702, limit 7, up_offset 1. Weights [E, 2I, H] and [E, H, I] of x's
 // dtype (float32, bfloat16); int8 with float32 per-channel scales [E, rows(, 1)] (NxD Inference's ``.scale``); or
 // MXFP4, uint8 blocks [E, rows, K / 32, 16] with uint8 E8M0 scales [E, rows, K / 32] (moe_dots.h). Biases [E, rows],
 // float32 or x's dtype. Rounding follows transformers' experts in x's dtype: gate_up (+ bias), the activation, down
@@ -25,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "int8_row.h"
@@ -452,8 +454,8 @@ at::Tensor routed_experts(const at::Tensor& x_in, const at::Tensor& expert_ids, 
   for (int64_t s = 0; s < S; ++s) std::copy_n(x.data_ptr<float>() + r.token[s] * H, H, xs.data() + s * H);
   project(pg, r, xs.data(), dtype, true, gu.data());
   add_bias(pg, r, bf16, gu.data());
-  activate(gu.data(), S, I, static_cast<float>(alpha), static_cast<float>(limit), static_cast<float>(up_offset), bf16,
-           act.data());
+  const float clamp = limit > 0 ? static_cast<float>(limit) : std::numeric_limits<float>::infinity();
+  activate(gu.data(), S, I, static_cast<float>(alpha), clamp, static_cast<float>(up_offset), bf16, act.data());
   project(pd, r, act.data(), dtype, false, ys.data());
   add_bias(pd, r, bf16, ys.data());
   at::Tensor y = at::empty(x_in.sizes(), x_in.options());

@@ -17,6 +17,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -54,7 +56,8 @@ class RoutedExperts(nn.Module):
         e, h, i = moe.num_experts, cfg.hidden_size, moe.intermediate_size
         self.gate_up = StackedProjection(e, 2 * i, h, moe.expert_format, moe.expert_bias)
         self.down = StackedProjection(e, h, i, moe.expert_format, moe.expert_bias)
-        self.activation = (moe.alpha, moe.limit, moe.up_offset)
+        # no limit goes to the kernel as 0: an AOTInductor package cannot hold an inf argument
+        self.activation = (moe.alpha, moe.limit if moe.limit < math.inf else 0.0, moe.up_offset)
         self.kernel = False
 
     def forward(self, x: Tensor, expert_ids: Tensor, expert_weights: Tensor) -> Tensor:

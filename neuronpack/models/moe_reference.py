@@ -4,7 +4,8 @@ it (export-only artifacts) and for tests.
 ``routed_experts_reference`` computes what ``torch.ops.neuronpack.routed_experts`` (kernels/moe.cpp) computes, with
 the same arguments: x [T, H], each token's k expert ids and weights, the experts' stacked weights (gate rows then up
 rows ``[E, 2I, H]``, down ``[E, H, I]``; float, int8 with per-channel scales, or MXFP4 blocks with E8M0 scales),
-optional biases, and the activation's alpha, limit and up offset (SwiGLU: 1, inf, 0; gpt-oss: 1.702, 7, 1).
+optional biases, and the activation's alpha, limit and up offset (SwiGLU: 1, no limit (inf or 0), 0; gpt-oss: 1.702,
+7, 1).
 Few (token, choice) pairs (T * k below the number of experts: a decode step) gather only the chosen experts'
 weights; more run every expert on every token and keep the routed results (a prefill reads every expert anyway; the
 kernel's GEMMs compute only the routed rows). Rounding as transformers' experts in x's dtype (see moe.cpp).
@@ -47,10 +48,11 @@ def routed_experts_reference(x: Tensor, expert_ids: Tensor, expert_weights: Tens
 
 def activation(gate_up: Tensor, alpha: float, limit: float, up_offset: float) -> Tensor:
     """[..., 2I] (gate then up) -> [..., I]: g' * sigmoid(alpha * g') * (u' + up_offset), g' = min(g, limit),
-    u' = clamp(u, -limit, limit)."""
+    u' = clamp(u, -limit, limit) (no clamp for a limit of 0 or inf)."""
     i = gate_up.shape[-1] // 2
-    g = gate_up[..., :i].clamp(max=limit)
-    u = gate_up[..., i:].clamp(-limit, limit)
+    g, u = gate_up[..., :i], gate_up[..., i:]
+    if 0 < limit < math.inf:  # 0 or inf: no limit
+        g, u = g.clamp(max=limit), u.clamp(-limit, limit)
     return g / (1 + torch.exp(-alpha * g)) * (u + up_offset)
 
 
