@@ -69,7 +69,7 @@ def lora_artifact(tmp_path_factory, tiny_llama):
 @pytest.fixture(scope="session")
 def family_artifact(tmp_path_factory):
     """name -> FamilyArtifact: the new families' tiny checkpoints compiled once per session on first use
-    (tests/helpers/family_artifacts.py: "qwen3", "qwen3-tied")."""
+    (tests/helpers/family_artifacts.py: "qwen3", "qwen3-tied", "gemma3")."""
     from tests.helpers.family_artifacts import build_family_artifact
 
     built = {}

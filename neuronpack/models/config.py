@@ -141,6 +141,17 @@ def activation(hf: dict[str, Any], key: str, allowed: tuple[str, ...], default: 
     return act
 
 
+def declared_layer_types(hf: dict[str, Any], layers: int) -> tuple[str, ...] | None:
+    """config.json's ``layer_types`` (transformers 5 writes it), checked; None when it has none."""
+    declared = hf.get("layer_types")
+    if not declared:
+        return None
+    if len(declared) != layers or set(declared) - {FULL, SLIDING}:
+        raise UnsupportedModelError(f"layer_types {declared!r} is not {layers} of {FULL} / {SLIDING}",
+                                    where="config.json layer_types", fix="check the checkpoint's config")
+    return tuple(declared)
+
+
 def rope_parameters(hf: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Normalise transformers 4.x (rope_theta + rope_scaling) and 5.x (rope_parameters) spellings; ``params``: one
     attention kind's parameters when config.json gives them per kind (Gemma 3)."""

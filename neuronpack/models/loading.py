@@ -82,9 +82,10 @@ def load_model(
     builder = family(cfg.family)
     cfg = builder.checkpoint_config(dataclasses.replace(cfg, tie_word_embeddings=cfg.tie_word_embeddings or ckpt.tied),
                                     ckpt)
-    names = builder.checkpoint_names(set(ckpt.names()))  # our name -> the checkpoint's, where they differ
-    ours = {theirs: name[: -len(".weight")] for name, theirs in names.items() if name.endswith(".weight")}
-    quantized = {ours.get(f"{p}.weight", p): kind for p, kind in quantized_linears(ckpt).items()}
+    names = CheckpointNames(ckpt, builder)
+    if names.left_out:
+        reporter.warn(names.left_out)
+    quantized = {names.ours(prefix): kind for prefix, kind in quantized_linears(ckpt).items()}
     int8 = frozenset(p for p, kind in quantized.items() if kind == INT8)
     if any(kind == FP8 for kind in quantized.values()):
         reporter.warn("fp8 weights are dequantized at load: CPU PyTorch has no weight-only fp8 matmul")
@@ -93,7 +94,7 @@ def load_model(
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
     assembled = builder.checkpoint_tensors(ckpt, cfg, dtype)  # e.g. an MoE layer's stacked experts
-    tensors = dict(_read_tensors(ckpt, expected, quantized, dtype, reporter, names, assembled))
+    tensors = dict(_read_tensors(ckpt, names, expected, quantized, dtype, reporter, assembled))
     model.load_state_dict(tensors, strict=False, assign=True)
     model.tie_weights()
     return model
@@ -106,12 +107,31 @@ def model_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
     return {name: t.detach() for name, t in tensors.items()}
 
 
+class CheckpointNames:
+    """Our tensor names and the checkpoint's, which differ where a family reads part of another model (Gemma 3's
+    text decoder inside a multimodal checkpoint: ``language_model.model.*``); ``left_out``: what of the checkpoint
+    is not run, said by name (None: everything is)."""
+
+    def __init__(self, ckpt: Checkpoint, builder) -> None:
+        stored = set(ckpt.names())
+        self._theirs = builder.checkpoint_names(stored)  # ours -> theirs, where they differ
+        self._ours = {theirs: ours for ours, theirs in self._theirs.items()}
+        self.left_out: str | None = builder.left_out(stored)
+
+    def theirs(self, name: str) -> str:
+        return self._theirs.get(name, name)
+
+    def ours(self, prefix: str) -> str:
+        """Our name of a checkpoint module prefix (``language_model.model.layers.0.mlp.up_proj``)."""
+        weight = self._ours.get(prefix + ".weight")
+        return prefix if weight is None else weight[: -len(".weight")]
+
+
 def _read_tensors(
-    ckpt: Checkpoint, expected: dict, quantized: dict[str, str], dtype: torch.dtype, reporter: Reporter,
-    names: dict[str, str], assembled: dict[str, torch.Tensor],
+    ckpt: Checkpoint, names: CheckpointNames, expected: dict, quantized: dict[str, str], dtype: torch.dtype,
+    reporter: Reporter, assembled: dict[str, torch.Tensor],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each expected tensor by our name: ``assembled`` by the family, else the checkpoint's (``names``: where its
-    name differs)."""
+    """Each expected tensor by our name: ``assembled`` by the family, else the checkpoint's (by its name there)."""
     import torch
 
     from neuronpack.models.quant import dequantize_fp8
@@ -123,10 +143,9 @@ def _read_tensors(
             if name in assembled:
                 tensor = assembled[name]  # the family's, in its final dtype
             else:
-                tensor = _get(ckpt, names.get(name, name))
+                tensor = _get(ckpt, names.theirs(name))
                 if kind == FP8 and leaf == "weight":
-                    scale = _get(ckpt, names.get(f"{prefix}.scale", f"{prefix}.scale"))
-                    tensor = dequantize_fp8(tensor, scale, dtype)
+                    tensor = dequantize_fp8(tensor, _get(ckpt, names.theirs(f"{prefix}.scale")), dtype)
                 elif kind == INT8 and leaf == "scale":
                     # Scales stay float32 (the kernel casts per call); a per-tensor [1] scale becomes per-channel.
                     tensor = tensor.to(torch.float32).reshape(-1, 1).expand(slot.shape).contiguous()

@@ -20,6 +20,7 @@ from tests.helpers.tiny_models import make_tiny_checkpoint
 FAMILIES = {
     "qwen3": ("qwen3", False, ()),
     "qwen3-tied": ("qwen3", True, ()),
+    "gemma3": ("gemma3", True, ()),  # sliding window 8 (tiny_models.GEMMA3_WINDOW): rings of 8 + 3 positions
 }
 SPECULATION = ('speculation.kind="prompt_lookup"', "speculation.length=3", "speculation.prompt_lookup_min=1",
                "speculation.prompt_lookup_max=3")
@@ -27,15 +28,21 @@ SPECULATION = ('speculation.kind="prompt_lookup"', "speculation.length=3", "spec
 
 @dataclass(frozen=True)
 class FamilyArtifact:
+    """The checkpoint, the compiled artifact, and what compiled it: ``build_artifact(checkpoint, out_root,
+    overrides)`` (tests/runtime/serving.py)."""
+
     checkpoint: Path
     path: Path
+    out_root: Path
+    overrides: tuple[str, ...]
 
 
 def build_family_artifact(name: str, root: Path) -> FamilyArtifact:
     """Write family ``name``'s tiny checkpoint under ``root`` and compile it (AOTInductor) through the pipeline."""
     from tests.runtime.serving import build_artifact
 
-    arch, tie, overrides = FAMILIES[name]
+    arch, tie, extra = FAMILIES[name]
     checkpoint = make_tiny_checkpoint(root / name, arch=arch, tie=tie)
-    path = build_artifact(checkpoint, root / f"{name}-root", ["compiler=aoti", *SPECULATION, *overrides])
-    return FamilyArtifact(checkpoint, path)
+    overrides = ("compiler=aoti", *SPECULATION, *extra)
+    out_root = root / f"{name}-root"
+    return FamilyArtifact(checkpoint, build_artifact(checkpoint, out_root, list(overrides)), out_root, overrides)

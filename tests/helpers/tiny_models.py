@@ -25,7 +25,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-ARCHS = ("llama", "llama3", "mistral", "qwen2", "smollm", "qwen3")
+ARCHS = ("llama", "llama3", "mistral", "qwen2", "smollm", "qwen3", "gemma3")
 GEMMA3_WINDOW = 8  # the tiny Gemma 3's sliding window: shorter than the tests' prompts and generations
 
 
@@ -55,9 +55,9 @@ def make_tokenizer(vocab_size: int = 384):
 
 
 def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None, dtype: str = "float32",
-                layers: int = 2):
+                layers: int = 2, overrides: dict | None = None):
     """A transformers config of the given family, shrunk to 2 layers (``layers``) / hidden 64 (GQA: 4 query heads,
-    2 KV)."""
+    2 KV); ``overrides``: config attributes set on top (e.g. a Mistral's ``sliding_window``)."""
     import transformers
 
     common = dict(
@@ -92,6 +92,9 @@ def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None
                                        use_sliding_window=False)
     elif arch == "gemma3":
         cfg = gemma3_config(common, tie=True if tie is None else tie)
+    elif arch == "gemma2":  # not in ARCHS: Gemma 3's base, here for its soft-capped attention
+        cfg = transformers.Gemma2Config(**{**common, "rms_norm_eps": 1e-6}, head_dim=16, query_pre_attn_scalar=24,
+                                        sliding_window=GEMMA3_WINDOW, tie_word_embeddings=True if tie is None else tie)
     elif arch == "smollm":
         # SmolLM2 is a Llama with tied embeddings and 3:1 grouped-query attention.
         cfg = transformers.LlamaConfig(**{**common, "num_attention_heads": 6, "num_key_value_heads": 2,
@@ -99,6 +102,8 @@ def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None
                                        tie_word_embeddings=True if tie is None else tie)
     else:
         raise ValueError(f"unknown tiny arch {arch!r}; choose from {ARCHS}")
+    for key, value in (overrides or {}).items():
+        setattr(cfg, key, value)
     return cfg
 
 
@@ -125,13 +130,15 @@ def make_tiny_checkpoint(
     max_shard_size: str | None = None,
     seed: int = 0,
     layers: int = 2,
+    overrides: dict | None = None,
 ) -> Path:
-    """Write a random tiny model of ``arch`` with tokenizer files to ``out`` (safetensors; sharded if asked)."""
+    """Write a random tiny model of ``arch`` with tokenizer files to ``out`` (safetensors; sharded if asked);
+    ``overrides``: config attributes (see ``tiny_config``)."""
     import torch
     import transformers
 
     tokenizer = make_tokenizer()
-    cfg = tiny_config(arch, vocab_size=len(tokenizer), tie=tie, dtype=dtype, layers=layers)
+    cfg = tiny_config(arch, vocab_size=len(tokenizer), tie=tie, dtype=dtype, layers=layers, overrides=overrides)
     cfg.bos_token_id = tokenizer.bos_token_id
     cfg.eos_token_id = tokenizer.eos_token_id
     cfg.pad_token_id = tokenizer.pad_token_id

@@ -12,8 +12,10 @@ KV cache: a layer reads its cache rows and returns the keys and values of the to
 - ``layer_decode``: the same with T = 1 (decode steps: static shapes the compiler specialises, e.g. int8 GEMV)
 - ``head``: hidden [b, T, H], logit_index [b, J] -> (float32 logits [b, J, vocab], final-normed hidden [b, T, H])
 
-Layers whose tensors differ (a quantization ``skip`` keeps some float) get a layer graph pair per kind of layer:
-``layer_step.1`` and so on (``layer_groups``).
+A sliding-window layer's graph takes a past mask per token, [b, 1, T, L] (each token's window), and, when the
+artifact keeps only the window (``GraphLimits.ring``), cache rows [b, kv, ring + 1, hd] of which L in 1..ring slots
+are read. Layers whose attention kind or tensors differ (Gemma 3's sliding and global layers; a quantization
+``skip`` keeps some float) get a layer graph pair per kind of layer: ``layer_step.1`` and so on (``layer_groups``).
 
 With LoRA (``[lora]``) a layer's tensors include its ``lora_A`` / ``lora_B`` stacks and both layer graphs take one
 more input, the per-row adapter mask [b, 1, max_loras * max_rank] (``LoraLayerGraph``; see models/lora.py).
@@ -53,6 +55,7 @@ class GraphLimits:
     batch_size: int  # KV cache rows: rows per step, 1..batch_size
     max_tokens: int  # tokens per row per step, and logits per row (the longest prompt, verification), 1..max_tokens
     max_seq: int  # cache length: attended positions per step, 1..max_seq
+    ring: int | None = None  # a sliding-window layer's ring of positions (ArtifactConfig.kv_ring), 1..ring read
 
 
 class WeightsAsInputs(nn.Module):
@@ -189,13 +192,16 @@ def _graph_and_inputs(lm: CausalLM, name: str, limits: GraphLimits, kernels: boo
         t, tokens = 1, torch.export.Dim.STATIC
     x = torch.zeros(b, t, cfg.hidden_size, dtype=dtype)
     rope = torch.zeros(b, t, cfg.head_dim, dtype=dtype)
-    n_past = _example_size(limits.max_seq)
-    past = torch.ones(b, 1, 1, n_past, dtype=torch.bool)
-    rows = torch.zeros(b, cfg.num_kv_heads, cache_positions(limits.max_seq), cfg.head_dim, dtype=dtype)
+    windowed = cfg.window(cfg.layer_kind(index)) is not None  # each token its own past mask [b, 1, T, L]
+    positions = limits.ring if windowed and limits.ring else limits.max_seq  # the cache row: a ring, or every one
+    n_past = _example_size(positions)
+    past = torch.ones(b, 1, t if windowed else 1, n_past, dtype=torch.bool)
+    rows = torch.zeros(b, cfg.num_kv_heads, cache_positions(positions), cfg.head_dim, dtype=dtype)
     row = {0: batch}
     args = (weights, x, rope, rope.clone(), past, rows, rows.clone())
+    past_dims = {0: batch, 3: _dim("attend_len", positions)} | ({2: tokens} if windowed else {})
     shapes = ({n: None for n in weights}, {0: batch, 1: tokens}, {0: batch, 1: tokens}, {0: batch, 1: tokens},
-              {0: batch, 3: _dim("attend_len", limits.max_seq)}, row, row)
+              past_dims, row, row)
     if lm.lora_layout is not None:  # the per-row adapter mask
         args += (torch.zeros(b, 1, lm.lora_layout.width, dtype=dtype),)
         return LoraLayerGraph(meta.model.layers[index]), args, (*shapes, row)

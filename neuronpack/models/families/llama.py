@@ -1,5 +1,6 @@
-"""The Llama family: llama (incl. llama3 rope scaling, SmolLM), mistral without an active sliding window, qwen2
-(q/k/v projections with bias). Every other family subclasses ``LlamaFamily`` and overrides what differs.
+"""The Llama family: llama (incl. llama3 rope scaling, SmolLM), mistral (every layer a sliding window), qwen2
+(q/k/v projections with bias; sliding-window layers with ``use_sliding_window``). Every other family subclasses
+``LlamaFamily`` and overrides what differs.
 
 A family is config.json -> ``ModelConfig`` (``config_from_hf``, torch-free) plus the modules of its decoder
 (``embedding``, ``norm``, ``attention``, ``ffn``, ``decoder_layer``: they import torch when called).
@@ -15,8 +16,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from neuronpack.errors import UnsupportedModelError
-from neuronpack.models.config import ModelConfig, activation, rope_parameters, shapes
+from neuronpack.models.config import (
+    FULL,
+    SLIDING,
+    ModelConfig,
+    activation,
+    declared_layer_types,
+    rope_parameters,
+    shapes,
+)
 
 
 class LlamaFamily:
@@ -26,12 +34,12 @@ class LlamaFamily:
 
     # -- config.json -> ModelConfig (torch-free) -----------------------------------------------------------------
     def config_from_hf(self, hf: dict[str, Any], *, max_seq_len: int | None = None) -> ModelConfig:
-        """``max_seq_len`` lets a sliding-window model through when the compiled length never exceeds the window
-        (attention is then identical to full attention)."""
+        """``max_seq_len``: the longest sequence compiled (a window it never exceeds is full attention)."""
         model_type = hf["model_type"]
         activation(hf, "hidden_act", ("silu",), "silu")
         attention_bias = bool(hf.get("attention_bias", False))
         qwen = model_type == "qwen2"
+        window, layer_types = _sliding_layers(hf, max_seq_len)
         return ModelConfig(
             **shapes(hf, model_type, self.name),
             # qwen2 always has q/k/v bias and no o_proj bias; llama's attention_bias covers all four projections.
@@ -39,7 +47,8 @@ class LlamaFamily:
             o_bias=attention_bias and not qwen,
             mlp_bias=bool(hf.get("mlp_bias", False)),
             rope=rope_parameters(hf),
-            sliding_window=_active_sliding_window(hf, max_seq_len),
+            sliding_window=window,
+            layer_types=layer_types,
         )
 
     def text_config(self, hf: dict[str, Any]) -> dict[str, Any]:
@@ -92,20 +101,23 @@ class LlamaFamily:
                             lambda: self.norm(cfg, cfg.hidden_size))
 
 
-def _active_sliding_window(hf: dict[str, Any], max_seq_len: int | None) -> int | None:
+def _sliding_layers(hf: dict[str, Any], max_seq_len: int | None) -> tuple[int | None, tuple[str, ...]]:
+    """(the window, each layer's attention kind), or (None, ()) when no layer's window is ever reached. Mistral:
+    every layer; Qwen2 / Qwen3 with ``use_sliding_window``: ``layer_types``, else the layers from
+    ``max_window_layers`` on, as transformers builds them."""
     window = hf.get("sliding_window")
+    qwen = str(hf.get("model_type")).startswith("qwen")
     # Qwen configs carry a window that only use_sliding_window turns on (off by default).
-    if not hf.get("use_sliding_window", not str(hf.get("model_type")).startswith("qwen")):
+    if not hf.get("use_sliding_window", not qwen):
         window = None
     if window is None or window >= int(hf.get("max_position_embeddings", math.inf)):
-        return None
+        return None, ()
     if max_seq_len is not None and max_seq_len <= window:
-        return None  # never reached: full attention is exact
-    raise UnsupportedModelError(
-        f"sliding-window attention (window {window}) is not supported",
-        where="config.json sliding_window",
-        fix=f"compile with target.seq_len <= {window}, or use a checkpoint without a sliding window",
-    )
+        return None, ()  # never reached: full attention is exact
+    layers = int(hf["num_hidden_layers"])
+    first = int(hf.get("max_window_layers", layers)) if qwen else 0
+    kinds = declared_layer_types(hf, layers) or tuple(SLIDING if i >= first else FULL for i in range(layers))
+    return (int(window), kinds) if SLIDING in kinds else (None, ())
 
 
 FAMILY = LlamaFamily()
