@@ -25,8 +25,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_moe_greedy_matches_transformers(moe_artifact, name):
-    art = moe_artifact(name)
+def test_moe_greedy_matches_transformers(family_artifact, name):
+    art = family_artifact(name)
     lm = load_artifact(art.path)
     model_type, groups = CASES[name]
     assert lm.compiler == "aoti" and lm.config.model_type == model_type
@@ -37,9 +37,9 @@ def test_moe_greedy_matches_transformers(moe_artifact, name):
         assert tokens == hf_greedy(reference, prompt), f"{name}: prompt of {len(prompt)} tokens diverged"
 
 
-def test_mxfp4_experts_stay_mxfp4_in_the_artifact(moe_artifact):
+def test_mxfp4_experts_stay_mxfp4_in_the_artifact(family_artifact):
     """The released layout's experts are carried as MXFP4 bytes (4.25 bits per weight), never widened."""
-    art = moe_artifact("gpt_oss-mxfp4")
+    art = family_artifact("gpt_oss-mxfp4")
     dtypes = {}
     for path in (art.path / "weights").glob("*.safetensors"):
         with safe_open(str(path), "pt") as f:
