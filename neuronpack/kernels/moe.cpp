@@ -14,17 +14,19 @@
 // models/moe_reference.py holds the same formula in torch ops (``routed_experts_reference``).
 //
 // How: the T * k (token, choice) pairs are sorted by expert into slots, and each expert the call routes to is read
-// once, whatever number of tokens chose it. Experts with up to kMaxRows slots (every expert of a decode step) run the
+// once, whatever number of tokens chose it. Experts with up to register_rows slots (every expert of a decode step) run the
 // register kernels of moe_dots.h: the threads split the rows of all of them at once, in proportion to each row's
 // work (one parallel region for gate_up and one for down per call: a top-8 decode step is two, not sixteen), gate row
-// j and up row j read together (two streams), down rows n and n + half likewise. Experts with more slots (a
-// prefill's popular ones) run GEMMs on the expert's weights: at::linear, int8 through int8_gemm.cpp, MXFP4
-// dequantized first. Built by neuronpack/kernels/__init__.py; measured by bench/moe.py.
+// j and up row j read together (two streams), down rows n and n + half likewise. Float and int8 experts with more
+// slots (a prefill's popular ones) run GEMMs on the expert's weights: at::linear, int8 through int8_gemm.cpp; MXFP4
+// always the register kernels (dequantized first for GEMMs only where the CPU lacks AVX-512). Built by
+// neuronpack/kernels/__init__.py; measured by bench/moe.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -40,7 +42,13 @@ namespace {
 
 using namespace neuronpack_moe;
 
-constexpr int64_t kMaxRows = 16;  // slots of one expert up to this: the register kernels; more: GEMMs
+// Slots of one expert up to this run the register kernels, more GEMMs; -1 (default): by format, kDefaultRegisterRows
+// for float and int8 experts, any number for MXFP4 (set_moe_gemm_rows: tests and benchmarks). A GEMM on MXFP4 needs
+// the expert dequantized first, which cost 2.7x the register kernels' time at 512 tokens of gpt-oss-20b's shape (6.2
+// against 2.3 s per layer, one loaded core); for bfloat16 the GEMMs win there (Qwen3-30B-A3B's shape: 0.81 against
+// 1.14 s), and tie at 41 tokens.
+constexpr int64_t kDefaultRegisterRows = 16;
+std::atomic<int64_t> register_rows{-1};
 constexpr int kChunk = 8;         // rows of x per kernel call
 constexpr int64_t kReadCost = 2;  // a weight row's read, in dot products of one slot (for the threads' work split)
 
@@ -346,7 +354,7 @@ at::Tensor fp4_dequantized(const Proj& p, int64_t e) {
 }
 
 // xs [M, K] (x's dtype) @ expert e's rows .T -> float32 [M, N], int8 scales applied (no bias).
-at::Tensor gemm_rows(const Proj& p, int64_t e, const at::Tensor& xs) {
+at::Tensor expert_gemm(const Proj& p, int64_t e, const at::Tensor& xs) {
   const at::Tensor w = p.fmt == Fmt::FP4 ? at::Tensor() : p.weight.reshape({p.E, p.N, p.K}).select(0, e);
   if (p.fmt == Fmt::F32 || p.fmt == Fmt::BF16) return at::linear(xs, w).to(at::kFloat);
   if (p.fmt == Fmt::FP4) return at::linear(xs, fp4_dequantized(p, e).to(xs.scalar_type())).to(at::kFloat);
@@ -356,12 +364,18 @@ at::Tensor gemm_rows(const Proj& p, int64_t e, const at::Tensor& xs) {
   return at::linear(xs, w.to(xs.scalar_type())).to(at::kFloat).mul_(scale.view({1, -1}));  // an inf or a NaN in x
 }
 
-// out rows of the slots of expert index a = gemm_rows of x's rows ``src`` (float32 [S, K], x's dtype values).
+// out rows of the slots of expert index a = expert_gemm of x's rows ``src`` (float32 [S, K], x's dtype values).
 void gemm_expert(const Proj& p, const Routing& r, int64_t a, const float* src, at::ScalarType dtype, float* out) {
   const int64_t first = r.offsets[a], M = r.offsets[a + 1] - first;
   const at::Tensor xs = at::from_blob(const_cast<float*>(src + first * p.K), {M, p.K}, at::kFloat).to(dtype);
-  const at::Tensor y = gemm_rows(p, r.experts[a], xs).contiguous();
+  const at::Tensor y = expert_gemm(p, r.experts[a], xs).contiguous();
   std::copy(y.data_ptr<float>(), y.data_ptr<float>() + M * p.N, out + first * p.N);
+}
+
+int64_t register_limit(const Proj& p) {
+  const int64_t set = register_rows.load(std::memory_order_relaxed);
+  if (set >= 0) return set;
+  return p.fmt == Fmt::FP4 ? std::numeric_limits<int64_t>::max() : kDefaultRegisterRows;
 }
 
 // out [S, N] = every slot's rows of its expert (the register kernels or GEMMs by the expert's slot count).
@@ -370,7 +384,7 @@ void project(const Proj& p, const Routing& r, const float* src, at::ScalarType d
   const int64_t S = r.offsets.back();
   for (int64_t a = 0; a < static_cast<int64_t>(r.experts.size()); ++a) {
 #ifdef NEURONPACK_AVX512
-    if (r.offsets[a + 1] - r.offsets[a] <= kMaxRows) {
+    if (r.offsets[a + 1] - r.offsets[a] <= register_limit(p)) {
       small.push_back(a);
       continue;
     }
@@ -481,6 +495,8 @@ at::Tensor routed_experts(const at::Tensor& x_in, const at::Tensor& expert_ids, 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(neuronpack, m) {
+  // experts with more slots than this run GEMMs, the others the register kernels (-1: by format); the old setting
+  m.def("set_moe_gemm_rows(int rows) -> int", [](int64_t rows) { return register_rows.exchange(rows); });
   m.def("routed_experts(Tensor x, Tensor expert_ids, Tensor expert_weights, Tensor gate_up, Tensor down, "
         "Tensor? gate_up_scale, Tensor? down_scale, Tensor? gate_up_bias, Tensor? down_bias, "
         "float alpha, float limit, float up_offset) -> Tensor");

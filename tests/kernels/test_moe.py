@@ -119,3 +119,23 @@ def test_a_token_holding_nan_gives_nan_as_the_reference_does(fmt):
     ref = routed_experts_reference(x, ids, w, *weights, *SWIGLU)
     assert torch.isnan(y[0]).all() and torch.isnan(ref[0]).all()
     torch.testing.assert_close(y[1].float(), ref[1].float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp4-bf16", "bfloat16"])
+@pytest.mark.parametrize("rows", [16, 1 << 20])
+def test_gemms_and_register_kernels_agree_past_16_tokens_an_expert(fmt, rows):
+    """By default MXFP4 experts run the register kernels for any number of tokens, float and int8 ones GEMMs past
+    16; set_moe_gemm_rows moves the line (16: MXFP4 through its dequantized GEMMs too; 2^20: bfloat16 through the
+    register kernels)."""
+    gen = torch.Generator().manual_seed(6)
+    dtype = torch.float32 if fmt == "mxfp4" else torch.bfloat16
+    weights = experts(fmt, 4, 64, 32, gen, bias=True)
+    x = torch.randn(48, 64, generator=gen).to(dtype)  # 48 tokens, top 2 of 4: ~24 an expert
+    ids, w = routing(48, 4, 2, gen)
+    before = torch.ops.neuronpack.set_moe_gemm_rows(rows)
+    try:
+        y = torch.ops.neuronpack.routed_experts(x, ids, w, *weights, *GPT_OSS)
+    finally:
+        torch.ops.neuronpack.set_moe_gemm_rows(before)
+    ref = routed_experts_reference(x, ids, w, *weights, *GPT_OSS)
+    assert (y.float() - ref.float()).abs().max() <= TOLERANCE[fmt] * ref.float().abs().max()
