@@ -14,8 +14,9 @@ Shapes (their released config.json, fewer layers: ``--layers``):
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
+
+from bench._peers_inputs import write_checkpoint
 
 QWEN3_30B_A3B = {
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
@@ -37,15 +38,12 @@ GPT_OSS_20B = {
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
 }
 SHAPES = {"qwen3-30b-a3b": QWEN3_30B_A3B, "gpt-oss-20b": GPT_OSS_20B}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "chat_template.jinja")
 STD = 0.02
 
 
 def moe_checkpoint(shape: str, layers: int, tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
     """The random checkpoint of ``shape`` with ``layers`` layers in ``out`` (reused when complete)."""
     import torch
-    from safetensors.torch import save_file
 
     if (out / "model.safetensors.index.json").is_file():
         return out
@@ -54,32 +52,21 @@ def moe_checkpoint(shape: str, layers: int, tokenizer_dir: Path, out: Path, seed
     config.update({k: tokenizer[k] for k in ("vocab_size", "bos_token_id", "eos_token_id") if k in tokenizer})
     if shape == "gpt-oss-20b":
         config["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     gen = torch.Generator().manual_seed(seed)
     h = config["hidden_size"]
 
     def normal(*shape: int, std: float = STD) -> torch.Tensor:
         return (torch.randn(*shape, generator=gen) * std).bfloat16()
 
-    index = {}
-    shards = [("embed", {"model.embed_tokens.weight": normal(config["vocab_size"], h),
-                         "model.norm.weight": torch.ones(h, dtype=torch.bfloat16),
-                         "lm_head.weight": normal(config["vocab_size"], h)})]
-    layer = _qwen3_moe_layer if shape == "qwen3-30b-a3b" else _gpt_oss_layer
-    shards += [(f"layer{i:02d}", layer(config, f"model.layers.{i}.", normal)) for i in range(layers)]
-    for n, (name, tensors) in enumerate(shards):
-        file = f"model-{n + 1:05d}-of-{len(shards):05d}-{name}.safetensors"
-        save_file(tensors, str(tmp / file), metadata={"format": "pt"})
-        index.update(dict.fromkeys(tensors, file))
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, tmp / name)
-    (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}, indent=2))
-    tmp.rename(out)
-    return out
+    def shards():  # one at a time: a layer of Qwen3-30B-A3B's experts is 1.2 GB
+        yield "embed", {"model.embed_tokens.weight": normal(config["vocab_size"], h),
+                        "model.norm.weight": torch.ones(h, dtype=torch.bfloat16),
+                        "lm_head.weight": normal(config["vocab_size"], h)}
+        layer = _qwen3_moe_layer if shape == "qwen3-30b-a3b" else _gpt_oss_layer
+        for i in range(layers):
+            yield f"layer{i:02d}", layer(config, f"model.layers.{i}.", normal)
+
+    return write_checkpoint(out, layers + 1, shards(), config, tokenizer_dir)
 
 
 def _attention(config: dict, p: str, normal, bias: bool) -> dict:
