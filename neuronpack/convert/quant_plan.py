@@ -31,6 +31,7 @@ from neuronpack.errors import QuantizationError
 LAYERS_PREFIX = "model.layers."
 LM_HEAD = "lm_head.weight"
 EMBED = "model.embed_tokens.weight"
+ROUTER_NAMES = ("gate", "router")  # the routing linear of a MoE block (Qwen3-MoE / Mixtral, gpt-oss)
 FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
 QUANTIZED_DTYPES = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2"}
 # Names quantized checkpoints of common toolchains carry next to their weights.
@@ -66,8 +67,10 @@ def nxd_module_name(prefix: str) -> str:
 
 
 def is_linear_weight(name: str, info: _Info) -> bool:
-    """A decoder Linear weight: 2-D ``*.weight`` under ``model.layers.`` (norms are 1-D, so they never match)."""
-    return name.startswith(LAYERS_PREFIX) and name.endswith(".weight") and len(info.shape) == 2
+    """A decoder Linear weight: 2-D ``*.weight`` under ``model.layers.`` (norms are 1-D, so they never match), but a
+    MoE block's router (``ROUTER_NAMES``): routing stays float, as NxD Inference keeps it."""
+    return (name.startswith(LAYERS_PREFIX) and name.endswith(".weight") and len(info.shape) == 2
+            and module_prefix(name).rsplit(".", 1)[-1] not in ROUTER_NAMES)
 
 
 def skip_candidates(prefix: str) -> list[str]:

@@ -84,3 +84,24 @@ def test_a_checkpoint_without_the_experts_is_refused(tmp_path):
     path = make_tiny_moe_checkpoint(tmp_path / "qwen3", "qwen3_moe")
     with pytest.raises(CheckpointError, match="no experts under model.layers.1.mlp"):
         read_experts(open_checkpoint(path), ["model.layers.1.mlp"], ExpertNames(), torch.float32)  # a dense layer
+
+
+def test_quantize_keeps_the_router_float_and_the_experts_load_as_int8(tmp_path):
+    """`neuronpack quantize` int8s a Qwen3-MoE checkpoint's per-expert linears, never its router (routing stays
+    float); the model loads the experts stacked as int8 and predicts transformers' next tokens."""
+    from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
+    from neuronpack.models.loading import load_model
+
+    src = make_tiny_moe_checkpoint(tmp_path / "qwen3", "qwen3_moe")
+    out = tmp_path / "qwen3-int8"
+    quantize_checkpoint(src, out, QuantizeOptions("int8"))
+    ckpt = open_checkpoint(out)
+    assert ckpt.info("model.layers.0.mlp.gate.weight").dtype == "F32"
+    assert ckpt.info("model.layers.0.mlp.experts.5.up_proj.weight").dtype == "I8"
+    model = load_model(out, torch.float32)
+    assert model.config.moe.expert_format == "int8"
+    assert model.model.layers[0].mlp.experts.gate_up.weight.dtype == torch.int8
+    tokens = torch.randint(3, 380, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = transformers.AutoModelForCausalLM.from_pretrained(src).eval()(tokens).logits
+        assert torch.equal(model.forward_full(tokens).argmax(-1), want.argmax(-1))
