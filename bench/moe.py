@@ -133,15 +133,20 @@ def end_to_end(shape: str, threads: int, artifact: Path, gguf: Path, prompts: di
 
 
 def inputs(shape: str, args, tokenizer_dir: Path) -> tuple[Path, Path, Path]:
-    """(checkpoint, our bfloat16 batch-1 artifact, llama.cpp's GGUF), made once in the workdir."""
+    """(checkpoint, our bfloat16 batch-1 artifact, llama.cpp's GGUF), made once in the workdir (the checkpoint may
+    be deleted once both are made: it is written again only if one of them is missing)."""
     from bench._peers_inputs import make_ggufs
 
     layers = args.layers or DEFAULT_LAYERS[shape]
-    checkpoint = moe_checkpoint(shape, layers, tokenizer_dir, args.workdir / f"{shape}-{layers}l")
-    artifact = build_artifact(checkpoint, "bfloat16", args.workdir / f"artifact-{shape}-{layers}l", batch=1,
-                              seq_len=SEQ_LEN, max_context=MAX_CONTEXT)
-    gguf = make_ggufs(checkpoint, args.llama_src, args.llama_python, args.workdir / "gguf", {"bf16"})["bf16"]
-    return checkpoint, artifact, Path(gguf["path"])
+    checkpoint = args.workdir / f"{shape}-{layers}l"
+    artifact_dir = args.workdir / f"artifact-{shape}-{layers}l"
+    gguf = args.workdir / "gguf" / f"{checkpoint.name}-BF16.gguf"  # make_ggufs' name
+    if (artifact_dir / "build-info.json").is_file() and gguf.is_file():
+        return checkpoint, artifact_dir, gguf
+    moe_checkpoint(shape, layers, tokenizer_dir, checkpoint)
+    artifact = build_artifact(checkpoint, "bfloat16", artifact_dir, batch=1, seq_len=SEQ_LEN, max_context=MAX_CONTEXT)
+    made = make_ggufs(checkpoint, args.llama_src, args.llama_python, args.workdir / "gguf", {"bf16"})["bf16"]
+    return checkpoint, artifact, Path(made["path"])
 
 
 def _ratio(r: dict | None) -> str:
