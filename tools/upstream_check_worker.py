@@ -20,8 +20,14 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import upstream_stubs  # noqa: E402
 
-# NxD (neuronx_distributed) loads Neuron torch classes at import: stubbed, except its pure quantization enums
-REAL_SUBMODULES = ["neuronx_distributed.quantization.quantization_config"]
+# NxD (neuronx_distributed) loads Neuron torch classes at import: stubbed, except its pure quantization enums and the
+# MoE config classes MoENeuronConfig builds (BlockwiseMatmulConfig, RouterConfig)
+REAL_SUBMODULES = ["neuronx_distributed.quantization.quantization_config",
+                   "neuronx_distributed.modules.moe.moe_configs", "neuronx_distributed.modules.moe.model_utils"]
+# what vllm-neuron 0.4.1 / 0.5.0's get_neuron_model builds as NeuronMultiModalCausalLM (its load_weights validates the
+# override with _validate_image_to_text_override_neuron_config); every other architecture is a NeuronCausalLM
+IMAGE_TO_TEXT = ("LlavaForConditionalGeneration", "Llama4ForConditionalGeneration",
+                 "Qwen2VLForConditionalGeneration", "Qwen3VLForConditionalGeneration")
 DEVICE_ONLY = ["torch_neuronx", "torch_xla", "neuronxcc", "libneuronxla", "neuronx_distributed", "nki", "nkilib",
                "torchvision", "blake3", "partial_json_parser", "llguidance", "diskcache", "xgrammar",
                "lmformatenforcer"]
@@ -66,6 +72,11 @@ def check_nxdi(case: dict) -> str:
 
     os.chdir(case["cwd"])  # LoRA paths are relative to the artifact, as when vLLM runs there
     cls, neuron_config = _real_neuron_config(case["model_class"], case["neuron_config"])
+    if case.get("vision_neuron_config"):  # NxDI's image-to-text class (Llama 4), as vLLM's plugin builds it
+        _, vision = _real_neuron_config(case["model_class"], case["vision_neuron_config"])
+        cls.get_config_cls()(text_neuron_config=neuron_config, vision_neuron_config=vision,
+                             load_config=load_pretrained_config(case["model_dir"]))
+        return "ok (text + vision NeuronConfig)"
     cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(case["model_dir"]))
     draft = case.get("draft")
     if draft:
@@ -184,14 +195,24 @@ def _check_plugin(engine_args, case: dict) -> list[str]:
     if engine_args.num_gpu_blocks_override != engine_args.max_num_seqs:
         raise ValueError("num_gpu_blocks_override != max_num_seqs")
     mpl = additional.get("max_prompt_length")
-    loader._validate_override_neuron_config(dict(additional["override_neuron_config"]),
-                                            SimpleNamespace(max_prompt_length=mpl))
+    # get_neuron_model's order: the generic validation (it adds max_context_length when max_prompt_length is set),
+    # then, for an image-to-text model, its own on what that returned
+    override = loader._validate_override_neuron_config(dict(additional["override_neuron_config"]),
+                                                       SimpleNamespace(max_prompt_length=mpl))
+    details = []
+    if case.get("architecture") in IMAGE_TO_TEXT:
+        loader._validate_image_to_text_override_neuron_config(override)
+        details.append("image-to-text override")
+    if hasattr(loader, "_get_neuron_model_cls") and case.get("architecture"):
+        cls = loader._get_neuron_model_cls(case["architecture"])  # the class the plugin loads the artifact with
+        if f"{cls.__module__}.{cls.__name__}" != case["model_class"]:
+            details.append(f"loads with {cls.__name__}")
     loaded = {k: v for k, v in case["neuron_config"].items() if k not in ("lora_config",)}
     fake = SimpleNamespace(model=SimpleNamespace(neuron_config=NeuronConfig(**loaded)),
                            vllm_config=SimpleNamespace(model_config=SimpleNamespace(max_prompt_length=mpl)),
                            max_model_len=engine_args.max_model_len)
     NeuronxDistributedModelRunner._validate_max_prompt_length(fake)
-    return ["max_prompt_length", "override_neuron_config"]
+    return ["max_prompt_length", "override_neuron_config", *details]
 
 
 def _check_vneuron(engine_args, case: dict) -> list[str]:

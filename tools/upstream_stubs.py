@@ -14,6 +14,15 @@ from unittest import mock
 REAL = ("vllm", "vllm_neuron", "neuronx_distributed_inference")
 STUBBED = set()
 
+class _StubMeta(type):
+    """Class-level attributes of a stand-in class are MagicMocks too (NxD's MoE configs read enum members of
+    nkilib's BlockShardStrategy as class defaults)."""
+    def __getattr__(cls, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return mock.MagicMock(name=f"{cls.__name__}.{name}")
+
+
 class _Stub(types.ModuleType):
     def __init__(self, name):
         super().__init__(name)
@@ -23,7 +32,7 @@ class _Stub(types.ModuleType):
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)
         if attr[:1].isupper() and not attr.isupper():
-            value = type(attr, (), {"__init__": lambda self, *a, **k: None,
+            value = _StubMeta(attr, (), {"__init__": lambda self, *a, **k: None,
                                     "__getattr__": lambda self, n: mock.MagicMock(name=n),
                                     "__class_getitem__": classmethod(lambda cls, item: cls)})
             value.__module__ = self.__name__

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from neuronpack.accuracy import check as checks
 from neuronpack.accuracy.check import FAILED, NOT_RUN, PASSED, AccuracyReport, Subject, check_accuracy, nxd_cpu_refusal
 from neuronpack.accuracy.metrics import THRESHOLDS
 from neuronpack.errors import AccuracyError, NeuronpackError
@@ -34,7 +35,9 @@ STAGE = "before_compile"
 
 def check_before_compile(subject: Subject, reporter: Reporter) -> dict[str, Any]:
     """The accuracy report (``to_dict()``, without the staging path, ``stage``: before_compile) of ``subject`` run
-    through NxD Inference on this CPU in a child process; AccuracyError when it fails or NxDI refuses the checkpoint."""
+    through NxD Inference on this CPU in a child process; AccuracyError when it fails or NxDI refuses the checkpoint,
+    or when the config contradicts the checkpoint (a quantized one built as float: known without NxDI)."""
+    checks.check_nxd_quantization(subject)
     reason = nxd_cpu_refusal(subject)
     if reason:
         reporter.warn(f"accuracy check before the Neuron compile not run: {reason}")
@@ -75,7 +78,8 @@ def _run_child(subject: Subject, reporter: Reporter) -> dict[str, Any]:
 
 def _child(given: Path, out: Path) -> None:
     data = json.loads(given.read_text())
-    paths = {name: Path(data[name]) if data[name] else None for name in ("artifact_dir", "reference_dir", "draft_dir")}
+    paths = {name: Path(data[name]) if data[name] else None
+             for name in ("artifact_dir", "reference_dir", "draft_dir", "model_dir")}
     subject = Subject(**{**data, **paths})
     try:
         result = check_accuracy(subject, reporter=NullReporter()).to_dict()

@@ -14,6 +14,10 @@ format bug is far off there, quantization error is not). Elsewhere, and for tran
 ``not_run`` and ``plan`` says what would run and on what hardware; also when the weights would not fit this
 machine's free memory.
 
+The reference and how transformers reads it are reference.py's rule (a ``neuronpack quantize``d checkpoint: the
+checkpoint it was quantized from, else itself dequantized); the thresholds are those of the artifact's weights: the
+recipe's quantization, else the quantized checkpoint's own (int8 / fp8), else the compute dtype.
+
 Example::
 
     subject = subject_from_manifest(read_manifest(artifact_dir), artifact_dir)
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.accuracy.metrics import THRESHOLDS, PromptStats, Thresholds, compare_logits, precision_class, summarize
 from neuronpack.accuracy.prompts import DEFAULT_PROMPTS, EvalPrompt, encode_prompt
+from neuronpack.accuracy.reference import Reference, load_reference, resolve_reference
 from neuronpack.errors import AccuracyError
 from neuronpack.progress import NullReporter, Reporter
 
@@ -53,6 +58,12 @@ class Subject:
     neuron_config: dict[str, Any] | None = None
     draft_dir: Path | None = None  # nxd fused speculation: the converted EAGLE draft (loaded, not run: no CPU forward)
     model_class: str | None = None  # nxd: the NxDI application class the artifact was compiled with
+    model_dir: Path | None = None  # the checkpoint the build read, as given (NxDI's model path); None: reference_dir
+    reference_dequantized: bool = False  # reference_dir is a neuronpack-quantized checkpoint, read dequantized
+
+    @property
+    def reference(self) -> Reference:
+        return Reference(self.reference_dir, self.reference_dequantized)
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,7 @@ class AccuracyReport:
             "framework": self.subject.framework,
             "precision": self.subject.precision,
             "reference": str(self.subject.reference_dir) if self.subject.reference_dir else None,
+            "reference_dequantized": self.subject.reference_dequantized,
             "thresholds": self.thresholds.to_dict(),
             "new_tokens": self.new_tokens,
             "summary": self.summary,
@@ -92,25 +104,35 @@ class AccuracyReport:
 
 
 def subject_from_manifest(manifest: Manifest, artifact_dir: Path, reference: Path | None = None) -> Subject:
-    """The Subject of an artifact: precision from its compile config (the resolved dtype) and recipe (quantization),
-    reference = the checkpoint it was compiled from (before quantization) unless ``reference`` is given."""
-    source = reference or manifest.model.original_path or manifest.model.path
+    """The Subject of an artifact: precision from its compile config (the resolved dtype), recipe (quantization) and
+    checkpoint (already quantized); reference by reference.py's rule from the checkpoint it was compiled from
+    (before the recipe's quantization), unless ``reference`` is given."""
+    source = manifest.model.original_path or manifest.model.path
     return subject_of(artifact_dir, manifest.framework, manifest.compile_config, manifest.recipe,
-                      manifest.model.config, Path(source) if source else None, manifest.target.get("instance"))
+                      manifest.model.config, Path(source) if source else None, manifest.target.get("instance"),
+                      reference=reference)
 
 
 def subject_of(artifact_dir: Path, framework: str, compile_config: dict[str, Any], recipe, model_config: dict,
-               reference: Path | None, instance: str | None, *, neuron_config: dict | None = None) -> Subject:
-    """The Subject of a build from its compile config and recipe: precision = the resolved dtype (``auto``: the
-    checkpoint's own) and the recipe's quantization."""
-    quant = recipe.quantization.dtype if recipe.quantization else None
+               source: Path | None, instance: str | None, *, neuron_config: dict | None = None,
+               reference: Path | None = None) -> Subject:
+    """The Subject of a build of ``source`` (the checkpoint as given) from its compile config and recipe: precision =
+    the weights' quantization (the recipe's, else the checkpoint's own int8 / fp8) or the resolved dtype (``auto``:
+    the checkpoint's own); the reference by reference.py's rule (``reference``: the user's choice)."""
+    from neuronpack.artifacts.precision import checkpoint_precision
+
+    stored = checkpoint_precision(model_config)
+    quant = (recipe.quantization.dtype if recipe.quantization else
+             stored.dtype if stored is not None and stored.dtype in THRESHOLDS else None)
     config = compile_config
     dtype = config.get("torch_dtype") or (config.get("neuron_config") or {}).get("torch_dtype") or recipe.model.dtype
     if dtype == "auto":  # the checkpoint's own dtype
         dtype = model_config.get("torch_dtype") or model_config.get("dtype") or "float32"
     draft = (config.get("draft") or {}).get("path")
-    return Subject(Path(artifact_dir), framework, precision_class(str(dtype), quant), reference, instance,
-                   neuron_config, Path(draft) if draft else None, config.get("model_class"))
+    resolved = resolve_reference(reference or source, given=reference is not None)
+    return Subject(Path(artifact_dir), framework, precision_class(str(dtype), quant), resolved.path, instance,
+                   neuron_config, Path(draft) if draft else None, config.get("model_class"),
+                   model_dir=None if source is None else Path(source), reference_dequantized=resolved.dequantized)
 
 
 def check_accuracy(
@@ -136,6 +158,7 @@ def check_accuracy(
         stats = _score_torch(subject, prompts, new_tokens, reporter)
         summary = summarize(stats)
     else:
+        check_nxd_quantization(subject)
         not_run = nxd_cpu_refusal(subject)
         if not_run:
             return AccuracyReport(NOT_RUN, subject, limits, new_tokens, reason=not_run,
@@ -144,6 +167,23 @@ def check_accuracy(
     failures = tuple(limits.failures(summary))
     return AccuracyReport(FAILED if failures else PASSED, subject, limits, new_tokens, summary, tuple(stats),
                           failures, plan=plan, seconds=time.perf_counter() - started)
+
+
+def check_nxd_quantization(subject: Subject) -> None:
+    """An nxd artifact of a ``neuronpack quantize``d checkpoint must tell NxD Inference so (``quantized`` in its
+    NeuronConfig): otherwise NxDI loads the int8 / fp8 values as floats and drops every scale, on the device as on
+    this CPU. Known without running anything: AccuracyError."""
+    from neuronpack.accuracy.reference import quantized_by_neuronpack
+
+    source = subject.model_dir or subject.reference_dir
+    if subject.framework != "nxd" or source is None or not quantized_by_neuronpack(source):
+        return
+    if not _recorded(subject).get("quantized"):
+        raise AccuracyError("the checkpoint holds quantized weights and scales (neuronpack quantize) but the "
+                            "artifact's NeuronConfig has quantized: false, so NxD Inference reads the quantized values "
+                            "as floats and drops the scales", where=str(source),
+                            fix="compile the float checkpoint with a [quantization] section in the recipe (it "
+                                "quantizes in NxD Inference's format and sets the NeuronConfig)")
 
 
 def nxd_cpu_refusal(subject: Subject) -> str | None:
@@ -183,19 +223,20 @@ def _score_nxd_cpu(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_t
     nxdi_cpu.init_cpu_process_group()
     dtype = str(recorded.get("torch_dtype", "float32"))
     draft = ()
+    model_dir = str(subject.model_dir or subject.reference_dir)  # what the build read; the reference may differ
     if recorded.get("enable_fused_speculation") and subject.draft_dir is not None:
-        loaded = nxdi_cpu.load_fused_spec_on_cpu(str(subject.reference_dir), recorded, str(subject.draft_dir),
+        loaded = nxdi_cpu.load_fused_spec_on_cpu(model_dir, recorded, str(subject.draft_dir),
                                                  dtype=dtype, seq_len=seq_len, model_class=subject.model_class)
         draft = (f"NeuronFusedSpecModel loaded {loaded['draft_model']} draft_model.* and {loaded['target_model']} "
                  f"target_model.* weights with their shapes from {subject.draft_dir}; the speculation forward was "
                  "not run (upstream has none on the CPU): the target model is scored alone",)
-    app, _ = nxdi_cpu.load_on_cpu(str(subject.reference_dir), recorded, dtype=dtype, seq_len=seq_len,
-                                  model_class=subject.model_class)
-    reference = _load_reference(subject, app.config.vocab_size)
+    app, _ = nxdi_cpu.load_on_cpu(model_dir, recorded, dtype=dtype, seq_len=seq_len, model_class=subject.model_class)
+    reference = load_reference(subject.reference, app.config.vocab_size)
     quantized = recorded.get("quantized_checkpoints_path") if recorded.get("quantized") else None
-    # in the dtype NxDI ran: what is left against it is kernel rounding, not quantization
-    dequantized = (nxdi_cpu.dequantized_reference(reference, quantized).to(getattr(torch, dtype)) if quantized
-                   else None)
+    # in the dtype NxDI ran: what is left against it is kernel rounding, not quantization (a reference read
+    # dequantized already is that row)
+    dequantized = (nxdi_cpu.dequantized_reference(reference, quantized).to(getattr(torch, dtype))
+                   if quantized and not subject.reference_dequantized else None)
     stats, against_dequantized = [], []
     with reporter.task(f"score {len(encoded)} prompts (NxDI on CPU vs reference)", total=len(encoded)) as task, \
             torch.inference_mode():
@@ -278,7 +319,7 @@ def neuron_plan(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_toke
         f"hardware: a Neuron instance ({subject.instance or 'the recipe target'}) with the Neuron SDK ({stack})",
         load,
         f"score {count} prompts teacher-forced (prompt + {new_tokens} greedy reference tokens each)",
-        f"reference: transformers float32 on CPU from {subject.reference_dir}",
+        f"reference: transformers float32 on CPU from {subject.reference.describe()}",
         f"gate ({subject.precision}): {limits.to_dict()}",
     )
 
@@ -293,7 +334,7 @@ def _score_torch(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tok
     tokenizer = transformers.AutoTokenizer.from_pretrained(subject.artifact_dir)
     prompts = _usable_prompts(prompts, tokenizer)
     lm = load_artifact(subject.artifact_dir, reporter=reporter)
-    reference = _load_reference(subject, lm.vocab_size)
+    reference = load_reference(subject.reference, lm.vocab_size)
     stats = []
     with reporter.task(f"score {len(prompts)} prompts (artifact vs reference)", total=len(prompts)) as task, \
             torch.inference_mode():
@@ -309,21 +350,6 @@ def _score_torch(subject: Subject, prompts: Sequence[EvalPrompt] | None, new_tok
                                         truncated=truncated))
             task.advance()
     return stats
-
-
-def _load_reference(subject: Subject, vocab_size: int):
-    import torch
-    import transformers
-
-    ref = subject.reference_dir
-    if ref is None or not (ref / "config.json").is_file():
-        raise AccuracyError("the reference checkpoint is not there", where=str(ref),
-                            fix="pass --reference DIR (the Hugging Face checkpoint the artifact was compiled from)")
-    model = _quiet_from_pretrained(transformers, ref, dtype=torch.float32).eval()
-    if model.config.vocab_size != vocab_size:
-        raise AccuracyError(f"reference vocabulary {model.config.vocab_size} differs from the artifact's "
-                            f"{vocab_size}", where=str(ref), fix="pass the checkpoint the artifact was compiled from")
-    return model
 
 
 def _greedy(model, ids: list[int], count: int) -> list[int]:
@@ -359,17 +385,3 @@ def with_thresholds(base: Thresholds, **overrides: Any) -> Thresholds:
     """``base`` with the given limits replaced (None values are ignored): the CLI's --min-top1, --max-kl-mean and
     --max-kl."""
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
-
-
-def _quiet_from_pretrained(transformers, ref, **kwargs):
-    """The reference model, loaded without transformers' own "Loading weights" bar: progress is the reporter's (a
-    tqdm bar in an eval log, or between the reporter's lines, is noise a reader cannot turn off)."""
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(ref, **kwargs)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()

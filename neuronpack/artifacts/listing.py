@@ -2,7 +2,9 @@
 
 gc removes (oldest first) artifacts beyond --keep N or older than --older-than, staging leftovers of builds whose
 process is gone, directories that never became valid artifacts, and failed-build logs, then prunes digest-cache
-entries of files that are gone. It never touches a staging directory of a live build (or of a live gc).
+entries of files that are gone. It never touches a staging directory of a live build (or of a live gc). It also
+removes the pods' writable directories (``$TMPDIR/neuronpack-vllm/<key>``, pod_caches.py) of artifacts that are gone
+or that it removes, unless a pod still runs there.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronpack.artifacts.manifest import MANIFEST_NAME
+from neuronpack.artifacts.pod_caches import remove_pod_cache, unused_pod_caches
 from neuronpack.artifacts.precision import weights_precision
 from neuronpack.artifacts.verify import quick_check
 from neuronpack.digest import prune_digest_cache
@@ -67,12 +70,23 @@ def list_artifacts(store: Path) -> list[dict[str, Any]]:
 @dataclass
 class GcItem:
     path: Path
-    kind: str  # artifact | staging | invalid | failed-log
+    kind: str  # artifact | staging | invalid | failed-log | pod-cache
     size: int
     reason: str
 
 
 def plan_gc(store: Path, *, keep: int | None = None, older_than: float | None = None) -> list[GcItem]:
+    items = _plan_store(store, keep=keep, older_than=older_than)
+    removed = {item.path.absolute() for item in items if item.kind in ("artifact", "invalid")}
+
+    def gone(artifact: Path) -> bool:
+        return artifact.absolute() in removed or quick_check(artifact) is None
+
+    items += [GcItem(base, "pod-cache", dir_size(base), reason) for base, reason in unused_pod_caches(gone)]
+    return items
+
+
+def _plan_store(store: Path, *, keep: int | None, older_than: float | None) -> list[GcItem]:
     items: list[GcItem] = []
     if not store.is_dir():
         return items
@@ -112,6 +126,9 @@ def run_gc(items: list[GcItem]) -> int:
     trash: Path | None = None
     for item in items:
         path = item.path
+        if item.kind == "pod-cache":
+            remove_pod_cache(path)  # unless a pod started there since the plan
+            continue
         if item.kind in ("artifact", "invalid") and path.is_dir():
             if trash is None:
                 trash = make_staging_dir(path.parent / ".staging", f"gc-{os.getpid()}-")

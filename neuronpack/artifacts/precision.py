@@ -61,7 +61,7 @@ def weights_precision(manifest: Manifest) -> WeightsPrecision:
     if section is not None:
         return WeightsPrecision(section.dtype, "recipe", section.granularity, section.include_lm_head,
                                 tuple(section.skip))
-    found = _checkpoint_precision(manifest.model.config)
+    found = checkpoint_precision(manifest.model.config)
     if found is not None:
         return found
     return WeightsPrecision(compute_dtype(manifest), "float")
@@ -77,7 +77,9 @@ def compute_dtype(manifest: Manifest) -> str:
     return dtype
 
 
-def _checkpoint_precision(config: Mapping[str, Any]) -> WeightsPrecision | None:
+def checkpoint_precision(config: Mapping[str, Any]) -> WeightsPrecision | None:
+    """The precision a checkpoint's config.json declares for its stored weights (neuronpack quantize's section, else
+    another toolchain's ``quantization_config`` / ``compression_config``); None for a float checkpoint."""
     own = config.get(_NEURONPACK_SECTION)
     if isinstance(own, Mapping) and own.get("dtype"):
         not_converted = own.get("modules_to_not_convert")

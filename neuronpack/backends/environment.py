@@ -18,6 +18,7 @@ from neuronpack.backends.neuron.packages import (
     python_info,
     relevant_env,
 )
+from neuronpack.backends.nxd.families import family_report
 from neuronpack.backends.select import ENV_FRAMEWORK, ENV_VLLM_FRAMEWORK, auto_framework, choose_framework
 from neuronpack.backends.torch_aot.target import cxx_compiler
 from neuronpack.backends.vneuron.variables import POD_VARIABLES
@@ -96,6 +97,7 @@ def environment_report(environ: Mapping[str, str] | None = None) -> dict:
         "framework": {"auto": auto.name, "auto_reason": auto.reason, "effective": effective_dict,
                       "env_names": [ENV_FRAMEWORK, ENV_VLLM_FRAMEWORK]},
         "serving": serving_report(),
+        "nxd_families": family_report(),
         "vneuron_variables": [v.to_dict() for v in POD_VARIABLES],
         "env": relevant_env(environ),
         "validated": list(VALIDATED),

@@ -84,7 +84,7 @@ class Checkpoint:
         names = self._all_infos()
         if LM_HEAD in names:
             return LM_HEAD
-        embedding = self._embedding_name()
+        embedding = self.embedding_name()
         if self.tied and embedding:
             return embedding
         raise CheckpointError(
@@ -173,7 +173,8 @@ class Checkpoint:
             self._handles[file] = safe_open(str(file), framework="pt", device="cpu")
         return self._handles[file]
 
-    def _embedding_name(self) -> str | None:
+    def embedding_name(self) -> str | None:
+        """The input embedding's tensor name (``model.embed_tokens.weight`` and its kin), or None."""
         names = self._all_infos()
         for suffix in EMBEDDING_SUFFIXES:
             for name in names:
@@ -189,7 +190,7 @@ class Checkpoint:
             # .bin names need a (mmap) load; only pay for it when the config does not say.
             if "tie_word_embeddings" in self.config:
                 return False
-        return LM_HEAD not in self._all_infos() and self._embedding_name() is not None
+        return LM_HEAD not in self._all_infos() and self.embedding_name() is not None
 
     def _missing(self, name: str) -> CheckpointError:
         close = [n for n in self._all_infos() if name.rsplit(".", 1)[0] in n][:3]

@@ -32,7 +32,8 @@ def print_report(data: dict[str, Any], artifact: str, console: Console | LazyCon
         return
     from rich.table import Table
 
-    table = Table(title=cell(f"{artifact} ({data['precision']}) vs {data['reference']}"))
+    dequantized = " (dequantized)" if data.get("reference_dequantized") else ""
+    table = Table(title=cell(f"{artifact} ({data['precision']}) vs {data['reference']}{dequantized}"))
     for col in ("prompt", "tokens", "top-1", "max |diff|", "mean |diff|", "mean KL", "max KL", "greedy match"):
         # figures are never cut: only the prompt labels wrap (print_table: natural width into a pipe or a log)
         table.add_column(col, justify="left" if col == "prompt" else "right", no_wrap=col != "prompt")

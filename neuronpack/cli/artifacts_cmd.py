@@ -59,6 +59,7 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
         ("key", m.key),
         ("model", f"{m.model.source}  ({m.model.path})"),
         ("framework", f"{m.framework}  ({m.build.get('framework_reason', '')})"),
+        *_model_class_row(m),
         ("versions", ", ".join(f"{k} {v}" for k, v in sorted(m.versions.items()))),
         ("target", ", ".join(f"{k}={v}" for k, v in sorted(m.target.items()) if not isinstance(v, dict))),
         ("compute dtype", compute_dtype(m)),
@@ -78,6 +79,15 @@ def inspect_command(artifact: ArtifactArg, *, output_format: FormatOpt = OutputF
     for field, value in rows:
         table.add_row(field, cell(value))
     print_result(output_format, None, table)
+
+
+def _model_class_row(m) -> list[tuple[str, str]]:
+    """nxd: the NxD Inference class the artifact was compiled with (and the renamed config keys it was given)."""
+    model_class = m.compile_config.get("model_class") if m.framework == "nxd" else None
+    if not model_class:
+        return []
+    renamed = m.compile_config.get("config_overrides")
+    return [("model class", model_class + (f"  (config.json keys given as {sorted(renamed)})" if renamed else ""))]
 
 
 def _bucket_rows(m) -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from neuronpack.cli._console import OutputFormat, print_result
-from neuronpack.cli._options import FormatOpt, SetOpt
+from neuronpack.cli._options import FormatOpt, RootOpt, SetOpt
 
 
 def plan_command(
@@ -22,24 +22,31 @@ def plan_command(
         int | None, typer.Option("--max-graphs", min=1, help="graph budget (default: as many as the recipe has)")
     ] = None,
     compile_budget: Annotated[
-        float | None, typer.Option("--compile-budget", min=0, help="compile budget in seconds (with --graph-seconds)")
+        float | None, typer.Option("--compile-budget", min=0, help="compile budget in seconds (graphs: it over "
+                                   "--graph-seconds, else over the seconds the store's artifacts recorded)")
     ] = None,
     graph_seconds: Annotated[
         float | None, typer.Option("--graph-seconds", min=0.001, help="seconds one graph takes to compile")
     ] = None,
+    root: RootOpt = None,
     model: Annotated[
         Path | None, typer.Option("--model", help="checkpoint whose config.json sets the cost model's shape")
+    ] = None,
+    kv_weight: Annotated[
+        float | None, typer.Option("--kv-weight", help="one padded KV position in padded "
+                                   "prompt tokens (default: from the model's shape, docs/buckets.md)")
     ] = None,
     write: Annotated[bool, typer.Option("--write", help="write the plan into --recipe (atomically)")] = False,
     set_: SetOpt = None,
     output_format: FormatOpt = OutputFormat.text,
 ) -> None:
     """Plan context, token-generation and batch buckets that pad a request log least within a graph budget."""
+    from neuronpack.artifacts.store import artifacts_root
     from neuronpack.planner.run import plan_buckets_command
 
     result = plan_buckets_command(traffic, recipe=recipe, overrides=set_ or [], framework=framework,
                                   max_graphs=max_graphs, compile_budget=compile_budget, graph_seconds=graph_seconds,
-                                  model=model, write=write)
+                                  model=model, write=write, kv_weight=kv_weight, store=artifacts_root(root))
     print_result(output_format, result.to_dict(), _render(result))
 
 
@@ -72,7 +79,10 @@ def _render(result):
     row("padded batch rows / step", lambda c: f"{c.padding.rows_per_step:.2f}")
     row("padding cost / request", lambda c: f"{c.cost:.1f}")
     lines = ["per request: mean (p50, p90); cost in padded prompt tokens, one padded KV position (or batch row "
-             f"position) = {report.cost.kv_weight:.3g} of them ({report.cost.shape_from})", *report.notes]
+             f"position) = {report.cost.kv_weight:.3g} of them ({report.cost.shape_from})"]
+    if result.graph_seconds is not None:
+        lines.append(f"graph compile seconds: {result.graph_seconds.describe()}")
+    lines += report.notes
     if result.written:
         lines.append(f"wrote the plan into {result.written}")
     elif result.set_lines:

@@ -43,7 +43,10 @@ def compile_command(
     ] = None,
     root: RootOpt = None,
     set_: SetOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="rebuild even when a valid artifact exists")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="rebuild from scratch even when a valid artifact exists: every graph is "
+                           "compiled here (add --reuse to take them from an artifact of the same graph key)")
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the resolved configuration and key; build nothing")
     ] = False,
@@ -53,10 +56,12 @@ def compile_command(
     ] = False,
     remote: RemoteOpt = None,
     push: Annotated[bool, typer.Option("--push", help="publish the artifact to --remote after the build")] = False,
-    no_reuse: Annotated[
-        bool, typer.Option("--no-reuse", help="compile every graph, even when an artifact with the same graph key "
-                           "(same shapes, config, recipe and toolchain) could give its compiled graphs")
-    ] = False,
+    reuse: Annotated[
+        bool | None, typer.Option("--reuse/--no-reuse", help="take the compiled graphs of an artifact with the same "
+                                  "graph key (same shapes, config, recipe and toolchain) when there is one, or "
+                                  "compile every graph (default: --reuse; with --force: --no-reuse)",
+                                  show_default=False)
+    ] = None,
     endpoint_url: EndpointOpt = None,
     output_format: FormatOpt = OutputFormat.text,
     progress: ProgressOpt = ProgressMode.auto,
@@ -85,7 +90,7 @@ def compile_command(
         reporter=reporter,
         remote=transport,
         push=push,
-        reuse=not no_reuse,
+        reuse=reuse,
     )
     if dry_run:
         payload = {"dry_run": True, "framework": result.framework, "framework_reason": result.framework_reason,

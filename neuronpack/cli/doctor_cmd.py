@@ -69,6 +69,11 @@ def _text(report: dict[str, Any]) -> RenderableType:
                       cell(f"{stack}; supported: {', '.join(p['name'] for p in serving['supported'])} "
                            "(docs/neuron.md)"))
     table.add_row("serving path", "", cell(serving["path"]))
+    families = report["nxd_families"]
+    table.add_row("nxd families", str(len(families["built"])), cell(", ".join(
+        f"{arch} -> {f['model_class']}" for arch, f in families["built"].items())))
+    table.add_row("nxd refuses", str(len(families["refused"])), cell("; ".join(
+        f"{arch}: {why}" for arch, why in families["refused"].items())))
     for name, value in report["env"].items():
         table.add_row(f"${name}", "set", cell(value))
     variables = report["vneuron_variables"]

@@ -35,6 +35,11 @@ HEAD = "lm_head.weight"
 EMBED = "embed_tokens.weight"
 INPUT_NORM = "layers.0.input_layernorm.weight"
 EAGLE3_PREFIX = "midlayer."
+# The targets whose draft NxD Inference builds with its Llama class, the one model class that reads the Llama-layout
+# EAGLE head written here (its `fc`: models/llama/modeling_llama.py:1161). NxDI builds a draft with the target's own
+# class: Qwen2/3 and the MoE classes make no `fc`, gpt-oss's draft layer is its own (sinks, MoE), Llama 4 and Mllama
+# have no fused speculation (backends/nxd/families.py says which, per family; a test holds the two equal).
+EAGLE_TARGETS = ("LlamaForCausalLM", "MistralForCausalLM")
 # EAGLE-3 token maps: NxDI never reads them (it needs draft vocab == target vocab), so they are not written
 EAGLE3_TOKEN_MAPS = ("d2t", "t2d")
 # an EAGLE-3 layer's extra norm, also present after conversion (midlayer.* -> layers.0.*, d2t/t2d dropped)
@@ -109,6 +114,7 @@ def plan_eagle_conversion(
     """
     if dtype not in DTYPE_CHOICES:
         raise ConversionError(f"unknown --dtype {dtype!r}", fix=f"choose one of {', '.join(DTYPE_CHOICES)}")
+    _check_target_architecture(target)
     names = list(draft.names())
     layout = detect_layout(names)
     fc = _require(draft, "fc.weight", "draft")
@@ -154,6 +160,18 @@ def detect_layout(names: list[str]) -> str:
         where=f"draft tensors: {', '.join(sorted(names)[:6])}{', ...' if len(names) > 6 else ''}",
         fix="point --draft at an EAGLE-1/2 or EAGLE-3 draft checkpoint (e.g. yuhuili/EAGLE-LLaMA3-Instruct-8B)",
     )
+
+
+def _check_target_architecture(target: CheckpointView) -> None:
+    """Refuse, by name, a target NxDI cannot speculate with an EAGLE head of this layout (EAGLE_TARGETS)."""
+    archs = target.config.get("architectures") or []
+    if archs and not set(archs) & set(EAGLE_TARGETS):
+        raise ConversionError(
+            f"NxD Inference cannot speculate with an EAGLE draft for a {archs[0]} target: it builds the draft with the "
+            "target's model class, and only its Llama class (LlamaForCausalLM, MistralForCausalLM) takes the "
+            "Llama-layout EAGLE head convert-eagle writes (models/llama/modeling_llama.py:1161)",
+            where="--target config.json", fix='serve without speculation, or with a draft model of the same family '
+                                               '(recipe [speculation] kind = "draft")')
 
 
 def _plan_eagle1(draft, target, names, head, hidden, out_dtype, codes, overwrite_head) -> EaglePlan:

@@ -3,8 +3,20 @@
 Torch-free: it works on tensor names, dtypes and shapes from the safetensors headers, so planning (and the cache key)
 never loads a weight.
 
-Rules: every 2-D ``*.weight`` under ``model.layers.`` is a Linear weight and is quantized (q/k/v/o_proj,
-gate/up/down_proj); ``lm_head.weight`` only with ``include_lm_head``; embeddings and norms always keep their dtype.
+Rules: every 2-D ``*.weight`` of a decoder layer (``model.layers.``; Llama 4's text decoder
+``language_model.model.layers.``) is a Linear weight and is quantized (q/k/v/o_proj, gate/up/down_proj);
+``lm_head.weight`` only with ``include_lm_head``; embeddings and norms always keep their dtype. Whatever the family,
+what NxD Inference keeps in float stays float (``keeps_float``): a MoE block's router / gate (NxD's router is a plain
+``nn.Linear``, never converted), the experts (NxDI's converters fuse them from the checkpoint's weights and drop any
+scale; they are listed as ``expert_mlps`` / ``shared_experts`` in modules_to_not_convert, NxDI's module names),
+attention sinks and norms (1-D), and gpt-oss's released MXFP4 experts (``*_blocks`` / ``*_scales``, carried as
+they are: the one quantized input accepted). ``include_experts`` quantizes the float experts too, for the portable
+backend (its routed-experts kernel reads int8 experts); the nxd backend refuses such a checkpoint. An attention projection with a bias (Qwen2's q/k/v, all of gpt-oss's)
+is quantized like any Linear (the portable backend takes it), but NxD Inference cannot load it quantized: its
+attention rewrites those biases in its preshard hooks (modules/attention/gqa.py:326, for q/k/v and o) and NxD's
+quantized layers cannot take that (``set_bias_to_state_dict`` raises:
+neuronx_distributed/quantization/quantization_layers.py:419); ``biased_projections`` names them, and the nxd backend
+refuses such a quantization with the --skip that avoids it.
 A tied lm_head (no ``lm_head.weight``: the head is ``model.embed_tokens.weight``) with ``include_lm_head`` is untied:
 the output gains a quantized ``lm_head.weight`` made from the embedding matrix (``untie_from``), the embedding stays
 float for the token lookup, and config.json says ``tie_word_embeddings: false`` (NxDI then loads the head as its
@@ -29,9 +41,16 @@ from typing import Protocol
 from neuronpack.errors import QuantizationError
 
 LAYERS_PREFIX = "model.layers."
+# decoder-layer prefixes, HF name -> NxDI module name: NxDI drops "model." (Llama 4's converter "language_model.model.")
+TEXT_PREFIXES = ("language_model.model.", "model.")
 LM_HEAD = "lm_head.weight"
+# the routing linear of a MoE block (Qwen-MoE / Mixtral "gate", gpt-oss / Llama 4 "router", Qwen2-MoE's shared gate)
+ROUTER_NAMES = ("gate", "router", "shared_expert_gate")
+# a path component of expert weights: routed (per expert, or one [experts, ...] tensor) and shared experts, with the
+# NxDI module names that hold them (NxDI's MoE v2 layers)
+EXPERT_PARTS = {"experts": "expert_mlps", "shared_expert": "shared_experts", "shared_experts": "shared_experts"}
+MXFP4_SUFFIXES = ("_blocks", "_scales")
 EMBED = "model.embed_tokens.weight"
-ROUTER_NAMES = ("gate", "router")  # the routing linear of a MoE block (Qwen3-MoE / Mixtral, gpt-oss)
 FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
 QUANTIZED_DTYPES = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2"}
 # Names quantized checkpoints of common toolchains carry next to their weights.
@@ -62,15 +81,46 @@ def module_prefix(weight_name: str) -> str:
 
 
 def nxd_module_name(prefix: str) -> str:
-    """NxDI names modules without the HF ``model.`` prefix: ``model.layers.0.mlp`` -> ``layers.0.mlp``."""
-    return prefix[len("model.") :] if prefix.startswith("model.") else prefix
+    """NxDI names modules without the HF ``model.`` prefix: ``model.layers.0.mlp`` -> ``layers.0.mlp`` (Llama 4:
+    ``language_model.model.layers.0.mlp`` -> ``layers.0.mlp``)."""
+    return next((prefix[len(p):] for p in TEXT_PREFIXES if prefix.startswith(p)), prefix)
 
 
-def is_linear_weight(name: str, info: _Info) -> bool:
-    """A decoder Linear weight: 2-D ``*.weight`` under ``model.layers.`` (norms are 1-D, so they never match), but a
-    MoE block's router (``ROUTER_NAMES``): routing stays float, as NxD Inference keeps it."""
-    return (name.startswith(LAYERS_PREFIX) and name.endswith(".weight") and len(info.shape) == 2
-            and module_prefix(name).rsplit(".", 1)[-1] not in ROUTER_NAMES)
+def keeps_float(name: str, *, include_experts: bool = False) -> str | None:
+    """Why NxD Inference keeps the tensor ``name`` in float under int8 / fp8 (see the module docstring), or None.
+    ``include_experts``: the experts are quantized too (the portable backend's routed-experts kernel reads int8
+    experts; NxD Inference cannot load them).
+
+    Example::
+
+        keeps_float("model.layers.0.mlp.gate.weight")   # "a MoE router"
+        keeps_float("model.layers.0.mlp.gate_proj.weight")   # None
+    """
+    parts = module_prefix(name).split(".")
+    if name.endswith(MXFP4_SUFFIXES):
+        return "MXFP4 experts (carried as they are)"
+    if parts[-1] in ROUTER_NAMES:
+        return "a MoE router"
+    if not include_experts and any(part in EXPERT_PARTS for part in parts):
+        return "MoE experts (NxDI fuses them from float weights)"
+    if parts[-1] == "sinks":
+        return "attention sinks"
+    return None
+
+
+def is_linear_weight(name: str, info: _Info, *, include_experts: bool = False) -> bool:
+    """A decoder Linear weight NxDI quantizes: 2-D ``*.weight`` of a decoder layer (norms are 1-D, so they never
+    match), not one NxDI keeps in float (``keeps_float``)."""
+    in_layers = any(name.startswith(p + "layers.") for p in TEXT_PREFIXES)
+    return (in_layers and name.endswith(".weight") and len(info.shape) == 2
+            and keeps_float(name, include_experts=include_experts) is None)
+
+
+def float_experts(names: Iterable[str]) -> list[str]:
+    """NxDI's module names (modules_to_not_convert) of the expert weights a checkpoint holds: kept float."""
+    found = {EXPERT_PARTS[part] for name in names for part in module_prefix(name).split(".")
+             if part in EXPERT_PARTS and any(name.startswith(p + "layers.") for p in TEXT_PREFIXES)}
+    return sorted(found)
 
 
 def skip_candidates(prefix: str) -> list[str]:
@@ -86,8 +136,11 @@ def skip_matches(glob: str, prefix: str) -> bool:
 
 
 def check_not_quantized(infos: Mapping[str, _Info], config: Mapping[str, object], where: str) -> None:
-    """Refuse a checkpoint that is already quantized (a config section, quantized dtypes, or scale tensors)."""
+    """Refuse a checkpoint that is already quantized (a config section, quantized dtypes, or scale tensors); gpt-oss's
+    released MXFP4 experts are the exception (NxDI reads them as they are, so they are carried)."""
     fix = "quantize the original floating-point checkpoint instead"
+    if _mxfp4_experts_only(infos, config):
+        return
     for key in CONFIG_QUANT_KEYS:
         if config.get(key):
             raise QuantizationError(
@@ -104,12 +157,24 @@ def check_not_quantized(infos: Mapping[str, _Info], config: Mapping[str, object]
             )
 
 
+def _mxfp4_experts_only(infos: Mapping[str, _Info], config: Mapping[str, object]) -> bool:
+    """The checkpoint's only quantization is an MXFP4 config section and its ``*_blocks`` / ``*_scales`` tensors."""
+    section = config.get("quantization_config")
+    if not isinstance(section, dict) or section.get("quant_method") != "mxfp4":
+        return False
+    if any(config.get(key) for key in CONFIG_QUANT_KEYS if key != "quantization_config"):
+        return False
+    quantized = [n for n, i in infos.items() if i.dtype in QUANTIZED_DTYPES or n.endswith(QUANTIZED_NAME_SUFFIXES)]
+    return all(n.endswith(MXFP4_SUFFIXES) for n in quantized)
+
+
 def plan_quantization(
     infos: Mapping[str, _Info],
     config: Mapping[str, object],
     *,
     skip: Sequence[str] = (),
     include_lm_head: bool = False,
+    include_experts: bool = False,
     where: str = "",
 ) -> QuantPlan:
     """Decide what to quantize; raise QuantizationError when there is nothing to quantize.
@@ -118,12 +183,12 @@ def plan_quantization(
 
         plan_quantization(infos, {"tie_word_embeddings": False}, skip=("*.down_proj",)).quantize
     """
-    linear = [name for name, info in infos.items() if is_linear_weight(name, info)]
+    linear = [name for name, info in infos.items() if is_linear_weight(name, info, include_experts=include_experts)]
     if not linear:
         raise QuantizationError(
             f"no Linear weights to quantize (no 2-D *.weight under '{LAYERS_PREFIX}')",
             where=where,
-            fix="quantize a decoder-only causal LM checkpoint in Hugging Face naming (Llama, Mistral, Qwen2, ...)",
+            fix="quantize a decoder-only causal LM checkpoint in Hugging Face naming (Llama, Mistral, Qwen2/3, ...)",
         )
     for name in linear:
         if infos[name].dtype not in FLOAT_DTYPES:
@@ -165,11 +230,20 @@ def plan_quantization(
     return QuantPlan(
         quantize=quantize,
         kept_linear=tuple(kept),
-        modules_to_not_convert=tuple(modules_to_not_convert(kept, [module_prefix(n) for n in linear])),
+        modules_to_not_convert=tuple(modules_to_not_convert(kept, [module_prefix(n) for n in linear])
+                                     + ([] if include_experts else float_experts(infos))),
         unmatched_skips=unmatched,
         lm_head_tied=lm_head_tied,
         untie_from=untie_from,
     )
+
+
+def biased_projections(names: Iterable[str]) -> list[str]:
+    """The attention projections (module prefixes) that have a bias, among a checkpoint's tensor names: NxD's
+    quantized layers cannot take their bias (see the module docstring), so NxDI loads them only in float."""
+    names = set(names)
+    return sorted(p for p in (module_prefix(n) for n in names if n.endswith(".weight"))
+                  if p.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj", "o_proj") and p + ".bias" in names)
 
 
 def _float_matrix(info: _Info | None) -> bool:

@@ -32,7 +32,13 @@ from typing import Any
 from neuronpack import __version__
 from neuronpack.checkpoint import AUX_FILES, Checkpoint, open_checkpoint
 from neuronpack.convert.quant_options import QuantizeOptions
-from neuronpack.convert.quant_plan import QuantPlan, check_not_quantized, plan_quantization
+from neuronpack.convert.quant_plan import (
+    QuantPlan,
+    biased_projections,
+    check_not_quantized,
+    module_prefix,
+    plan_quantization,
+)
 from neuronpack.convert.quant_report import read_report, summarize
 from neuronpack.convert.quant_stream import METHOD, write_quantized
 from neuronpack.digest import file_sha256, sha256_json
@@ -130,12 +136,14 @@ def quantization_key(ckpt: Checkpoint, options: QuantizeOptions) -> tuple[str, d
     return sha256_json(inputs), inputs
 
 
-def nxd_quantization_fields(options: QuantizeOptions, quantized_checkpoints_path: Path | None = None) -> dict:
+def nxd_quantization_fields(options: QuantizeOptions, quantized_checkpoints_path: Path | None = None,
+                            source: Path | None = None) -> dict:
     """The NxDI NeuronConfig kwargs for a checkpoint quantized with ``options``.
 
     ``modules_to_not_convert`` is read from the quantized checkpoint's config.json when ``quantized_checkpoints_path``
-    is given (the list resolved against the real module names); without it, it is derived from the options (lm_head
-    plus literal --skip names).
+    holds one (the list resolved against the real module names); before it exists (a dry-run), planned from the
+    ``source`` checkpoint's headers, as the quantizer will (the experts and biased projections a family keeps float
+    included); without either, derived from the options (lm_head plus literal --skip names).
 
     Example::
 
@@ -144,6 +152,8 @@ def nxd_quantization_fields(options: QuantizeOptions, quantized_checkpoints_path
         #  "quantization_dtype": "f8e4m3", "modules_to_not_convert": ["lm_head"]}
     """
     modules = _recorded_modules(quantized_checkpoints_path)
+    if modules is None and source is not None and (Path(source) / "config.json").is_file():
+        modules = list(_plan(open_checkpoint(Path(source)), options).modules_to_not_convert)
     if modules is None:
         modules = [] if options.include_lm_head else ["lm_head"]
         modules += [s.removeprefix("model.") for s in options.skip if not any(c in s for c in "*?[")]
@@ -156,12 +166,48 @@ def nxd_quantization_fields(options: QuantizeOptions, quantized_checkpoints_path
     }
 
 
+def quantized_biased_projections(options: QuantizeOptions, quantized: Path | None, source: Path | None) -> list[str]:
+    """The attention projections with a bias a quantized checkpoint holds quantized, which NxD Inference cannot load
+    (quant_plan.biased_projections): read from ``quantized`` when it exists, planned from ``source`` before it does
+    (a dry-run). Torch-free (headers only)."""
+    if quantized is not None and (Path(quantized) / "config.json").is_file():
+        names = set(open_checkpoint(Path(quantized)).names())
+        return [p for p in biased_projections(names) if p + ".scale" in names]
+    if source is not None and (Path(source) / "config.json").is_file():
+        ckpt = open_checkpoint(Path(source))
+        planned = {module_prefix(n) for n in _plan(ckpt, options).quantize}
+        return [p for p in biased_projections(ckpt.names()) if p in planned]
+    return []
+
+
+def recorded_source(quantized_dir: Path) -> Path | None:
+    """The checkpoint ``quantized_dir`` was quantized from, as its ``neuronpack-quantize.json`` records it, when that
+    directory still holds exactly the files the key was computed over (sha256, from the digest cache when
+    unchanged); None when there is no record, or the source is gone or changed.
+
+    Example::
+
+        recorded_source(Path("llama-int8"))     # Path("/models/llama"), or None once it was edited or removed
+    """
+    record = _read_record(Path(quantized_dir))
+    source = record.get("source") if record else None
+    files = ((record.get("key_inputs") or {}).get("files") or {}) if record else {}
+    if not isinstance(source, str) or not isinstance(files, dict) or not files:
+        return None
+    root = Path(source)
+    for name, digest in files.items():
+        path = root / str(name)
+        if not path.is_file() or file_sha256(path) != digest:
+            return None
+    return root
+
+
 # --- planning and reuse -----------------------------------------------------------------------------------------
 def _plan(ckpt: Checkpoint, options: QuantizeOptions) -> QuantPlan:
     infos = {name: ckpt.info(name) for name in ckpt.names()}
     check_not_quantized(infos, ckpt.config, where=str(ckpt.root))
     return plan_quantization(infos, ckpt.config, skip=options.skip, include_lm_head=options.include_lm_head,
-                             where=str(ckpt.root))
+                             include_experts=options.include_experts, where=str(ckpt.root))
 
 
 def _reuse(out: Path, key: str) -> QuantizeResult:

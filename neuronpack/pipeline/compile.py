@@ -77,7 +77,7 @@ def compile_model(
     reporter: Reporter | None = None,
     remote: Transport | None = None,
     push: bool = False,
-    reuse: bool = True,
+    reuse: bool | None = None,
 ) -> CompileResult:
     """Compile MODEL with a recipe into ``<root>/neuron-compiled-artifacts/<key>/`` (or exactly ``dest``), or return
     the existing artifact for the same key. With ``remote``, a key missing locally is looked up there first (one
@@ -91,13 +91,19 @@ def compile_model(
 
     ``reuse``: on a miss, an artifact with the same graph key (same shapes, config, recipe, toolchain; other weight
     values), in the local store or else in ``remote``, donates its compiled graphs and only what depends on the
-    weights is built (``CompileResult.graphs_from``); False compiles every graph."""
+    weights is built (``CompileResult.graphs_from``); False compiles every graph. None (the default): reuse, except
+    with ``force``: a forced rebuild is from scratch, every graph compiled here, unless ``reuse`` is True."""
     reporter = reporter or NullReporter()
     if push and remote is None:
         from neuronpack.artifacts.remote import REMOTE_ENV
 
         raise NeuronpackError("--push needs a remote store", where="--push",
                               fix=f"pass --remote s3://bucket/prefix (or set {REMOTE_ENV})")
+    if reuse is None:
+        reuse = not force
+        if force:
+            reporter.info("--force: every graph is compiled here (--reuse takes them from an artifact of the same "
+                          "graph key)")
     result = _compile(model, recipe=recipe, overrides=overrides, framework=framework, out_root=out_root, dest=dest,
                       force=force, dry_run=dry_run, reporter=reporter, remote=remote, check_accuracy=check_accuracy,
                       reuse=reuse)
@@ -236,6 +242,14 @@ def _check_donor_files(manifest: Manifest, donor: Donor) -> None:
                              fix="run `neuronpack verify` on the donor, and compile with --no-reuse")
 
 
+def _check_checkpoint(model_dir: Path) -> None:
+    """What no backend may build silently: a tied head with another head stored (checkpoint/tied_head.py)."""
+    from neuronpack.checkpoint import open_checkpoint
+    from neuronpack.checkpoint.tied_head import check_tied_head
+
+    check_tied_head(open_checkpoint(Path(model_dir)))
+
+
 def _accuracy(manifest: Manifest, artifact_dir: Path, reporter: Reporter) -> dict[str, Any]:
     from neuronpack.accuracy import check_accuracy, subject_from_manifest
 
@@ -262,6 +276,7 @@ def _build(plan: BuildPlan, timings: dict[str, float], reporter: Reporter, *, re
     from neuronpack.pipeline.prepare import ensure_eagle_draft, ensure_quantized
 
     inputs, key, final = plan.inputs, plan.key, plan.dest
+    _check_checkpoint(inputs.model_dir)
     staging = new_staging(final.parent, key)
     try:
         graph_donor = None

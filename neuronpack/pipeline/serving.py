@@ -69,7 +69,9 @@ def resolve_serving_artifact(
             + "pass --model and --recipe so neuronpack can compile it there, or point the variable at an artifact",
         )
     reporter.warn(f"failed to load the artifact from {path} ({problem}); compiling into it")
-    result = compile_model(model, recipe=recipe, overrides=overrides, dest=path, force=True, reporter=reporter)
+    # not a user's --force: the artifact there is invalid, and a donor's graphs are checked before they are taken
+    result = compile_model(model, recipe=recipe, overrides=overrides, dest=path, force=True, reuse=True,
+                           reporter=reporter)
     return result.path
 
 

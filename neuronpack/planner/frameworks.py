@@ -7,7 +7,11 @@ a plan compiles, and the plan the recipe compiles today.
   parallelism (on in every neuronpack nxd config) a context bucket must be a multiple of tp_degree
   (``validate_sequence_parallel``); at LNC 2 (trn2 / trn3) flash attention runs only on context lengths that are
   multiples of 256 below 1024 and of 512 from 1024 (``get_flash_attention_strategy``), so planned buckets keep to
-  those. Batch buckets (``token_generation_batches``) are planned when the recipe turns them on in
+  those. At LNC 1 (trn1, inf2) the same function gives context lengths from 4096 (from 512 with
+  ``attn_kernel_enabled``) the unsharded flash-attention kernel, nkilib's ``attention_cte``, which has no length rule
+  in its public source (aws-neuron/nki-library, branch 2.29_release: 128-token query groups, 512-token key tiles,
+  the last of each partial) and is named by the plan's notes (``flash_attention_from``). Batch buckets
+  (``token_generation_batches``) are planned when the recipe turns them on in
   [neuron_overrides]; NxDI then routes (batch, length) by ``_get_batch_and_seq_bucket``: smallest fitting, lengths
   by <=. Graphs: context buckets + token-generation buckets x batch buckets.
 - tnx (transformers-neuronx): the smallest bucket >= length, for both kinds.
@@ -53,6 +57,7 @@ class FrameworkRules:
     prefill_chunk: int | None  # prompts longer than this are prefilled in chunks of it
     prefill_skips_cached: bool  # a prefill computes only the prompt tokens a prefix cache did not hold
     max_prompt: int
+    flash_attention_from: int | None = None  # nxd at LNC 1: context buckets from here run NxDI's unsharded kernel
 
     def graphs(self, context: int, token_generation: int, batch: int) -> int:
         if self.framework == "torch":
@@ -87,13 +92,18 @@ def _nxd(recipe: Recipe) -> FrameworkRules:
 
     batches = overrides.get("token_generation_batches")
     spec = recipe.speculation.length if recipe.speculation is not None else 0
+    # get_flash_attention_strategy at LNC 1 without context parallelism: the unsharded kernel from 4096 tokens, or
+    # from 512 when attn_kernel_enabled is set; never when it is False
+    kernel = overrides.get("attn_kernel_enabled")
+    flash = None if lnc2 or kernel is False or int(overrides.get("cp_degree", 1)) > 1 else 512 if kernel else 4096
     batch_current = tuple(sorted({*batches, t.batch_size})) if batches else (t.batch_size,)
     return FrameworkRules(
         "nxd", Dimension("context", plan.max_context_length, True, context_round_up, plan.context),
         # NxDI routes decode lengths by < without batch bucketing, by <= with it (_get_batch_and_seq_bucket)
         Dimension("token_generation", plan.seq_len, not batches, int, plan.token_generation),
         Dimension("batch", t.batch_size, False, int, batch_current, planned=bool(batches)),
-        speculation=spec, prefill_chunk=None, prefill_skips_cached=False, max_prompt=plan.max_context_length)
+        speculation=spec, prefill_chunk=None, prefill_skips_cached=False, max_prompt=plan.max_context_length,
+        flash_attention_from=flash)
 
 
 def _tnx(recipe: Recipe) -> FrameworkRules:

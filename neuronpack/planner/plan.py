@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from neuronpack.errors import BucketError
 from neuronpack.planner.cost import CostModel, cost_model
 from neuronpack.planner.demand import Demand, Padding, build_demand, measure
 from neuronpack.planner.frameworks import Dimension, FrameworkRules, framework_rules
+from neuronpack.planner.notes import plan_notes
 from neuronpack.planner.partition import Partition, optimal_partitions, padding_of
 from neuronpack.recipe import Recipe
 from neuronpack.traffic import Traffic
@@ -63,13 +65,18 @@ class PlanReport:
 
 def plan_from_traffic(traffic: Traffic, recipe: Recipe, framework: str, *, max_graphs: int | None = None,
                       graph_seconds: float | None = None, model_config: dict | None = None,
-                      model_source: str = "", counts: tuple[int, int, int] | None = None) -> PlanReport:
+                      model_source: str = "", counts: tuple[int, int, int] | None = None,
+                      kv_weight: float | None = None) -> PlanReport:
     """Plan ``recipe``'s buckets for ``traffic`` under ``framework``'s rules: within ``max_graphs`` graphs (default:
     as many as the recipe compiles today), or with exactly ``counts`` = (context, token-generation, batch) buckets.
+    ``kv_weight`` replaces the cost model's weight of a padded KV position (in padded prompt tokens).
     BucketError when no plan fits the budget; TrafficError for a request past the recipe's limits."""
     rules = framework_rules(recipe, framework)
     demand = build_demand(traffic, rules)
     cost = cost_model(model_config, recipe.model.dtype, model_source)
+    if kv_weight is not None:
+        cost = dataclasses.replace(cost, kv_weight=kv_weight,
+                                   shape_from=f"--kv-weight; {cost.shape_from} would give {cost.kv_weight:.3g}")
     dims = _dimensions(rules, demand)
     current = _choice(traffic, rules, demand, cost, tuple(d.current for d in dims), graph_seconds)
     budget = max_graphs if max_graphs is not None else current.graphs
@@ -89,8 +96,13 @@ def plan_from_traffic(traffic: Traffic, recipe: Recipe, framework: str, *, max_g
                           fix=f"allow at least {fewest} graphs (one bucket per kind, at its maximum)")
     planned = _choice(traffic, rules, demand, cost, best[1], graph_seconds)
     names = tuple(d.name for d, p in zip(dims, _planned(dims, demand), strict=True) if p)
-    return PlanReport(framework, demand.requests, demand.decode_steps, cost, budget, current, planned, names,
-                      _notes(rules, demand, traffic))
+    # the partition stops at MAX_BUCKETS per kind: a larger budget is not all spent, which the notes say
+    capped = tuple(d.name for d, c, p in zip(dims, curves, _planned(dims, demand), strict=True)
+                   if p and counts is None and budget > MAX_BUCKETS and len(c) == MAX_BUCKETS)
+    notes = plan_notes(rules, demand, traffic, current=current.padding, planned=planned.padding,
+                       planned_context=planned.context, planned_graphs=planned.graphs, cost=cost, budget=budget,
+                       capped=capped, cap=MAX_BUCKETS)
+    return PlanReport(framework, demand.requests, demand.decode_steps, cost, budget, current, planned, names, notes)
 
 
 # --- private ---------------------------------------------------------------------------------------------------------
@@ -128,20 +140,3 @@ def _choice(traffic: Traffic, rules: FrameworkRules, demand: Demand, cost: CostM
     graphs = rules.graphs(*map(len, lists))
     seconds = round(graphs * graph_seconds, 1) if graph_seconds is not None else None
     return BucketChoice(*lists, graphs, _objective(combo, demand, cost), measure(traffic, rules, *lists), seconds)
-
-
-def _notes(rules: FrameworkRules, demand: Demand, traffic: Traffic) -> tuple[str, ...]:
-    notes = []
-    if rules.framework == "torch":
-        longer = sum(r.prompt_tokens - (r.cached_tokens or 0) > rules.prefill_chunk for r in traffic.records)
-        notes.append(f"the portable backend pads nothing (its graphs take any length and batch): nothing to plan; "
-                     f"its prefill chunk is {rules.prefill_chunk} tokens (the largest context bucket), and "
-                     f"{longer} of {len(traffic.records)} prompts are longer and prefill in chunks")
-        return tuple(notes)
-    if not demand.token_generation:
-        notes.append("no request has completion_tokens > 1: token-generation buckets kept as they are")
-    if rules.batch.planned and not demand.batch:
-        notes.append("no request has batch: batch buckets kept as they are")
-    if rules.framework == "nxd" and not rules.batch.planned:
-        notes.append("NxDI batch buckets are planned when the recipe sets neuron_overrides.token_generation_batches")
-    return tuple(notes)

@@ -28,3 +28,21 @@ def test_nxd_check_before_compile_without_nxdi_is_recorded_as_not_run(tiny_llama
     assert "accuracy check before the Neuron compile not run" in out.stderr
     manifest = json.loads((Path(result["path"]) / "neuronpack.json").read_text())
     assert manifest["accuracy"]["stage"] == "before_compile"  # the build went on and recorded it
+
+
+def test_nxd_build_of_a_quantized_checkpoint_as_float_is_stopped_before_the_compile(tiny_llama, tmp_path):
+    """A `neuronpack quantize`d checkpoint compiled by an nxd recipe without [quantization]: the NeuronConfig says
+    quantized: false, so NxD Inference would read the int8 values as floats (on the device as on the CPU). The check
+    knows it from the config alone, where NxDI does not import too: one line, exit 1, nothing published."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STANDIN / "nxd"), str(STANDIN / "compiler")])}
+    quantized = tmp_path / "int8"
+    done = subprocess.run([sys.executable, "-m", "neuronpack", "quantize", str(tiny_llama), "--out", str(quantized),
+                           "--dtype", "int8", "--quiet"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    out = subprocess.run([sys.executable, "-m", "neuronpack", "compile", str(quantized), "--recipe",
+                          str(ROOT / "recipes" / "llama-3.2-1b-inf2.toml"), "--out-root", str(tmp_path / "root"),
+                          "--check-accuracy", "--quiet"], capture_output=True, text=True, env=env)
+    assert out.returncode == 1, out.stderr[-2000:]
+    [line] = out.stderr.strip().splitlines()
+    assert "artifact's NeuronConfig has quantized: false" in line and "[quantization] section" in line
+    assert not [p for p in (tmp_path / "root" / "neuron-compiled-artifacts").iterdir() if not p.name.startswith(".")]

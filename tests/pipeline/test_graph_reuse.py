@@ -79,6 +79,32 @@ def test_no_reuse_compiles_every_graph(donor, tiny_llama, tmp_path):
     assert (result.path / "graphs.pt2").stat().st_ino != (built.path / "graphs.pt2").stat().st_ino
 
 
+def test_force_rebuilds_every_graph_unless_reuse_is_asked(donor, tiny_llama, tmp_path):
+    """A forced rebuild is from scratch: the donor a plain build would take is not consulted, the graphs are
+    compiled here (another inode), unless --reuse says otherwise. Through the CLI, as a user forces it."""
+    import subprocess
+    import sys
+
+    built, root = donor
+    tuned = _fine_tune(tiny_llama, tmp_path, seed=5)
+    args = [sys.executable, "-m", "neuronpack", "compile", str(tuned), "--recipe", str(RECIPE), "--set",
+            "compiler=export", "--out-root", str(root), "--progress", "plain", "--format", "json"]
+    first = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    assert first["graphs_from"] is not None  # no --force: a donor's graphs (the root's newest of the graph key)
+    forced = subprocess.run([*args, "--force"], capture_output=True, text=True, check=True)
+    summary = json.loads(forced.stdout)
+    assert summary["key"] == first["key"] and summary["graphs_from"] is None and not summary["cache_hit"]
+    assert "--force: every graph is compiled here (--reuse takes them" in forced.stderr
+    assert "reusing" not in forced.stderr
+    graphs = Path(summary["path"]) / "graphs.pt2"
+    donor_graphs = root / "neuron-compiled-artifacts" / first["graphs_from"]["key"] / "graphs.pt2"
+    assert graphs.stat().st_ino != donor_graphs.stat().st_ino
+    assert json.loads((Path(summary["path"]) / "neuronpack.json").read_text())["graphs"]["from"] is None
+    again = json.loads(subprocess.run([*args, "--force", "--reuse"], capture_output=True, text=True,
+                                      check=True).stdout)
+    assert again["graphs_from"] is not None and again["key"] == first["key"]
+
+
 @pytest.mark.parametrize("change", [
     ["target.batch_size=3"],  # a recipe field a graph is compiled for
     ["buckets.context=[16, 32]"],  # the bucket plan (its largest bucket bounds the prefill graph)

@@ -15,6 +15,7 @@ constructor stores it); it returns the platform target, as on a build box with N
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -23,8 +24,11 @@ import types
 ROOTS = ("torch_neuronx", "neuronxcc", "nki", "nkilib", "libneuronxla", "torch_xla")
 CALLS: list[str] = []
 # Closed objects that open set-up code constructs and never runs: NxD's model-parallel set-up builds a
-# context-parallel CollectivesConfig (unused at cp 1). They give a stand-in after sealing too.
-CONFIG_OBJECTS = frozenset({"neuronxcc.nki._pre_prod_kernels.collectives.CollectivesConfig"})
+# context-parallel CollectivesConfig (unused at cp 1); NxD's MoE experts build an NKI kernel option, SkipMode
+# (neuronx_distributed/modules/moe/expert_mlps_v2.py:89), read only by the blockwise kernels a CPU run never calls.
+# They give a stand-in after sealing too.
+CONFIG_OBJECTS = frozenset({"neuronxcc.nki._pre_prod_kernels.collectives.CollectivesConfig",
+                            "nkilib.core.moe.moe_cte.moe_cte_utils.SkipMode"})
 _state = {"sealed": False, "platform": "trn1"}
 
 
@@ -120,3 +124,38 @@ def install(platform: str = "trn1") -> None:
 def seal() -> None:
     """End of imports: every later call of closed code raises and is recorded."""
     _state["sealed"] = True
+
+
+# The one CPU-only substitution of upstream code (an upstream limit, docs/neuron.md): NxDI's layer-boundary markers
+# (models/layer_boundary_marker.py:18, wrapped round every Qwen3-MoE decoder layer at modeling_qwen3_moe.py:410) are
+# XLA custom calls, a compiler hint that returns its inputs unchanged; on the CPU they cannot run, so the harness makes
+# them the identity they are in value. neuronpack's own code never does this (its CPU check reports such a model as
+# not scorable), and nothing of it reaches an artifact.
+SUBSTITUTED = ("neuronx_distributed_inference.models.layer_boundary_marker.ModuleMarkerStartWrapper.forward",
+               "neuronx_distributed_inference.models.layer_boundary_marker.ModuleMarkerEndWrapper.forward")
+_ORIGINALS: dict = {}
+
+
+def _identity(self, *args):
+    return args[0] if len(args) == 1 else args
+
+
+def substitute_for_cpu() -> None:
+    """Make the layer-boundary markers the identity (SUBSTITUTED); call after NxDI imported, before ``seal()``."""
+    from neuronx_distributed_inference.models import layer_boundary_marker as markers
+
+    for wrapper in (markers.ModuleMarkerStartWrapper, markers.ModuleMarkerEndWrapper):
+        _ORIGINALS.setdefault(wrapper, wrapper.forward)
+        wrapper.forward = _identity
+
+
+@contextlib.contextmanager
+def upstream_markers():
+    """Upstream's own markers back for a block (what a CPU without this harness runs)."""
+    for wrapper, forward in _ORIGINALS.items():
+        wrapper.forward = forward
+    try:
+        yield
+    finally:
+        for wrapper in _ORIGINALS:
+            wrapper.forward = _identity

@@ -30,17 +30,17 @@ from neuronpack.backends.base import Availability, BuildRequest
 from neuronpack.backends.neuron.common import import_class, neuron_instance, read_model_config, working_directory
 from neuronpack.backends.neuron.packages import sdk_availability, versions_of
 from neuronpack.backends.nxd.config import (
-    MULTIMODAL,
-    architecture_of,
     check_eagle3_supported,
     check_speculation_kind,
     draft_neuron_config,
-    model_class_path,
+    model_family,
     nxd_neuron_config,
+    vision_neuron_config,
     vision_plan,
 )
+from neuronpack.backends.nxd.families import architecture_of, checkpoint_problem, transformers4_overrides
 from neuronpack.checkpoint.lora import copy_adapters, lora_path
-from neuronpack.errors import ArtifactError, BuildError
+from neuronpack.errors import ArtifactError, BuildError, CheckpointError, UnsupportedModelError
 
 if TYPE_CHECKING:  # annotations only: a cache hit (target, versions) imports no pydantic
     from neuronpack.artifacts.manifest import Manifest
@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # annotations only: a cache hit (target, versions) imports no
 
 NXD_DISTS = ("neuronx-distributed-inference", "neuronx-cc", "torch-neuronx")
 COMPILED_FILES = ("neuron_config.json", "model.pt")
+IMAGE_TO_TEXT_GRAPHS = ("text_model/model.pt", "vision_model/model.pt")
 
 
 class NxdBackend:
@@ -78,27 +79,35 @@ class NxdBackend:
         """Everything the compile hands NxDI, JSON-able: the exact NeuronConfig kwargs, the class, the draft's."""
         recipe, plan = request.recipe, request.plan
         neuron_instance(recipe, "nxd")  # a CPU recipe is refused for its instance first
-        check_speculation_kind(recipe)
         # Before offline quantization has run (dry-run), the quantized directory does not exist yet: read the
         # architecture from the checkpoint it will be made from.
         config_dir = request.model_dir
         if not Path(config_dir).exists() and request.source_model_dir is not None:
             config_dir = request.source_model_dir
         hf_config = read_model_config(config_dir, allow_missing=recipe.quantization is not None)
-        neuron_config = nxd_neuron_config(recipe, plan, hf_config, request.model_dir, request.draft_dir)
+        family = model_family(hf_config, where=str(request.model_dir))
+        check_speculation_kind(recipe, family)
+        _check_checkpoint(Path(config_dir), hf_config)
+        neuron_config = nxd_neuron_config(recipe, plan, hf_config, request.model_dir, request.draft_dir,
+                                          request.source_model_dir)
         check_eagle3_supported(neuron_config, self.versions().get("neuronx-distributed-inference"))
         out: dict[str, Any] = {
             "architecture": architecture_of(hf_config),
-            "model_class": model_class_path(hf_config, where=str(request.model_dir)),
+            "model_class": None if family is None else family.model_class,
             "platform_target": neuron_instance(recipe, "nxd"),
             "neuron_config": neuron_config,
         }
+        if family is not None and family.text_class:
+            out["vision_neuron_config"] = vision_neuron_config(recipe, neuron_config)
+        renamed = transformers4_overrides(hf_config)
+        if renamed:  # a transformers 5 config.json: what NxDI's transformers 4.57 would read otherwise
+            out["config_overrides"] = renamed
         if recipe.speculation is not None:
             out["draft"] = {
                 "path": None if request.draft_dir is None else str(request.draft_dir),
                 "neuron_config": draft_neuron_config(neuron_config),
             }
-        if architecture_of(hf_config) in MULTIMODAL:
+        if family is not None and family.name == "mllama":
             out["vision"] = vision_plan(hf_config)
         if recipe.target.nodes > 1:
             out["multi_node"] = {"nodes": recipe.target.nodes,
@@ -130,15 +139,15 @@ class NxdBackend:
                 model.compile(str(request.staging))
             else:  # compile() minus the trace: the config it saves, then NxDI's own weight sharding
                 model.config.save(str(request.staging))
-                model.shard_weights(str(request.staging))
-        check_compiled(request.staging, config["neuron_config"])
+                _shard_weights(model, str(request.staging), image_to_text="vision_neuron_config" in config)
+        check_compiled(request.staging, config["neuron_config"], image_to_text="vision_neuron_config" in config)
         _copy_model_files(request)
         return {"nxd": {"model_class": config["model_class"], "platform_target": config["platform_target"]}}
 
     def graph_files(self, paths) -> list[str]:
         # the traced model with every bucket's NEFF; neuron_config.json is saved again (it names this checkpoint's
         # paths) and the weights are sharded again from the new checkpoint
-        return [p for p in paths if p == "model.pt"]
+        return [p for p in paths if p in ("model.pt", *IMAGE_TO_TEXT_GRAPHS)]
 
     def graph_reuse_problem(self) -> str | None:
         try:
@@ -153,7 +162,8 @@ class NxdBackend:
         """Files NxDI's load() reads are present, and this machine's NxDI / compiler / torch-neuronx are the ones
         the artifact was built with (NxDI itself records no compiler version)."""
         neuron_config = manifest.compile_config.get("neuron_config") or {}
-        check_compiled(Path(artifact_dir), neuron_config)
+        check_compiled(Path(artifact_dir), neuron_config,
+                       image_to_text="vision_neuron_config" in manifest.compile_config)
         check_lora_adapters(Path(artifact_dir), neuron_config)
         if not neuron_config.get("save_sharded_checkpoint", False):
             model_path = Path(manifest.model.path or "")
@@ -187,9 +197,10 @@ def check_lora_adapters(artifact_dir: Path, neuron_config: dict) -> None:
                                 fix="rebuild it with `neuronpack compile --force` (adapters are copied in)")
 
 
-def check_compiled(artifact_dir: Path, neuron_config: dict) -> None:
-    """The files NxDI's compile writes and its load reads: neuron_config.json, model.pt, weights/tp{rank}_*."""
-    for name in COMPILED_FILES:
+def check_compiled(artifact_dir: Path, neuron_config: dict, *, image_to_text: bool = False) -> None:
+    """The files NxDI's compile writes and its load reads: neuron_config.json, model.pt (an image-to-text model:
+    text_model/model.pt and vision_model/model.pt, models/image_to_text_model_base.py compile), weights/tp{rank}_*."""
+    for name in (("neuron_config.json", *IMAGE_TO_TEXT_GRAPHS) if image_to_text else COMPILED_FILES):
         if not (artifact_dir / name).is_file():
             raise ArtifactError(f"NxDI artifact is missing {name}", where=str(artifact_dir / name),
                                 fix="rebuild it with `neuronpack compile --force`")
@@ -204,11 +215,19 @@ def check_compiled(artifact_dir: Path, neuron_config: dict) -> None:
 
 def inference_config(model_cls, config: dict, model_dir: Path, draft_dir: Path | None):
     """NeuronConfig + InferenceConfig (and the FusedSpecNeuronConfig for speculation), as vLLM 0.9 builds them, from
-    a compile config (``compile_config`` / the CPU check's kwargs); the build and accuracy/nxdi_cpu.py both use it."""
+    a compile config (``compile_config`` / the CPU check's kwargs); the build and accuracy/nxdi_cpu.py both use it.
+    A transformers 5 config.json's renamed keys are given in the names NxDI's transformers 4.57 reads
+    (families.transformers4_overrides)."""
     from neuronx_distributed_inference.utils.hf_adapter import load_pretrained_config
 
     neuron_config = model_cls.get_neuron_config_cls()(**config["neuron_config"])
-    inference = model_cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(model_dir)))
+    renamed = transformers4_overrides(read_model_config(model_dir))
+    if "vision_neuron_config" in config:  # NxDI's image-to-text application (Llama 4), as vLLM's plugin builds it
+        vision = model_cls.get_neuron_config_cls()(**config["vision_neuron_config"])
+        return model_cls.get_config_cls()(text_neuron_config=neuron_config, vision_neuron_config=vision,
+                                          load_config=load_pretrained_config(str(model_dir)), **renamed)
+    inference = model_cls.get_config_cls()(neuron_config, load_config=load_pretrained_config(str(model_dir)),
+                                           **renamed)
     if "draft" in config:
         from neuronx_distributed_inference.models.config import FusedSpecNeuronConfig
 
@@ -216,7 +235,8 @@ def inference_config(model_cls, config: dict, model_dir: Path, draft_dir: Path |
             raise BuildError("the recipe speculates but no draft was resolved", where="speculation.draft",
                              fix="set [speculation] draft to a local directory or cached hub id")
         draft_config = model_cls.get_config_cls()(
-            _draft_config_object(neuron_config), load_config=load_pretrained_config(str(draft_dir)))
+            _draft_config_object(neuron_config), load_config=load_pretrained_config(str(draft_dir)),
+            **transformers4_overrides(read_model_config(draft_dir)))
         inference.fused_spec_config = FusedSpecNeuronConfig(
             model_cls._model_cls, draft_config=draft_config, draft_model_path=str(draft_dir))
     return inference
@@ -237,6 +257,16 @@ _DRAFT_FIELDS = ("speculation_length", "enable_fused_speculation", "modules_to_n
                  "sequence_parallel_enabled")
 
 
+def _shard_weights(model, staging: str, *, image_to_text: bool) -> None:
+    """NxDI's own weight sharding of a built model (compile() minus the trace): an image-to-text model shards its
+    text and vision weights with their own builders (NeuronBaseForImageToText)."""
+    if image_to_text:
+        model.shard_text_weights(staging)
+        model.shard_vision_weights(staging)
+    else:
+        model.shard_weights(staging)
+
+
 def _copy_model_files(request: BuildRequest) -> None:
     """config.json + tokenizer/generation files next to the compiled model (vLLM reads them from --model), and the
     draft's config under draft/ so the artifact alone can be served."""
@@ -249,3 +279,19 @@ def _copy_model_files(request: BuildRequest) -> None:
         draft_out.mkdir(exist_ok=True)
         shutil.copy2(Path(request.draft_dir) / "config.json", draft_out / "config.json")
         copy_aux_files(Path(request.draft_dir), draft_out)
+
+
+def _check_checkpoint(config_dir: Path, hf_config: dict) -> None:
+    """Refuse, before any compile, a checkpoint NxDI's converter or config class would refuse (families.py): its
+    tensor names from the safetensors headers (no weight is read)."""
+    if not hf_config or not (config_dir / "config.json").is_file():
+        return
+    from neuronpack.checkpoint.reader import open_checkpoint
+
+    try:
+        names = open_checkpoint(config_dir).names()
+    except CheckpointError:  # an unreadable checkpoint is reported by the key and the build, not here
+        names = []
+    problem = checkpoint_problem(architecture_of(hf_config), hf_config, names)
+    if problem is not None:
+        raise UnsupportedModelError(problem[0], where=str(config_dir), fix=problem[1])

@@ -15,32 +15,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuronpack.backends.neuron.common import model_dtype, version_tuple
+from neuronpack.backends.nxd.families import FAMILIES, REFUSED, Family, architecture_of, family_of
 from neuronpack.checkpoint.lora import lora_path
 from neuronpack.errors import RecipeError, UnsupportedModelError
 
 if TYPE_CHECKING:  # annotations only: a cache hit (target, versions) imports no pydantic
     from neuronpack.recipe import Recipe
 
-_MODELS = "neuronx_distributed_inference.models"
-# HF architecture -> NxDI class, as vLLM 0.9 maps them (Mistral runs on the Llama implementation)
-MODEL_CLASSES: dict[str, str] = {
-    "LlamaForCausalLM": f"{_MODELS}.llama.modeling_llama.NeuronLlamaForCausalLM",
-    "MistralForCausalLM": f"{_MODELS}.llama.modeling_llama.NeuronLlamaForCausalLM",
-    "Qwen2ForCausalLM": f"{_MODELS}.qwen2.modeling_qwen2.NeuronQwen2ForCausalLM",
-    "MixtralForCausalLM": f"{_MODELS}.mixtral.modeling_mixtral.NeuronMixtralForCausalLM",
-    "DbrxForCausalLM": f"{_MODELS}.dbrx.modeling_dbrx.NeuronDbrxForCausalLM",
-    # Llama-3.2 multimodal: NxDI's own class (MllamaInferenceConfig + MultimodalVisionNeuronConfig); the vision
-    # encoder is traced with the text buckets, its tile count comes from the checkpoint's vision_config
-    "MllamaForConditionalGeneration": f"{_MODELS}.mllama.modeling_mllama.NeuronMllamaForCausalLM",
-}
-MULTIMODAL = ("MllamaForConditionalGeneration",)
 EAGLE3_MIN_NXDI = (0, 7)  # NeuronConfig.is_eagle3 exists from NxDI 0.7 on; older releases drop it silently
+VISION_OVERRIDES = "vision_neuron_config"  # recipe [neuron_overrides] key: the vision encoder's own fields
 SAMPLING_FIELDS = ("do_sample", "top_k", "top_p", "temperature", "dynamic", "deterministic", "global_topk")
 # The NeuronConfig fields an EAGLE draft conversion decides (eagle_nxd_hints also returns config-only keys)
 EAGLE_FIELDS = ("enable_eagle_speculation", "enable_fused_speculation", "enable_eagle_draft_input_norm", "is_eagle3")
 
 
-def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, draft_dir: Path | None) -> dict:
+def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, draft_dir: Path | None,
+                      source_dir: Path | None = None) -> dict:
     """The exact NeuronConfig kwargs for a recipe, starting from vLLM's defaults so the artifact matches what vLLM
     would compile; ``recipe.neuron_overrides`` is applied last as a shallow update (like vLLM's override).
 
@@ -69,10 +59,15 @@ def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, dr
     if recipe.buckets.enabled:
         cfg["context_encoding_buckets"] = list(plan.context)
         cfg["token_generation_buckets"] = list(plan.token_generation)
-    if architecture_of(hf_config) in MULTIMODAL:
+    family = family_of(hf_config)
+    if family is not None and family.name == "mllama":
         cfg["skip_vision"] = False  # MultimodalVisionNeuronConfig: trace the vision encoder too
+    if family is not None and family.moe:
+        # MoENeuronConfig: experts sharded over every rank (no expert parallelism) unless the recipe says otherwise
+        cfg.update(moe_tp_degree=t.tp_degree, moe_ep_degree=1)
     if recipe.quantization is not None:
-        cfg.update(_quantization_fields(recipe, model_dir, fused_qkv=bool(recipe.neuron_overrides.get("fused_qkv"))))
+        cfg.update(_quantization_fields(recipe, model_dir, source_dir,
+                                        fused_qkv=bool(recipe.neuron_overrides.get("fused_qkv"))))
     if recipe.speculation is not None:
         cfg.update(_speculation_fields(recipe, draft_dir))
     if recipe.lora is not None:
@@ -85,13 +80,41 @@ def nxd_neuron_config(recipe: Recipe, plan, hf_config: dict, model_dir: Path, dr
         # (vllm_launch passes start_rank_id / local_ranks_size per node).
         cfg["start_rank_id"] = 0
         cfg["local_ranks_size"] = t.tp_degree
-    cfg.update(recipe.neuron_overrides)
+    cfg.update({k: v for k, v in recipe.neuron_overrides.items() if k != VISION_OVERRIDES})
+    if family is not None and family.moe:
+        check_expert_parallel(cfg, hf_config)
     return cfg
 
 
-def check_speculation_kind(recipe: Recipe) -> None:
+def vision_neuron_config(recipe: Recipe, text: dict) -> dict:
+    """The vision encoder's NeuronConfig kwargs of an image-to-text model (Llama 4), as vLLM's Neuron plugin makes them:
+    the text model's, with ``[neuron_overrides.vision_neuron_config]`` applied; NxDI picks the vision buckets itself
+    (the text buckets do not apply to image chunks)."""
+    vision = {k: v for k, v in text.items() if k not in ("context_encoding_buckets", "token_generation_buckets")}
+    vision.update(recipe.neuron_overrides.get(VISION_OVERRIDES) or {})
+    return vision
+
+
+def check_expert_parallel(cfg: dict, hf_config: dict) -> None:
+    """A MoE recipe's expert sharding: moe_tp_degree x moe_ep_degree covers the tp ranks (NxD builds its expert
+    process groups as that mesh, modules/moe/moe_process_group.py) and the experts divide by moe_ep_degree."""
+    tp, ep = int(cfg.get("moe_tp_degree", cfg["tp_degree"])), int(cfg.get("moe_ep_degree", 1))
+    if tp * ep != cfg["tp_degree"]:
+        raise RecipeError(f"moe_tp_degree {tp} x moe_ep_degree {ep} is not the tp_degree {cfg['tp_degree']}",
+                          where="recipe [neuron_overrides]",
+                          fix="make moe_tp_degree x moe_ep_degree = target.tp_degree")
+    text = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else hf_config
+    experts = next((text[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if k in text), None)
+    if experts is not None and int(experts) % ep:
+        raise RecipeError(f"{experts} experts do not divide over moe_ep_degree {ep}", where="recipe [neuron_overrides]",
+                          fix="pick a moe_ep_degree that divides the number of experts")
+
+
+def check_speculation_kind(recipe: Recipe, family: Family | None = None) -> None:
     """NxDI speculates with a draft model only (fused speculation; vLLM's Neuron loaders build it from the speculative
-    config's draft model, and vllm-neuron supports EAGLE): prompt lookup has no draft, so it is refused here."""
+    config's draft model, and vllm-neuron supports EAGLE): prompt lookup has no draft, so it is refused here; so is a
+    draft NxDI cannot speculate with for this ``family`` (an EAGLE head where its model class builds none, any draft
+    where NxDI has no fused speculation for it)."""
     spec = recipe.speculation
     if spec is not None and spec.kind == "prompt_lookup":
         raise RecipeError('speculation kind "prompt_lookup" is not supported by NxD Inference (its fused speculation '
@@ -99,6 +122,14 @@ def check_speculation_kind(recipe: Recipe) -> None:
                           where="recipe [speculation]",
                           fix='use --framework torch (the portable backend runs prompt lookup), or kind "eagle" / '
                               '"draft" with a draft model')
+    if spec is None or family is None:
+        return
+    if not family.fused_speculation or (spec.kind == "eagle" and family.no_eagle):
+        raise RecipeError(f"NxD Inference cannot speculate with a {spec.kind} draft for {family.name}: "
+                          f"{family.no_eagle}", where="recipe [speculation]",
+                          fix="drop the [speculation] section" + ("" if not family.fused_speculation else
+                                                                  ', or use kind "draft" (a small model of the '
+                                                                  "same family)"))
 
 
 def sampling_config(recipe: Recipe) -> dict | None:
@@ -167,32 +198,56 @@ def nxd_module_names(modules: list[str], *, fused_qkv: bool) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def architecture_of(hf_config: dict) -> str | None:
-    archs = hf_config.get("architectures") or []
-    return next((a for a in archs if a in MODEL_CLASSES), archs[0] if archs else None)
-
-
-def model_class_path(hf_config: dict, *, where: str) -> str | None:
-    """The NxDI class for the checkpoint; None when its config is not readable yet (dry-run before quantizing)."""
+def model_family(hf_config: dict, *, where: str) -> Family | None:
+    """The NxDI family of the checkpoint; None when its config is not readable yet (dry-run before quantizing).
+    UnsupportedModelError for an architecture NxDI has no class for, or one refused by name (families.REFUSED)."""
     if not hf_config:
         return None
     arch = architecture_of(hf_config)
-    if arch not in MODEL_CLASSES:
+    refusal = REFUSED.get(arch or "")
+    if refusal is not None and refusal.judged:  # accepted only when this machine's NxDI passes the CPU judge
+        from neuronpack.backends.nxd.defects import JUDGED, judge
+
+        verdict = judge(arch)
+        if verdict.accepted:
+            return JUDGED[arch][0]
+        raise UnsupportedModelError(f"{arch} is refused for NxD Inference: {refusal.what}; this machine's "
+                                    f"verdict: {verdict.detail}", where=where, fix=refusal.fix)
+    if refusal is not None:
+        raise UnsupportedModelError(f"{arch} is refused for NxD Inference: {refusal.what}", where=where,
+                                    fix=refusal.fix)
+    if arch not in FAMILIES:
         raise UnsupportedModelError(
             f"NxD Inference backend has no model class for architecture {arch!r}", where=where,
-            fix=f"supported: {', '.join(MODEL_CLASSES)}; or use --framework torch")
-    return MODEL_CLASSES[arch]
+            fix=f"supported: {', '.join(FAMILIES)}; or use --framework torch")
+    return FAMILIES[arch]
+
+
+def model_class_path(hf_config: dict, *, where: str) -> str | None:
+    """The NxDI class for the checkpoint (see model_family)."""
+    family = model_family(hf_config, where=where)
+    return None if family is None else family.model_class
 
 
 # --- private ---------------------------------------------------------------------------------------------------------
 _QKV = re.compile(r"(.*\bself_attn)\.([qkv]_proj)")
 
 
-def _quantization_fields(recipe: Recipe, model_dir: Path, *, fused_qkv: bool) -> dict:
-    from neuronpack.convert.quantize import QuantizeOptions, nxd_quantization_fields
+def _quantization_fields(recipe: Recipe, model_dir: Path, source_dir: Path | None, *, fused_qkv: bool) -> dict:
+    """``model_dir``: the quantized checkpoint (absent before a dry-run quantizes); ``source_dir``: what it is made
+    from, planned instead while the quantized one is not there yet."""
+    from neuronpack.convert.quantize import QuantizeOptions, nxd_quantization_fields, quantized_biased_projections
 
     options = QuantizeOptions.from_recipe(recipe.quantization)
-    fields = nxd_quantization_fields(options, Path(model_dir))
+    biased = quantized_biased_projections(options, Path(model_dir), source_dir)
+    if biased:  # NxD's quantized layers cannot take the bias NxDI's attention rewrites (quant_plan.py)
+        kinds = sorted({prefix.rsplit(".", 1)[-1] for prefix in biased})
+        raise RecipeError(
+            f"NxD Inference cannot load a quantized attention projection with a bias ({', '.join(kinds)} of "
+            f"{len(biased)} layer(s)): NxDI rewrites the bias in its preshard hook and NxD's quantized layers cannot "
+            "take it (neuronx_distributed/quantization/quantization_layers.py:419)", where="recipe [quantization]",
+            fix="keep them float: skip = [" + ", ".join(f'"*.{kind}"' for kind in kinds) + "] in [quantization]")
+    fields = nxd_quantization_fields(options, Path(model_dir), source_dir)
     if fields.get("modules_to_not_convert") is not None:  # NxDI's names; keep order, drop repeats
         fields["modules_to_not_convert"] = nxd_module_names(fields["modules_to_not_convert"], fused_qkv=fused_qkv)
     fields["kv_cache_quant"] = bool(recipe.quantization.kv_cache)

@@ -72,6 +72,7 @@ class LaunchSpec:
     dtype: str
     override: dict[str, Any]  # NeuronConfig fields vLLM's defaults would get wrong (nxd) / recipe overrides (tnx)
     speculation_length: int = 0
+    architecture: str | None = None  # the checkpoint's HF architecture (which loader class vLLM picks)
     draft: str | None = None
     eagle: bool = False
     lora: LoraSpec | None = None
@@ -117,11 +118,21 @@ def launch_spec(artifact_dir: Path, manifest: Manifest | dict[str, Any]) -> Laun
         notes = (f"weights are sharded on load from {model}: keep it reachable",)
     return LaunchSpec(
         **common, model=model, max_context_length=int(neuron_config.get("max_context_length") or seq_len),
-        dtype=str(neuron_config.get("torch_dtype", "auto")),
-        override=neuron_override(neuron_config, speculation=bool(speculation)),
+        dtype=str(neuron_config.get("torch_dtype", "auto")), architecture=config.get("architecture"),
+        override=_override(config, neuron_config, speculation=bool(speculation)),
         speculation_length=speculation, draft=_draft(artifact_dir, serve) if speculation else None,
         eagle=bool(neuron_config.get("enable_eagle_speculation")), lora=_lora(artifact_dir, serve, manifest),
         on_device_sampling=neuron_config.get("on_device_sampling_config") is not None, notes=notes)
+
+
+def _override(config: dict, neuron_config: dict, *, speculation: bool) -> dict:
+    """The override vLLM gets; an image-to-text artifact (Llama 4: a text and a vision NeuronConfig) as vllm-neuron's
+    image-to-text loader takes it, ``{"text_neuron_config": ..., "vision_neuron_config": ...}`` (any other key fails
+    its _validate_image_to_text_override_neuron_config)."""
+    if isinstance(config.get("vision_neuron_config"), dict):
+        return {"text_neuron_config": neuron_override(neuron_config),
+                "vision_neuron_config": neuron_override(config["vision_neuron_config"])}
+    return neuron_override(neuron_config, speculation=speculation)
 
 
 def base_env(spec: LaunchSpec) -> dict[str, str]:

@@ -53,7 +53,22 @@ def plugin_command(spec: LaunchSpec, *, host: str, port: int, api_key: str | Non
         argv += lora_args(spec.lora)
         override["target_modules"] = list(spec.lora.target_modules)
     additional = {"max_prompt_length": spec.max_context_length, "override_neuron_config": override}
+    if "text_neuron_config" in override:  # an image-to-text artifact (Llama 4): see _image_to_text
+        additional = _image_to_text(spec, override)
     argv += ["--additional-config", json.dumps(additional, sort_keys=True)]
     notes = [*spec.notes, "vllm-neuron ignores override_neuron_config when the precompiled artifact loads (its "
                           "neuron_config.json wins); the override only matters if vLLM falls back to compiling"]
     return VllmCommand(argv, base_env(spec), cwd=str(spec.artifact_dir), notes=notes, target="vllm-neuron")
+
+
+def _image_to_text(spec: LaunchSpec, override: dict) -> dict:
+    """The additional config of an image-to-text artifact: no max_prompt_length. With one, the plugin's generic
+    validation adds max_context_length to the override, which its image-to-text validation then refuses (only
+    text_neuron_config / vision_neuron_config: neuronx_distributed_model_loader.py:1282 and :1290 in 0.5.0), so the
+    artifact's prompt limit must be its whole length: vLLM enforces max_model_len only."""
+    if spec.max_context_length != spec.max_model_len:
+        raise ServeError(
+            f"vllm-neuron cannot take max_prompt_length for an image-to-text model, and this artifact's prompts stop "
+            f"at {spec.max_context_length} of {spec.max_model_len} tokens (vLLM would let longer prompts through)",
+            where="--vllm-target vllm-neuron", fix="rebuild with target.max_context_length = target.seq_len")
+    return {"override_neuron_config": override}

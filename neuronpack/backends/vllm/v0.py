@@ -30,6 +30,14 @@ from neuronpack.backends.vllm.launch import LaunchSpec, VllmCommand, base_env, l
 from neuronpack.errors import ServeError
 
 FORK_EXAMPLES = "${VLLM_SRC}/examples/neuron/multi_node"  # a checkout of aws-neuron/upstreaming-to-vllm @ 2.24.0
+# What each V0 Neuron loader builds an NxDI model for (_NEURON_SUPPORTED_MODELS in
+# vllm/model_executor/model_loader/neuronx_distributed.py of vLLM 0.9.2 and of the fork at 2.24.0)
+V0_ARCHITECTURES = {
+    "0.9": ("LlamaForCausalLM", "MistralForCausalLM", "DbrxForCausalLM", "MixtralForCausalLM",
+            "MllamaForConditionalGeneration"),
+    "fork": ("LlamaForCausalLM", "MistralForCausalLM", "DbrxForCausalLM", "MixtralForCausalLM",
+             "MllamaForConditionalGeneration", "Qwen2ForCausalLM"),
+}
 MULTI_NODE_NOTE = ("multi-node: run on the head node with VLLM_SRC = a checkout of aws-neuron/upstreaming-to-vllm "
                    "2.24.0, MASTER_ADDR / MASTER_PORT and a hostfile; the launcher runs mpirun -np 2 (edit it for "
                    "more nodes) and starts vllm.entrypoints.api_server (not the OpenAI server) on rank 0")
@@ -38,6 +46,12 @@ MULTI_NODE_NOTE = ("multi-node: run on the head node with VLLM_SRC = a checkout 
 def v0_command(spec: LaunchSpec, *, dialect: str, host: str, port: int, api_key: str | None,
                python: str) -> VllmCommand:
     target = "vllm-v0-fork" if dialect == "fork" else "vllm-v0"
+    known = V0_ARCHITECTURES[dialect]
+    if spec.framework == "nxd" and spec.architecture and spec.architecture not in known:
+        raise ServeError(f"{'the AWS fork 2.24.0' if dialect == 'fork' else 'vLLM 0.9'}'s Neuron loader has no model "
+                         f"class for {spec.architecture} (it knows {', '.join(known)})", where="--vllm-target",
+                         fix="serve it with --vllm-target vllm-neuron (the plugin maps every NxD Inference model "
+                             "type)")
     if spec.nodes > 1:
         if dialect != "fork" or spec.framework != "nxd":
             raise ServeError(

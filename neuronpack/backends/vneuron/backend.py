@@ -36,8 +36,18 @@ if TYPE_CHECKING:  # annotations only: a cache hit (target, versions) imports no
 # what a compiled entry depends on (create_cache_hash hashes torch-neuronx, neuronx-cc and NKI versions; the plugin
 # and vLLM decide the captured graphs); libtorch-neuronx-lite holds the cache code from 0.24 on
 VNEURON_DISTS = ("vllm-neuron", "vllm", "neuronx-cc", "torch-neuronx", "libtorch-neuronx-lite", "nki")
-# vllm-neuron 0.24's model registry (0.21's could not be read): text models neuronpack builds for it
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "GptOssForCausalLM")
+# The plugin's model registry (vllm_neuron/model/registry.py get_models(), which NeuronWorker registers with vLLM:
+# vllm_neuron/vllm/worker/neuron_worker.py:249-251 of the pinned 0.21 tree). 0.21's registry file is not in that
+# partial tree: its public copies all hold these five entries; 0.24's docs list the same models (Llama + its EAGLE-3
+# draft, gpt-oss, Qwen3, Qwen3-VL). A checkpoint is built for what the registry serves as a target: not the draft.
+PLUGIN_REGISTRY = {
+    "0.21": ("LlamaForCausalLM", "GptOssForCausalLM", "Eagle3LlamaForCausalLM", "Qwen3ForCausalLM",
+             "Qwen3VLForConditionalGeneration"),
+    "0.24": ("LlamaForCausalLM", "GptOssForCausalLM", "Eagle3LlamaForCausalLM", "Qwen3ForCausalLM",
+             "Qwen3VLForConditionalGeneration"),
+}
+DRAFT_ONLY = ("Eagle3LlamaForCausalLM",)
+ARCHITECTURES = tuple(dict.fromkeys(a for archs in PLUGIN_REGISTRY.values() for a in archs if a not in DRAFT_ONLY))
 WORK_DIR = ".vneuron-work"  # inside staging while the compile runs; removed before the manifest is written
 
 

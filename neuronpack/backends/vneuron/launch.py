@@ -33,10 +33,10 @@ Example::
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 from neuronpack.artifacts.manifest import Manifest
+from neuronpack.artifacts.pod_caches import pod_cache_base
 from neuronpack.backends.vllm.launch import API_SERVER, VllmCommand
 from neuronpack.backends.vneuron.backend import plugin_cache_root
 from neuronpack.backends.vneuron.config import PluginConfig
@@ -48,8 +48,9 @@ POD = "neuronpack.backends.vneuron.pod"  # what runs vLLM on the pod: fill, chec
 
 
 def default_cache_base(key: str) -> Path:
-    """The server's writable ``VLLM_CACHE_ROOT``: one per artifact key under the temporary directory."""
-    return Path(tempfile.gettempdir()) / "neuronpack-vllm" / key
+    """The server's writable ``VLLM_CACHE_ROOT``: one per artifact key under the temporary directory (artifacts/
+    pod_caches.py, which gc cleans)."""
+    return pod_cache_base(key)
 
 
 def serve_env(config: PluginConfig, cache_base: Path) -> dict[str, str]:

@@ -3,7 +3,9 @@
 ``python -m neuronpack.backends.vneuron.pod ARTIFACT -- <vllm argv>`` (with the environment launch.py gives):
 
 1. makes the plugin's local compile-cache root anew from the verified artifact (cache.fill_local_root), so every
-   graph is a LOCAL hit and nothing an earlier run left there is served;
+   graph is a LOCAL hit and nothing an earlier run left there is served; the writable directory around it
+   (``VLLM_CACHE_ROOT``) is held for the whole run and names the artifact (artifacts/pod_caches.py), so ``gc``
+   leaves it alone while the pod runs and removes it once the artifact is gone;
 2. asks the installed plugin, in vLLM's Python and environment (probe.py), which root it resolves, and stops with one
    line when that is not the root it just filled (a ``NEURON_LIBTORCH_CACHE_ROOT`` in the image, say), and when a guard
    variable the plugin reads is off; a guard it does not read is named in a note;
@@ -25,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from neuronpack.artifacts.pod_caches import pod_cache_in_use
 from neuronpack.backends.vllm.serving import server_origin
 from neuronpack.backends.vneuron.backend import plugin_cache_root
 from neuronpack.backends.vneuron.cache import CACHE_DIR, entry_dirs, fill_local_root
@@ -43,12 +46,14 @@ def start(artifact: Path, vllm_argv: list[str], environ: dict[str, str] | None =
     if CACHE_ROOT not in environ:
         raise ServeError(f"{CACHE_ROOT} is not set", where="the pod's environment",
                          fix="start vneuron artifacts with `neuronpack serve`")
-    root = plugin_cache_root(Path(environ[CACHE_ROOT]))
-    packaged = fill_local_root(Path(artifact) / CACHE_DIR, root)
-    _say(f"local compile cache {root}: {len(packaged)} graphs copied from the artifact")
-    for note in check_plugin(vllm_argv[0], root, environ):
-        _say(note)
-    return _run_watched(vllm_argv, root, set(packaged), environ)
+    # held while the pod runs (artifacts/pod_caches.py): gc leaves it alone, and removes it once the artifact is gone
+    with pod_cache_in_use(Path(environ[CACHE_ROOT]), Path(artifact)) as base:
+        root = plugin_cache_root(base)
+        packaged = fill_local_root(Path(artifact) / CACHE_DIR, root)
+        _say(f"local compile cache {root}: {len(packaged)} graphs copied from the artifact")
+        for note in check_plugin(vllm_argv[0], root, environ):
+            _say(note)
+        return _run_watched(vllm_argv, root, set(packaged), environ)
 
 
 def check_plugin(python: str, root: Path, environ: dict[str, str]) -> list[str]:

@@ -37,10 +37,8 @@ the tokens its grammar allows before sampling (prefill, decode and each verified
 first cut at its first refused token); it ends "stop" once its grammar is complete, "length" at max_tokens or if the
 grammar reaches a dead end.
 
-Speculative decoding (an artifact compiled with ``[speculation]``): the decode step becomes a draft-then-verify step
-(``speculation/step.py``) that may emit several tokens per sequence; they go through the stop rules one by
-one (whatever follows a stop is dropped), and sequences end with "length" once ``length + lookahead`` would pass
-``max_model_len``.
+Speculative decoding (an artifact compiled with ``[speculation]``): the decode step (decode_step.py) drafts and
+verifies, and may emit several tokens per sequence, each through the stop rules.
 
 Example::
 
@@ -59,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuronpack.errors import InvalidRequestError
 from neuronpack.runtime.engine.admission import Admission
+from neuronpack.runtime.engine.decode_step import DecodeStep
 from neuronpack.runtime.engine.logprobs import TokenLogprobs, prompt_logprobs
 from neuronpack.runtime.engine.metrics import EngineMetrics
 from neuronpack.runtime.engine.plan import StepPlan
@@ -81,10 +80,10 @@ from neuronpack.runtime.engine.sampling import DEFAULT_GLOBAL_TOPK, sample
 from neuronpack.runtime.engine.scheduler import SlotScheduler
 from neuronpack.runtime.engine.speculation.acceptance import Accepted
 from neuronpack.runtime.engine.speculation.config import SpeculationConfig
-from neuronpack.runtime.engine.speculation.step import SpecRow, SpeculativeStep
+from neuronpack.runtime.engine.speculation.step import SpeculativeStep
 from neuronpack.runtime.engine.step_budget import StepBudget
 from neuronpack.runtime.engine.stopping import FinishReason
-from neuronpack.runtime.structured import GrammarCompiler, Masks, mask_logits
+from neuronpack.runtime.structured import GrammarCompiler, mask_logits
 
 if TYPE_CHECKING:
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
@@ -147,6 +146,8 @@ class Engine:
         self.limits = limits or EngineLimits()
         self.step_budget = StepBudget(step_token_budget(self.limits.max_num_batched_tokens, model.batch_size,
                                                         speculation.length if speculation else 0), self.runner.chunk)
+        self.decode_step = DecodeStep(self.runner, self.metrics, self.step_budget, batch_size=model.batch_size,
+                                      speculating=self.speculator is not None)
         self.admission = Admission(model.batch_size, self.limits.max_waiting, self.metrics)
         self.grammars = GrammarCompiler(tokenizer.to_json_str, vocab_size=model.vocab_size,
                                         eos_token_ids=sorted(self.eos_token_ids))
@@ -347,37 +348,17 @@ class Engine:
                     self._emit(member, [int(tokens[i])], None if entries[i] is None else [entries[i]], prompt_lp)
 
     def _decode(self, plan: StepPlan) -> None:
-        """One decode step over the running sequences: one token each, or with speculation a draft-then-verify step
-        that may emit several."""
+        """One decode step over the running sequences (decode_step.py): one token each, or with speculation a
+        draft-then-verify step that may emit several."""
         running = [self.scheduler.at(d.row) for d in plan.decodes]
-        started = time.monotonic()
         try:
-            outcomes = (self._speculate(plan, running) if self.speculator is not None
-                        else self._decode_one(plan, running))
+            outcomes = self.decode_step.run(plan, running)
         except Exception as exc:
             self._fail(running, "decode failed: ", exc)
             return
-        seconds = time.monotonic() - started
-        self.metrics.decode_seconds.observe(seconds)
-        self.step_budget.observe_decode(seconds)
-        self.metrics.step_occupancy.observe(len(running) / self.scheduler.batch_size)
         for seq, outcome in zip(running, outcomes, strict=True):
             self._emit(seq, outcome.token_ids, outcome.logprobs, drafted=outcome if self.speculator else None,
                        batch=len(running))
-
-    def _decode_one(self, plan: StepPlan, running: list[RequestState]) -> list[Accepted]:
-        masks = Masks.start([s.constraint for s in running])  # grammar masks computed while the model runs
-        logits = self.runner.decode(plan.decodes)  # [n_running, vocab]
-        next_tokens, entries = sample(masks.apply(logits), [s.sampler for s in running])
-        return [Accepted([token], 0, 0, None if entry is None else [entry])
-                for token, entry in zip(next_tokens.tolist(), entries, strict=True)]
-
-    def _speculate(self, plan: StepPlan, running: list[RequestState]) -> list[Accepted]:
-        rows = [SpecRow(d.request_id, d.row, d.position, [*s.prompt_ids, *s.output.token_ids], d.num_draft,
-                        s.sampler, s.constraint) for d, s in zip(plan.decodes, running, strict=True)]
-        outcomes, stats = self.runner.speculate(rows)
-        self.metrics.observe_speculation(stats)
-        return outcomes
 
     def _emit(self, seq: RequestState, tokens: list[int], logprobs: list[TokenLogprobs] | None = None,
               prompt_lp: list[TokenLogprobs | None] | None = None, drafted: Accepted | None = None,

@@ -59,10 +59,27 @@ def _request(recipe, model_dir: Path, staging: Path, draft_dir: Path | None = No
                         draft_dir=draft_dir)
 
 
+@pytest.fixture(scope="module")
+def family_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """A tiny checkpoint of each family a shipped recipe is for (tests/upstream/family_checkpoints.py)."""
+    from tests.upstream.family_checkpoints import RECIPE_FAMILY, write_family_checkpoint
+
+    root = tmp_path_factory.mktemp("families")
+    return {name: write_family_checkpoint(root / name, name) for name in set(RECIPE_FAMILY.values())}
+
+
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
-def test_every_recipe_maps_to_exact_neuron_config(path, tiny_llama, tmp_path, nxd_sdk):
+def test_every_recipe_maps_to_exact_neuron_config(path, tiny_llama, family_checkpoints, tmp_path, nxd_sdk):
+    """Each recipe on a tiny checkpoint of its own family: the exact NeuronConfig kwargs, NxDI's class for the family,
+    and the kwargs taken by that class's NeuronConfig (the stand-in keeps what NxDI 0.9 would not know)."""
+    from neuronpack.backends.neuron.common import import_class
+    from neuronpack.backends.nxd.families import family_of
+    from tests.upstream.family_checkpoints import recipe_family
+
     recipe = load_recipe(path)
-    request = _request(recipe, tiny_llama, tmp_path / "staging")
+    family = recipe_family(path)
+    model = family_checkpoints[family] if family else tiny_llama
+    request = _request(recipe, model, tmp_path / "staging")
     if recipe.instance_for("nxd") not in ("trn1", "trn2", "inf2"):
         with pytest.raises(RecipeError) as info:  # a CPU recipe cannot be forced onto Neuron silently
             NxdBackend().compile_config(request)
@@ -75,21 +92,21 @@ def test_every_recipe_maps_to_exact_neuron_config(path, tiny_llama, tmp_path, nx
         return
     config = NxdBackend().compile_config(request)
     neuron_config = config["neuron_config"]
-    expected = dict(EXPECTED.get(path.name) or _reference(recipe))
+    hf_config = json.loads((model / "config.json").read_text())
+    expected = dict(EXPECTED.get(path.name) or _reference(recipe, moe=family_of(hf_config).moe))
     if recipe.quantization is not None:
-        expected["quantized_checkpoints_path"] = str(tiny_llama)
+        expected["quantized_checkpoints_path"] = str(model)
     assert neuron_config == expected
-    assert config["model_class"] == "neuronx_distributed_inference.models.llama.modeling_llama.NeuronLlamaForCausalLM"
+    assert config["model_class"] == family_of(hf_config).model_class
     assert config["platform_target"] == recipe.target.instance
-    # the real NeuronConfig field names: the stand-in keeps anything NxDI 0.9 would not know
-    from neuronx_distributed_inference.models.config import NeuronConfig
-
-    assert NeuronConfig(**neuron_config).unexpected == {}
+    neuron_config_cls = import_class(config["model_class"]).get_neuron_config_cls()
+    assert neuron_config_cls(**neuron_config).unexpected == {}
     json.dumps(config)  # the whole compile config is JSON-able (it goes into the key and the manifest)
 
 
-def _reference(recipe) -> dict:
-    """Generic expectation for recipes added later (the hand-written table above covers the shipped ones)."""
+def _reference(recipe, *, moe: bool = False) -> dict:
+    """Generic expectation for recipes added later (the hand-written table above covers the first ones); a MoE
+    family's experts go over every tp rank (MoENeuronConfig moe_tp_degree = tp_degree, moe_ep_degree 1)."""
     plan = recipe.bucket_plan()
     out = {**BASE, "tp_degree": recipe.target.tp_degree, "batch_size": recipe.target.batch_size,
            "tkg_batch_size": recipe.target.batch_size, "max_context_length": plan.max_context_length,
@@ -99,6 +116,8 @@ def _reference(recipe) -> dict:
     if recipe.buckets.enabled:
         out["context_encoding_buckets"] = list(plan.context)
         out["token_generation_buckets"] = list(plan.token_generation)
+    if moe:
+        out.update(moe_tp_degree=recipe.target.tp_degree, moe_ep_degree=1)
     return {**out, **recipe.neuron_overrides}
 
 
@@ -228,10 +247,23 @@ def test_quantized_checkpoint_fields_come_from_the_quantizer(tiny_llama, tmp_pat
 
 
 def test_qwen2_and_unknown_architectures(make_checkpoint, tmp_path, nxd_sdk):
+    """Qwen2 maps to NxDI's class. Saved by transformers 5 (rope_theta 1e6 inside rope_parameters, which NxDI's
+    transformers 4.57 ignores for its default 1e4), its rope reaches NxDI in the released names: recorded in the
+    compile config and set on the InferenceConfig; a config.json in the released names needs nothing. An unknown
+    architecture is refused."""
+    from tests.upstream.family_checkpoints import released_config
+
     recipe = _tiny_recipe(tmp_path)
     qwen = make_checkpoint("qwen2")
-    config = NxdBackend().compile_config(_request(recipe, qwen, tmp_path))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    config = NxdBackend().compile_config(_request(recipe, qwen, staging))
     assert config["model_class"].endswith("qwen2.modeling_qwen2.NeuronQwen2ForCausalLM")
+    assert config["config_overrides"] == {"rope_theta": 1000000.0, "rope_scaling": None}
+    NxdBackend().build(_request(recipe, qwen, staging))
+    assert json.loads((staging / "neuron_config.json").read_text())["rope_theta"] == 1000000.0
+    released_config(qwen)
+    assert "config_overrides" not in NxdBackend().compile_config(_request(recipe, qwen, tmp_path))
     odd = tmp_path / "odd"
     shutil.copytree(qwen, odd)
     cfg = json.loads((odd / "config.json").read_text())

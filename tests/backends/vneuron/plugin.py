@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-PLUGIN_SRC = ROOT.parent / "shared" / "upstream" / "vllm-neuron-0.21" / "src"
+# UPSTREAM_SRC's, else ../shared/upstream beside the clone (as tests/upstream/test_nxdi_cpu.py finds NxDI's)
+PLUGIN_SRC = Path(os.environ.get("UPSTREAM_SRC") or ROOT.parent / "shared" / "upstream") / "vllm-neuron-0.21" / "src"
 STANDIN = ROOT / "tests" / "backends" / "neuron_standin" / "vneuron"
 RECIPES = {"llama": ROOT / "recipes" / "llama-3.1-8b-instruct-trn2-vneuron.toml",
            "qwen3": ROOT / "recipes" / "qwen3-8b-trn2-vneuron.toml"}

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
+import os
 import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,8 +27,10 @@ import pytest
 
 from neuronpack.backends.vneuron.backend import plugin_cache_root
 from neuronpack.backends.vneuron.cache import fill_local_root
+from neuronpack.fsutil import remove_tree
 from tests.backends.vneuron.plugin import (
     PLUGIN_MARKS,
+    PLUGIN_SRC,
     entries,
     error_lines,
     neuronpack,
@@ -33,6 +38,7 @@ from tests.backends.vneuron.plugin import (
     print_command,
     upstream_plugin,
 )
+from tests.backends.vneuron.plugin import ROOT as REPO
 
 pytestmark = PLUGIN_MARKS
 GUARDS = {"VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1", "VLLM_NEURON_DISABLE_GRAPH_CAPTURE_BACKEND": "1",
@@ -170,6 +176,73 @@ def test_an_unprivileged_pod_serves_a_built_or_a_pulled_artifact(built, tmp_path
         assert f"{graphs} of {graphs} packaged graphs were local hits" in output  # .cache_accessed written
 
 
+NOBODY = 65534  # an unprivileged uid that exists on every Linux (no user is created)
+
+
+@pytest.fixture
+def other_user(built):
+    """(a command prefix that runs as an unprivileged user, a directory that user can read, in which the test puts
+    what the pod reads, and its uid): as root, setpriv to uid 65534 with no groups and no capability but, where the
+    Python it runs lives in a directory other users cannot search (a pyenv under /root), CAP_DAC_READ_SEARCH, which
+    lets it read and search, never write; as anyone else, that user itself. The directory lies outside pytest's 0700
+    temporaries, under the same temporary root."""
+    shared = Path(tempfile.mkdtemp(prefix="unprivileged-pod-"))
+    shared.chmod(0o755)
+    reads = (shared, REPO, PLUGIN_SRC)  # what the pod reads: the test's files, this checkout, the plugin
+    blocked = [p for path in reads for p in (path, *path.parents) if p.is_dir() and not p.stat().st_mode & 0o001]
+    if os.geteuid() != 0:
+        prefix, uid = [], os.geteuid()
+    elif not shutil.which("setpriv") or blocked:
+        shutil.rmtree(shared)
+        pytest.skip(f"{blocked[0]} is not searchable by other users" if blocked else
+                    "running as root without util-linux setpriv: no way to start the pod as another user")
+    else:
+        interpreter = Path(sys.executable).resolve()
+        hidden = any(not p.stat().st_mode & 0o001 for p in interpreter.parents)
+        caps = (["--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search"] if hidden
+                else ["--inh-caps=-all"])
+        prefix, uid = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *caps, "--"], NOBODY
+    yield prefix, shared, uid
+    remove_tree(shared)
+
+
+def test_a_second_start_as_an_unprivileged_user_leaves_nothing_behind_and_gc_cleans_it(built, other_user):
+    """The pod's writable directory ($TMPDIR/neuronpack-vllm/<key>) belongs to the user the pod runs as: a second
+    start replaces the first start's local cache root (entries this user owns, the plugin's .cache_accessed in them)
+    and leaves neither the old root nor a staging copy; `neuronpack gc` keeps the directory while its artifact
+    exists and removes it once the artifact is gone."""
+    prefix, shared, uid = other_user
+    artifact = shared / "root" / "neuron-compiled-artifacts" / built["llama"]["artifact"].name
+    shutil.copytree(built["llama"]["artifact"], artifact)  # modes kept: 0555 directories, 0444 files
+    weights = Path(shutil.copytree(built["llama"]["model"], shared / "model"))  # what vLLM loads, readable too
+    for path in weights.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    home = shared / "home"
+    home.mkdir()
+    os.chown(home, uid, -1)
+    env = {**plugin_env(home), "HOME": str(home), "NEURONPACK_CACHE_DIR": str(home / "np-cache")}
+    graphs = len(entries(artifact))
+    for _start in range(2):
+        stats, output = _serve(artifact, env, prefix=prefix, args=("--weights", str(weights)))
+        assert (stats["local_hits"], stats["compiled"]) == (graphs, 0), output
+    base = home / "neuronpack-vllm" / artifact.name
+    left = sorted(str(p.relative_to(base)) for p in base.rglob("*") if "compile_cache/" not in str(p.relative_to(base)))
+    assert left == [".neuronpack-pod.json", ".neuronpack-pod.lock", "neuron", "neuron/.compile_cache.lock",
+                    "neuron/compile_cache"]  # no earlier root, no staging copy
+    assert sorted(p.name for p in (base / "neuron" / "compile_cache").iterdir()) == sorted(
+        p.name for p in (artifact / "compile_cache").iterdir())
+    assert {p.stat().st_uid for p in base.rglob("*")} == {uid}
+
+    gc = [*prefix, sys.executable, "-m", "neuronpack", "gc", "--root", str(shared / "root"), "--format", "json"]
+    kept = json.loads(subprocess.run(gc, env=env, capture_output=True, text=True, check=True).stdout)
+    assert kept["removed"] == [] and base.is_dir()  # its artifact is still there
+    remove_tree(artifact.parent)
+    removed = json.loads(subprocess.run(gc, env=env, capture_output=True, text=True, check=True).stdout)
+    assert [(r["kind"], r["path"]) for r in removed["removed"]] == [("pod-cache", str(base))]
+    assert "is gone, and no pod uses it" in removed["removed"][0]["reason"]
+    assert sorted(p.name for p in (home / "neuronpack-vllm").iterdir()) == []
+
+
 def test_push_to_s3_then_serve_by_url_starts_with_every_graph_from_the_artifact(built, tmp_path, monkeypatch):
     """The S3 store is what the plugin lacks: CI pushes once, a pod serves s3://.../<key> (pulled, verified)."""
     from tests.artifacts.conftest import use_s3
@@ -232,11 +305,13 @@ def test_a_fine_tune_takes_every_cache_entry_without_a_cpu_compile(built, tmp_pa
     argv = print_command(artifact, env)["argv"]
     assert argv[argv.index("--model") + 1] == str(tuned)  # vLLM reads the fine-tune's weights
 
-def _serve(artifact: Path | str, env: dict[str, str], *, expect_exit: bool = False, prefix: list[str] = ()):
+def _serve(artifact: Path | str, env: dict[str, str], *, expect_exit: bool = False, prefix: list[str] = (),
+           args: tuple[str, ...] = ()):
     """`neuronpack serve` on a free port: (the stand-in's /stats, the output) once it answers and was stopped with
     SIGTERM, or the output of a start that exits 1 (``expect_exit``). Either way no vLLM is left running."""
     port = _free_port()
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port)],
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "neuronpack", "serve", str(artifact), "--port", str(port),
+                             *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             text=True)
     try:

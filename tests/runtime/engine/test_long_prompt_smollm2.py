@@ -24,15 +24,13 @@ NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(smollm2_checkpoint, module_tmp_path):
     from neuronpack.backends.torch_aot import load_artifact
-    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
     from neuronpack.pipeline import compile_model
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
-    root = tmp_path_factory.mktemp("smollm2-demo")
-    model = import_gguf(find_packaged_gguf(), root / "SmolLM2-135M-Instruct")
-    artifact = compile_model(str(model), recipe=RECIPE, out_root=root / "artifacts").path
+    model = smollm2_checkpoint
+    artifact = compile_model(str(model), recipe=RECIPE, out_root=module_tmp_path / "artifacts").path
     return model, load_artifact(artifact), ArtifactTokenizer.from_dir(artifact)
 
 

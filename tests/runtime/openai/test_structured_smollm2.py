@@ -29,15 +29,13 @@ class City(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def client(smollm2_checkpoint, module_tmp_path):
     from neuronpack.backends.torch_aot import load_artifact
-    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
     from neuronpack.pipeline import compile_model
     from neuronpack.runtime.tokenizer import ArtifactTokenizer
 
-    root = tmp_path_factory.mktemp("smollm2-structured")
-    model = import_gguf(find_packaged_gguf(), root / "SmolLM2-135M-Instruct")
-    artifact = compile_model(str(model), recipe=RECIPE, overrides=OVERRIDES, out_root=root / "artifacts").path
+    artifact = compile_model(str(smollm2_checkpoint), recipe=RECIPE, overrides=OVERRIDES,
+                             out_root=module_tmp_path / "artifacts").path
     engine = Engine(load_artifact(artifact), ArtifactTokenizer.from_dir(artifact))
     with engine_server(engine, served_model_name=NAME) as live:
         yield openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0, timeout=300)

@@ -94,6 +94,11 @@ class InferenceConfig:
         self.metadata = metadata
         for key, value in kwargs.items():
             setattr(self, key, value)
+        missing = [x for x in self.get_required_attributes() if not hasattr(self, x)]
+        assert not missing, f"Config must define {missing}"  # upstream's validate_config
+
+    def get_required_attributes(self):
+        return []
 
     @classmethod
     def get_neuron_config_cls(cls):
@@ -123,6 +128,15 @@ def to_dict(obj):
     if hasattr(obj, "__dict__"):
         return {k: to_dict(v) for k, v in obj.__dict__.items()}
     return obj
+
+
+class MoENeuronConfig(NeuronConfig):
+    """The expert sharding fields (NxDI 0.9 config.py: moe_tp_degree / moe_ep_degree, default 1)."""
+
+    def __init__(self, **kwargs) -> None:
+        self.moe_tp_degree = kwargs.pop("moe_tp_degree", 1)
+        self.moe_ep_degree = kwargs.pop("moe_ep_degree", 1)
+        super().__init__(**kwargs)
 
 
 class MultimodalVisionNeuronConfig(NeuronConfig):
