@@ -9,7 +9,8 @@
 #   make bench-all   every benchmark that needs nothing beyond .venv: bench, bench-more, soak, eval-clients
 #   make bench-more   the benchmarks bench leaves out (EAGLE drafts, kernels, grammars, memory, prefix cache, ...)
 #   make bench-NAME   one benchmark, bench/NAME.py (e.g. bench-decode; BENCH_ARGS="--rounds 5" adds options)
-#   make bench-peers / bench-peers-serve   against llama.cpp / llama-server (build them first: see the targets)
+#   make bench-peers / bench-peers-serve / bench-moe   against llama.cpp / llama-server (build them first: see the
+#                     targets)
 #   make eval-clients   lm-evaluation-harness and guidellm against `neuronpack serve` on SmolLM2 (heavy)
 #   make soak   64 streaming clients with random disconnects against `neuronpack serve` for minutes
 #   make upstream-check UPSTREAM_SRC=DIR   neuronpack's Neuron output held to upstream's own code
@@ -33,7 +34,7 @@ DEMO_MODEL := $(DEMO_DIR)/SmolLM2-135M-Instruct
 DEMO_PROMPT ?= What is the capital of France? Answer in one sentence.
 
 .PHONY: help install demo test test-fast lint docs-cli check-docs-cli bench bench-more bench-all bench-peers \
-	bench-peers-serve eval-clients soak upstream-check clean
+	bench-peers-serve bench-moe eval-clients soak upstream-check clean
 
 help:
 	@sed -n 's/^#   make /make /p' $(firstword $(MAKEFILE_LIST))
@@ -120,6 +121,12 @@ LLAMA_SRC ?= /tmp/llama.cpp
 PEERS_THREADS ?= 1,2
 bench-peers: install $(DEMO_MODEL)/config.json
 	PYTHONPATH="$(PEERS_PYTHONPATH)" $(PY) -m bench.peers --model $(DEMO_MODEL) --llama-python $(LLAMA_PYTHON) \
+		--llama-src $(LLAMA_SRC) --threads $(PEERS_THREADS)
+
+# Mixture of experts (Qwen3-30B-A3B's and gpt-oss-20b's shapes, random weights, fewer layers) against llama.cpp on the
+# same checkpoints converted by its convert_hf_to_gguf.py: docs/bench/moe.*
+bench-moe: install $(DEMO_MODEL)/config.json
+	PYTHONPATH="$(PEERS_PYTHONPATH)" $(PY) -m bench.moe --model $(DEMO_MODEL) --llama-python $(LLAMA_PYTHON) \
 		--llama-src $(LLAMA_SRC) --threads $(PEERS_THREADS)
 
 # neuronpack serve vs llama-server (continuous batching) at 1 / 4 / 8 concurrent requests; llama-server built from

@@ -40,13 +40,9 @@ def random_checkpoint(config: dict, tokenizer_dir: Path, out: Path, seed: int = 
     """A bfloat16 checkpoint of ``config`` in ``out``: weights ~ N(0, initializer_range), norms 1, the tokenizer
     files of ``tokenizer_dir`` (reused when complete)."""
     import torch
-    from safetensors.torch import save_file
 
     if (out / "model.safetensors.index.json").is_file():
         return out
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     gen = torch.Generator().manual_seed(seed)
     h, i, std = config["hidden_size"], config["intermediate_size"], config["initializer_range"]
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
@@ -55,7 +51,6 @@ def random_checkpoint(config: dict, tokenizer_dir: Path, out: Path, seed: int = 
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=gen) * std).bfloat16()
 
-    index = {}
     shards = [("embed", {"model.embed_tokens.weight": normal(config["vocab_size"], h),
                          "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)})]
     for layer in range(config["num_hidden_layers"]):
@@ -67,10 +62,24 @@ def random_checkpoint(config: dict, tokenizer_dir: Path, out: Path, seed: int = 
             p + "mlp.down_proj.weight": normal(h, i),
             p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
             p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16)}))
+    return write_checkpoint(out, len(shards), iter(shards), config, tokenizer_dir)
+
+
+def write_checkpoint(out: Path, count: int, shards, config: dict, tokenizer_dir: Path) -> Path:
+    """``count`` shards, each (name, tensors) from the iterator ``shards`` (made one at a time: only one in memory),
+    as model-<n>-of-<count>-<name>.safetensors with their index, config.json and ``tokenizer_dir``'s tokenizer
+    files, written into ``out``.partial, then renamed to ``out``."""
+    from safetensors.torch import save_file
+
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    index = {}
     for n, (name, tensors) in enumerate(shards):
-        file = f"model-{n + 1:05d}-of-{len(shards):05d}-{name}.safetensors"
+        file = f"model-{n + 1:05d}-of-{count:05d}-{name}.safetensors"
         save_file(tensors, str(tmp / file), metadata={"format": "pt"})
         index.update(dict.fromkeys(tensors, file))
+        del tensors
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():

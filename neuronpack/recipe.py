@@ -70,6 +70,7 @@ class QuantizationSection(_Section):
     granularity: Literal["per-channel", "per-tensor"] = "per-channel"
     skip: list[str] = []
     include_lm_head: bool = False
+    include_experts: bool = False  # MoE experts too: the portable backend only (the nxd backend refuses it)
     kv_cache: bool = False
 
 

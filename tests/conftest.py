@@ -126,14 +126,18 @@ def lora_artifact(tmp_path_factory, tiny_llama):
 @pytest.fixture(scope="session")
 def family_artifact(tmp_path_factory):
     """name -> FamilyArtifact: the new families' tiny checkpoints compiled once per session on first use
-    (tests/helpers/family_artifacts.py: "qwen3", "qwen3-tied", "gemma3")."""
+    (tests/helpers/family_artifacts.py: "qwen3", "qwen3-tied", "gemma3"; tests/helpers/moe_artifacts.py: "qwen3_moe",
+    "mixtral", "gpt_oss", "gpt_oss-mxfp4")."""
     from tests.helpers.family_artifacts import build_family_artifact
+    from tests.helpers.moe_artifacts import MOE_ARTIFACTS, build_moe_artifact
 
     built = {}
 
     def get(name: str):
         if name not in built:
-            built[name] = build_family_artifact(name, tmp_path_factory.mktemp(f"family-{name}"))
+            build = build_moe_artifact if name in MOE_ARTIFACTS else build_family_artifact
+            built[name] = build(name, tmp_path_factory.mktemp(f"family-{name}"))
         return built[name]
 
     return get
+

@@ -44,6 +44,10 @@ def quantize_command(
     include_lm_head: Annotated[
         bool, typer.Option("--include-lm-head", help="quantize lm_head too (a tied head is untied into its own)")
     ] = False,
+    include_experts: Annotated[
+        bool, typer.Option("--include-experts", help="quantize MoE experts too (portable backend only; NxD Inference "
+                                                     "keeps them float)")
+    ] = False,
     output_format: FormatOpt = OutputFormat.text,
     progress: ProgressOpt = ProgressMode.auto,
     quiet: QuietOpt = False,
@@ -57,7 +61,7 @@ def quantize_command(
     from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
 
     options = QuantizeOptions(dtype=dtype.value, granularity=granularity.value, skip=tuple(skip or ()),
-                              include_lm_head=include_lm_head)
+                              include_lm_head=include_lm_head, include_experts=include_experts)
     reporter = RichReporter(quiet=quiet, progress=progress)
     model_dir = resolve_model(model, reporter=reporter)
     result = quantize_checkpoint(model_dir, out, options, reporter=reporter)

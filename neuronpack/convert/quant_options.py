@@ -28,6 +28,7 @@ class QuantizeOptions:
     granularity: str = "per-channel"
     skip: tuple[str, ...] = ()
     include_lm_head: bool = False
+    include_experts: bool = False  # MoE experts too (the portable backend only: NxD Inference keeps them float)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -41,10 +42,14 @@ class QuantizeOptions:
 
     @classmethod
     def from_recipe(cls, section: Any) -> QuantizeOptions:
-        """From a recipe's ``[quantization]`` section (dtype, granularity, skip, include_lm_head)."""
+        """From a recipe's ``[quantization]`` section (dtype, granularity, skip, include_lm_head, include_experts)."""
         return cls(dtype=section.dtype, granularity=section.granularity, skip=tuple(section.skip),
-                   include_lm_head=bool(getattr(section, "include_lm_head", False)))
+                   include_lm_head=bool(getattr(section, "include_lm_head", False)),
+                   include_experts=bool(getattr(section, "include_experts", False)))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "granularity": self.granularity, "skip": list(self.skip),
-                "include_lm_head": self.include_lm_head}
+        out = {"dtype": self.dtype, "granularity": self.granularity, "skip": list(self.skip),
+               "include_lm_head": self.include_lm_head}
+        if self.include_experts:  # only when set: the keys of earlier quantizations stay as they were
+            out["include_experts"] = True
+        return out

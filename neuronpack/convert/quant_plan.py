@@ -10,7 +10,8 @@ what NxD Inference keeps in float stays float (``keeps_float``): a MoE block's r
 ``nn.Linear``, never converted), the experts (NxDI's converters fuse them from the checkpoint's weights and drop any
 scale; they are listed as ``expert_mlps`` / ``shared_experts`` in modules_to_not_convert, NxDI's module names),
 attention sinks and norms (1-D), and gpt-oss's released MXFP4 experts (``*_blocks`` / ``*_scales``, carried as
-they are: the one quantized input accepted). An attention projection with a bias (Qwen2's q/k/v, all of gpt-oss's)
+they are: the one quantized input accepted). ``include_experts`` quantizes the float experts too, for the portable
+backend (its routed-experts kernel reads int8 experts); the nxd backend refuses such a checkpoint. An attention projection with a bias (Qwen2's q/k/v, all of gpt-oss's)
 is quantized like any Linear (the portable backend takes it), but NxD Inference cannot load it quantized: its
 attention rewrites those biases in its preshard hooks (modules/attention/gqa.py:326, for q/k/v and o) and NxD's
 quantized layers cannot take that (``set_bias_to_state_dict`` raises:
@@ -85,8 +86,10 @@ def nxd_module_name(prefix: str) -> str:
     return next((prefix[len(p):] for p in TEXT_PREFIXES if prefix.startswith(p)), prefix)
 
 
-def keeps_float(name: str) -> str | None:
+def keeps_float(name: str, *, include_experts: bool = False) -> str | None:
     """Why NxD Inference keeps the tensor ``name`` in float under int8 / fp8 (see the module docstring), or None.
+    ``include_experts``: the experts are quantized too (the portable backend's routed-experts kernel reads int8
+    experts; NxD Inference cannot load them).
 
     Example::
 
@@ -98,18 +101,19 @@ def keeps_float(name: str) -> str | None:
         return "MXFP4 experts (carried as they are)"
     if parts[-1] in ROUTER_NAMES:
         return "a MoE router"
-    if any(part in EXPERT_PARTS for part in parts):
+    if not include_experts and any(part in EXPERT_PARTS for part in parts):
         return "MoE experts (NxDI fuses them from float weights)"
     if parts[-1] == "sinks":
         return "attention sinks"
     return None
 
 
-def is_linear_weight(name: str, info: _Info) -> bool:
+def is_linear_weight(name: str, info: _Info, *, include_experts: bool = False) -> bool:
     """A decoder Linear weight NxDI quantizes: 2-D ``*.weight`` of a decoder layer (norms are 1-D, so they never
     match), not one NxDI keeps in float (``keeps_float``)."""
     in_layers = any(name.startswith(p + "layers.") for p in TEXT_PREFIXES)
-    return in_layers and name.endswith(".weight") and len(info.shape) == 2 and keeps_float(name) is None
+    return (in_layers and name.endswith(".weight") and len(info.shape) == 2
+            and keeps_float(name, include_experts=include_experts) is None)
 
 
 def float_experts(names: Iterable[str]) -> list[str]:
@@ -170,6 +174,7 @@ def plan_quantization(
     *,
     skip: Sequence[str] = (),
     include_lm_head: bool = False,
+    include_experts: bool = False,
     where: str = "",
 ) -> QuantPlan:
     """Decide what to quantize; raise QuantizationError when there is nothing to quantize.
@@ -178,7 +183,7 @@ def plan_quantization(
 
         plan_quantization(infos, {"tie_word_embeddings": False}, skip=("*.down_proj",)).quantize
     """
-    linear = [name for name, info in infos.items() if is_linear_weight(name, info)]
+    linear = [name for name, info in infos.items() if is_linear_weight(name, info, include_experts=include_experts)]
     if not linear:
         raise QuantizationError(
             f"no Linear weights to quantize (no 2-D *.weight under '{LAYERS_PREFIX}')",
@@ -226,7 +231,7 @@ def plan_quantization(
         quantize=quantize,
         kept_linear=tuple(kept),
         modules_to_not_convert=tuple(modules_to_not_convert(kept, [module_prefix(n) for n in linear])
-                                     + float_experts(infos)),
+                                     + ([] if include_experts else float_experts(infos))),
         unmatched_skips=unmatched,
         lm_head_tied=lm_head_tied,
         untie_from=untie_from,

@@ -82,6 +82,8 @@ def _write_config(ckpt: Checkpoint, plan: QuantPlan, options: QuantizeOptions, s
         "scale_dtype": "float32",
         "qmax": 127 if options.dtype == "int8" else 240,
     }
+    if options.include_experts:
+        config["quantization"]["include_experts"] = True
     if plan.untie_from is not None:
         config["tie_word_embeddings"] = False  # the checkpoint now has its own (quantized) lm_head
     (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

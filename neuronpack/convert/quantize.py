@@ -207,7 +207,7 @@ def _plan(ckpt: Checkpoint, options: QuantizeOptions) -> QuantPlan:
     infos = {name: ckpt.info(name) for name in ckpt.names()}
     check_not_quantized(infos, ckpt.config, where=str(ckpt.root))
     return plan_quantization(infos, ckpt.config, skip=options.skip, include_lm_head=options.include_lm_head,
-                             where=str(ckpt.root))
+                             include_experts=options.include_experts, where=str(ckpt.root))
 
 
 def _reuse(out: Path, key: str) -> QuantizeResult:

@@ -43,9 +43,9 @@ from pathlib import Path
 
 from neuronpack.errors import ArtifactError, NeuronpackError
 
-SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("linear.cpp", "int8_row.cpp", "int8_rows.cpp", "int8_gemm.cpp", "attention.cpp"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("simd.h", "int8_row.h"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.cpp", "int8_row.cpp", "int8_rows.cpp",
+                                                           "int8_gemm.cpp", "attention.cpp", "moe.cpp"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("simd.h", "int8_row.h", "moe_dots.h"))
 
 
 class KernelBuildError(NeuronpackError):
@@ -103,6 +103,11 @@ def _register_shapes() -> None:
     @torch.library.register_fake("neuronpack::decode_attention")
     def _decode_attention(q, k, v, k_past, v_past, past, scale):
         return q.new_empty(q.shape)
+
+    @torch.library.register_fake("neuronpack::routed_experts")
+    def _routed_experts(x, expert_ids, expert_weights, gate_up, down, gate_up_scale, down_scale, gate_up_bias,
+                        down_bias, alpha, limit, up_offset):
+        return x.new_empty(x.shape)
 
 
 def _library_path() -> Path:

@@ -24,7 +24,7 @@ from neuronpack.errors import UnsupportedModelError
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # attention kinds: HF's ``layer_types`` names
 DENSE = "dense"  # the one FFN kind dense families have (MoE families add theirs)
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class ModelConfig:
     query_scale: float | None = None  # scores are q.k * this; None: head_dim ** -0.5
     attn_softcap: float | None = None  # scores -> tanh(scores / cap) * cap before the mask
     final_softcap: float | None = None  # logits -> tanh(logits / cap) * cap
+    moe: Any = None  # a mixture-of-experts family's MoeConfig (models/moe_config.py), for its "moe" FFN layers
 
     @property
     def queries_per_kv(self) -> int:
@@ -178,4 +179,28 @@ def rope_parameters(hf: dict[str, Any], params: dict[str, Any] | None = None) ->
                     f"llama3 rope scaling is missing {key!r}", where="config.json rope_parameters", fix="add it"
                 )
             out[key] = float(params[key])
+    if rope_type == "yarn":
+        out.update(yarn_parameters(hf, params))
     return out
+
+
+def yarn_parameters(hf: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """YaRN's parameters as transformers' ``_compute_yarn_parameters`` reads them (factor from the position counts
+    when absent; betas 32 / 1; ``truncate`` true unless said), and the scale of cos / sin it derives from them
+    (``attention_scaling``: ``attention_factor``, else 0.1 * ln(factor) + 1, or the ratio of the mscales)."""
+    if "original_max_position_embeddings" not in params:
+        raise UnsupportedModelError("yarn rope scaling is missing 'original_max_position_embeddings'",
+                                    where="config.json rope_parameters", fix="add it")
+    original = float(params["original_max_position_embeddings"])
+    factor = float(params.get("factor") or int(hf["max_position_embeddings"]) / original)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    scaling = params.get("attention_factor")
+    if scaling is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        scaling = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return {"factor": factor, "original_max_position_embeddings": original,
+            "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
+            "truncate": bool(params.get("truncate", True)), "attention_scaling": float(scaling)}

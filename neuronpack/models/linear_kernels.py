@@ -27,14 +27,16 @@ from torch import nn
 from neuronpack.kernels import load_kernels
 from neuronpack.models.attention import Attention
 from neuronpack.models.layers import Linear
+from neuronpack.models.moe import RoutedExperts
 from neuronpack.models.quant import Int8Linear
 
 
 def use_kernels(module: nn.Module, library: Path | None = None) -> None:
-    """Make every float ``Linear`` and int8 ``Int8Linear`` of ``module`` run neuronpack's kernels, and every
-    ``Attention`` its decode attention (one token per row), in place (registered from ``library``, an artifact's
-    copy, or this machine's build; see neuronpack/kernels)."""
+    """Make every float ``Linear`` and int8 ``Int8Linear`` of ``module`` run neuronpack's kernels, every
+    ``Attention`` its decode attention (one token per row) and every MoE layer's ``RoutedExperts`` the routed
+    experts, in place (registered from ``library``, an artifact's copy, or this machine's build; see
+    neuronpack/kernels)."""
     load_kernels(library)
     for mod in module.modules():
-        if isinstance(mod, (Linear, Int8Linear, Attention)):
+        if isinstance(mod, (Linear, Int8Linear, Attention, RoutedExperts)):
             mod.kernel = True

@@ -79,8 +79,10 @@ def load_model(
 
     ckpt = source if not isinstance(source, str | Path) else open_checkpoint(Path(source))
     cfg = ModelConfig.from_hf(ckpt.config, max_seq_len=max_seq_len)
-    cfg = dataclasses.replace(cfg, tie_word_embeddings=cfg.tie_word_embeddings or ckpt.tied)
-    names = CheckpointNames(ckpt, family(cfg.family))
+    builder = family(cfg.family)
+    cfg = builder.checkpoint_config(dataclasses.replace(cfg, tie_word_embeddings=cfg.tie_word_embeddings or ckpt.tied),
+                                    ckpt)
+    names = CheckpointNames(ckpt, builder)
     if names.left_out:
         reporter.warn(names.left_out)
     quantized = {names.ours(prefix): kind for prefix, kind in quantized_linears(ckpt).items()}
@@ -91,7 +93,8 @@ def load_model(
     expected = model.state_dict()
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-    tensors = dict(_read_tensors(ckpt, names, expected, quantized, dtype, reporter))
+    assembled = builder.checkpoint_tensors(ckpt, cfg, dtype)  # e.g. an MoE layer's stacked experts
+    tensors = dict(_read_tensors(ckpt, names, expected, quantized, dtype, reporter, assembled))
     model.load_state_dict(tensors, strict=False, assign=True)
     model.tie_weights()
     return model
@@ -126,8 +129,9 @@ class CheckpointNames:
 
 def _read_tensors(
     ckpt: Checkpoint, names: CheckpointNames, expected: dict, quantized: dict[str, str], dtype: torch.dtype,
-    reporter: Reporter,
+    reporter: Reporter, assembled: dict[str, torch.Tensor],
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each expected tensor by our name: ``assembled`` by the family, else the checkpoint's (by its name there)."""
     import torch
 
     from neuronpack.models.quant import dequantize_fp8
@@ -136,14 +140,17 @@ def _read_tensors(
         for name, slot in expected.items():
             prefix, _, leaf = name.rpartition(".")
             kind = quantized.get(prefix)
-            tensor = _get(ckpt, names.theirs(name))
-            if kind == FP8 and leaf == "weight":
-                tensor = dequantize_fp8(tensor, _get(ckpt, names.theirs(f"{prefix}.scale")), dtype)
-            elif kind == INT8 and leaf == "scale":
-                # Scales stay float32 (the kernel casts per call); a per-tensor [1] scale becomes per-channel.
-                tensor = tensor.to(torch.float32).reshape(-1, 1).expand(slot.shape).contiguous()
-            elif tensor.is_floating_point():
-                tensor = tensor.to(dtype)
+            if name in assembled:
+                tensor = assembled[name]  # the family's, in its final dtype
+            else:
+                tensor = _get(ckpt, names.theirs(name))
+                if kind == FP8 and leaf == "weight":
+                    tensor = dequantize_fp8(tensor, _get(ckpt, names.theirs(f"{prefix}.scale")), dtype)
+                elif kind == INT8 and leaf == "scale":
+                    # Scales stay float32 (the kernel casts per call); a per-tensor [1] scale becomes per-channel.
+                    tensor = tensor.to(torch.float32).reshape(-1, 1).expand(slot.shape).contiguous()
+                elif tensor.is_floating_point():
+                    tensor = tensor.to(dtype)
             if tuple(tensor.shape) != tuple(slot.shape):
                 raise CheckpointError(
                     f"tensor {name} has shape {tuple(tensor.shape)}, the config implies {tuple(slot.shape)}",

@@ -29,6 +29,9 @@ FAMILIES: dict[str, str] = {
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: its text decoder
+    "qwen3_moe": "qwen3_moe",
+    "mixtral": "mixtral",
+    "gpt_oss": "gpt_oss",
 }
 # HF architectures -> family, for a config.json that names no model_type (the portable backend runs a causal LM)
 ARCHITECTURES: dict[str, str] = {
@@ -39,6 +42,9 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "GptOssForCausalLM": "gpt_oss",
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

@@ -49,9 +49,34 @@ def _llama3_scale(inv_freq: Tensor, rope: Mapping[str, Any]) -> Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def _yarn_scale(inv_freq: Tensor, rope: Mapping[str, Any]) -> Tensor:
+    """YaRN (gpt-oss), as transformers' ``_compute_yarn_parameters``: frequencies that turn fewer than ``beta_slow``
+    times over the original context are interpolated (divided by ``factor``), those turning more than ``beta_fast``
+    times kept, a linear ramp between; its cos / sin scale is the parameters' ``attention_scaling``."""
+    dim, base = 2 * inv_freq.shape[0], rope["rope_theta"]
+    original = rope["original_max_position_embeddings"]
+
+    def dimension(rotations: float) -> float:  # the dimension turning ``rotations`` times over the original context
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(rope["beta_fast"]), dimension(rope["beta_slow"])
+    if rope["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    with torch.device("cpu"):
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp  # the share of each frequency kept as it is
+    with torch.device("cpu"):  # transformers' operations in its order, for the same float32 values
+        interpolation = 1.0 / (rope["factor"] * base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    return interpolation * (1 - extrapolation) + inv_freq * extrapolation
+
+
 # rope_type -> the inverse frequencies from the default ones (transformers' ROPE_INIT_FUNCTIONS); a rope whose cos / sin
 # are also scaled (YaRN) records that factor as the parameters' "attention_scaling" (see rope_cos_sin)
-SCALINGS = {"default": lambda inv_freq, rope: inv_freq, "linear": _linear_scale, "llama3": _llama3_scale}
+SCALINGS = {"default": lambda inv_freq, rope: inv_freq, "linear": _linear_scale, "llama3": _llama3_scale,
+            "yarn": _yarn_scale}
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype, scaling: float = 1.0

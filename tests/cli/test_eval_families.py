@@ -1,4 +1,5 @@
-"""`neuronpack eval` on Qwen3 and Gemma 3 artifacts against transformers: the shared AOTInductor artifacts (float32)
+"""`neuronpack eval` on Qwen3, Gemma 3 and the MoE families' artifacts (Qwen3-MoE, Mixtral, gpt-oss as transformers
+writes it and in MXFP4) against transformers: the shared AOTInductor artifacts (float32)
 pass strictly (their serving path: one context pass, then decode steps past Gemma 3's window), and an int8 Gemma 3
 build (quantized by the pipeline, export-only graphs) passes the int8 thresholds."""
 
@@ -31,7 +32,7 @@ def evaluate(artifact, prompts_file) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "qwen3_moe", "mixtral", "gpt_oss", "gpt_oss-mxfp4"])
 def test_float32_family_artifacts_pass_strictly(family_artifact, prompts_file, name):
     report = evaluate(family_artifact(name).path, prompts_file)
     summary = report["summary"]

@@ -64,6 +64,15 @@ class LlamaFamily:
         """What of the checkpoint's tensors is not run, said by name (None: everything is)."""
         return None
 
+    def checkpoint_config(self, cfg: ModelConfig, ckpt) -> ModelConfig:
+        """``cfg`` completed from what the checkpoint's tensors say (an MoE family: the experts' format)."""
+        return cfg
+
+    def checkpoint_tensors(self, ckpt, cfg: ModelConfig, dtype) -> dict:
+        """Tensors the family assembles from several of the checkpoint's, by our name (an MoE family: each layer's
+        stacked experts); {}: every tensor is read by its own name."""
+        return {}
+
     # -- modules (torch) ------------------------------------------------------------------------------------------
     def embedding(self, cfg: ModelConfig):
         from neuronpack.models.layers import Embedding

@@ -1,4 +1,4 @@
-"""Graph reuse across fine-tunes for Gemma 3: a fine-tune built where the shared Gemma 3 artifact was takes its
+"""Graph reuse across fine-tunes for Gemma 3 and Qwen3-MoE: a fine-tune built where the shared artifact was takes its
 AOTInductor graphs (the graph key holds what reaches a graph: config.json, the rings' length through the recipe's
 speculation, the families' code) and generates the fine-tune's own greedy tokens, not the donor's."""
 
@@ -13,12 +13,13 @@ from tests.backends.torch_aot.test_generate import greedy_batch, hf_greedy, rand
 pytestmark = pytest.mark.slow
 
 
-def test_a_gemma3_fine_tune_reuses_the_graphs_and_generates_its_own_tokens(family_artifact, tmp_path):
+@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe"])
+def test_a_fine_tune_reuses_the_graphs_and_generates_its_own_tokens(family_artifact, tmp_path, name):
     from neuronpack.pipeline import compile_model
     from tests.helpers.tiny_models import fine_tune_copy
     from tests.runtime.serving import RECIPE, SERVE_OVERRIDES
 
-    art = family_artifact("gemma3")
+    art = family_artifact(name)
     tuned = fine_tune_copy(art.checkpoint, tmp_path / "fine-tune", scale=1.2, seed=7)
     reused = compile_model(str(tuned), recipe=RECIPE, overrides=[*SERVE_OVERRIDES, *art.overrides],
                            out_root=art.out_root)

@@ -1,5 +1,6 @@
-"""The engine's features on Qwen3 and Gemma 3 artifacts (AOTInductor, tests/helpers/family_artifacts.py: batch 4,
-prompts of up to 64 tokens per call, seq_len 128; Gemma 3's sliding layers keep rings of 8 + 3 positions): greedy
+"""The engine's features on Qwen3, Gemma 3, Qwen3-MoE and gpt-oss (MXFP4) artifacts (AOTInductor,
+tests/helpers/family_artifacts.py and moe_artifacts.py: batch 4, prompts of up to 64 tokens per call, seq_len 128;
+Gemma 3's and gpt-oss's sliding layers keep rings of 8 + 3 positions): greedy
 tokens are transformers' through chunked prefill, prefix caching (Gemma 3: reuse only where a ring still holds the
 window, no block pool), parallel samples, prompt-lookup speculation (drafts rejected: written into the rings' spare
 positions) and structured outputs."""
@@ -22,7 +23,7 @@ from tests.backends.torch_aot.test_generate import hf_greedy
 from tests.runtime.serving import run_all
 
 pytestmark = pytest.mark.slow
-FAMILIES = ["qwen3", "gemma3"]
+FAMILIES = ["qwen3", "gemma3", "qwen3_moe", "gpt_oss-mxfp4"]
 GREEDY = SamplingParams(temperature=0.0)
 PREFIX = [random.Random(55).randrange(3, 380) for _ in range(40)]  # two full blocks and 8 more
 LOOKUP = SpeculationConfig("prompt_lookup", 3, prompt_lookup_min=1, prompt_lookup_max=3)
@@ -60,7 +61,7 @@ def hits(engine) -> float:
 def test_chunked_prefill_and_prefix_caching_give_transformers_tokens(family):
     name, lm, tok, reference = family
     engine = Engine(lm, tok)
-    ringed = name == "gemma3"
+    ringed = lm.config.kv_ring is not None  # sliding-window layers (Gemma 3, gpt-oss)
     assert (engine.scheduler.rows.cache_blocks == 0) is ringed  # rings keep no block pool
     long = [random.Random(7).randrange(3, 380) for _ in range(100)]  # two chunks of at most 64
     first = engine.generate(ask(long)).token_ids
