@@ -242,12 +242,20 @@ def _quantize_options(recipe: Recipe, hf_config: dict):
     from neuronpack.convert.quant_options import QuantizeOptions
 
     if recipe.quantization is not None:
-        return QuantizeOptions.from_recipe(recipe.quantization)
-    stored = hf_config.get("quantization")
-    if not isinstance(stored, dict) or not stored.get("dtype"):
-        return None
-    return QuantizeOptions(str(stored["dtype"]), str(stored.get("granularity") or "per-channel"),
-                           include_lm_head=bool(stored.get("include_lm_head")))
+        options, where = QuantizeOptions.from_recipe(recipe.quantization), "recipe [quantization] include_experts"
+    else:
+        stored = hf_config.get("quantization")
+        if not isinstance(stored, dict) or not stored.get("dtype"):
+            return None
+        options = QuantizeOptions(str(stored["dtype"]), str(stored.get("granularity") or "per-channel"),
+                                  include_lm_head=bool(stored.get("include_lm_head")),
+                                  include_experts=bool(stored.get("include_experts")))
+        where = "the checkpoint's config.json quantization.include_experts"
+    if options.include_experts:  # NxDI's MoE converters fuse the experts from float weights and drop their scales
+        raise RecipeError("NxD Inference cannot load quantized MoE experts (its converters fuse them from float "
+                          "weights and drop the scales)", where=where,
+                          fix="quantize without --include-experts / include_experts (the experts stay float)")
+    return options
 
 
 def _quantization_fields(options, model_dir: Path, source_dir: Path | None, *, fused_qkv: bool, kv_cache: bool

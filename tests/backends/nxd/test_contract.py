@@ -261,6 +261,19 @@ def test_a_quantized_checkpoint_compiled_without_a_quantization_section_loads_qu
     assert float_config["neuron_config"]["quantized"] is False
 
 
+def test_quantized_experts_are_refused(tmp_path, nxd_sdk):
+    """A Qwen3-MoE checkpoint quantized with --include-experts (the portable backend's int8 experts): NxDI's converters
+    would fuse the int8 values as floats and drop the scales, so the nxd backend refuses it with the fix."""
+    from neuronpack.convert.quantize import QuantizeOptions, quantize_checkpoint
+    from tests.helpers.tiny_moe import make_tiny_moe_checkpoint
+
+    source = make_tiny_moe_checkpoint(tmp_path / "moe", "qwen3_moe")
+    quantized = quantize_checkpoint(source, tmp_path / "q", QuantizeOptions("int8", include_experts=True)).out
+    with pytest.raises(RecipeError, match="cannot load quantized MoE experts") as err:
+        NxdBackend().compile_config(_request(_tiny_recipe(tmp_path), quantized, tmp_path))
+    assert "without --include-experts" in str(err.value)
+
+
 def test_qwen2_and_unknown_architectures(make_checkpoint, tmp_path, nxd_sdk):
     """Qwen2 maps to NxDI's class. Saved by transformers 5 (rope_theta 1e6 inside rope_parameters, which NxDI's
     transformers 4.57 ignores for its default 1e4), its rope reaches NxDI in the released names: recorded in the
