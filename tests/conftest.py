@@ -64,3 +64,19 @@ def lora_artifact(tmp_path_factory, tiny_llama):
     overrides = ["compiler=aoti", lora, "lora.max_rank=8", "lora.max_loras=2",
                  'lora.target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"]']
     return build_artifact(tiny_llama, root / "root", overrides), adapters
+
+
+@pytest.fixture(scope="session")
+def family_artifact(tmp_path_factory):
+    """name -> FamilyArtifact: the new families' tiny checkpoints compiled once per session on first use
+    (tests/helpers/family_artifacts.py: "qwen3", "qwen3-tied", "gemma3")."""
+    from tests.helpers.family_artifacts import build_family_artifact
+
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = build_family_artifact(name, tmp_path_factory.mktemp(f"family-{name}"))
+        return built[name]
+
+    return get

@@ -36,7 +36,7 @@ SHAPES_ONLY = ("model", "draft")  # config + tensor names / dtypes / shapes, wit
 DROPPED = ("aux_files",)  # tokenizer, generation and chat-template files: read by the server, never by a graph
 # The neuronpack sources a framework's graphs are made by (relative to the package; a changed file is another graph).
 GRAPH_SOURCES: dict[str, tuple[str, ...]] = {
-    "torch": ("models/*.py", "kernels/*", "backends/torch_aot/*.py", "buckets.py"),
+    "torch": ("models/**/*.py", "kernels/*", "backends/torch_aot/*.py", "buckets.py"),  # models/families/ too
     "nxd": ("backends/nxd/*.py", "backends/neuron/common.py", "buckets.py"),
     "tnx": ("backends/tnx/*.py", "backends/neuron/common.py", "buckets.py"),
     "vneuron": ("backends/vneuron/*.py", "backends/neuron/common.py", "buckets.py"),

@@ -70,6 +70,12 @@ def serve_command(
                                       "--tool-call-parser NAME (checked against that vLLM's parsers); torch "
                                       "artifacts parse hermes (the only name they take)")
     ] = None,
+    reasoning_parser: Annotated[
+        str | None, typer.Option("--reasoning-parser",
+                                 help="torch artifacts: vLLM's reasoning parser NAME splits the model's thinking into "
+                                      "reasoning_content (qwen3, deepseek_r1, mimo; openai_gptoss: gpt-oss's "
+                                      "harmony, on by itself for gpt-oss artifacts)")
+    ] = None,
     structured_outputs: Annotated[
         bool, typer.Option("--structured-outputs",
                            help="nxd/tnx artifacts: refuse to start where vLLM's Neuron worker cannot enforce "
@@ -148,7 +154,7 @@ def serve_command(
     options = ServeOptions(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                            threads=threads, tool_call_parser=tool_call_parser, limits=limits, vllm_target=vllm_target,
                            structured_outputs=structured_outputs, weights=weights,
-                           log_level="warning" if quiet else "info",
+                           log_level="warning" if quiet else "info", reasoning_parser=reasoning_parser,
                            request_log=RequestLogOptions(request_log, request_log_max_mib, request_log_backups,
                                                          request_log_prompts) if request_log else None)
     launch = serve_launch(path, read_manifest(path), options)

@@ -18,8 +18,9 @@ further positions feed its own output back:
   the next position's h. convert-eagle keeps only drafts whose vocabulary is the target's, so d2t is the identity.
 
 The draft keeps its own KV cache (one position per pair, RoPE at the pair's position j); the layer, norm, RoPE and
-attention code are ``neuronpack.models.llama``'s (one implementation). ``forward_step`` builds positions, masks and
-rotary tables eagerly and runs ``forward`` (``run_core``: a compiled graph of it, weights as inputs) then ``head``.
+attention code are the shared layers' (models/layers.py, attention.py, rope.py: one implementation).
+``forward_step`` builds positions, masks and rotary tables eagerly and runs ``forward`` (``run_core``: a compiled
+graph of it, weights as inputs) then ``head``.
 
 Converted-draft tensors: ``embed_tokens.weight``, ``fc.weight`` (+ ``fc.bias``), ``layers.N.*`` (EAGLE-3: with
 ``layers.0.hidden_norm.weight``), ``lm_head.weight``, EAGLE-3 ``norm.weight``.
@@ -42,19 +43,11 @@ import torch
 from torch import Tensor, nn
 
 from neuronpack.errors import CheckpointError, UnsupportedModelError
+from neuronpack.models.attention import Attention, StepMasks, causal_mask
 from neuronpack.models.config import ModelConfig
-from neuronpack.models.llama import (
-    MLP,
-    Attention,
-    DecoderLayer,
-    Embedding,
-    Linear,
-    RMSNorm,
-    StepMasks,
-    causal_mask,
-    rope_cos_sin,
-    rope_inv_freq,
-)
+from neuronpack.models.layers import Embedding, GatedMLP, Linear, RMSNorm
+from neuronpack.models.registry import family
+from neuronpack.models.rope import rope_cos_sin, rope_inv_freq
 
 FC, HEAD, EMBED, NORM = "fc.weight", "lm_head.weight", "embed_tokens.weight", "norm.weight"
 LAYER0_NORM = "layers.0.input_layernorm.weight"
@@ -72,7 +65,7 @@ class Eagle3FirstLayer(nn.Module):
         self.self_attn = Attention(cfg, frozenset(), "layers.0.self_attn")
         for name, heads in (("q_proj", cfg.num_heads), ("k_proj", cfg.num_kv_heads), ("v_proj", cfg.num_kv_heads)):
             setattr(self.self_attn, name, Linear(2 * h, heads * cfg.head_dim, bias=cfg.qkv_bias))
-        self.mlp = MLP(cfg, frozenset(), "layers.0.mlp")
+        self.mlp = GatedMLP(cfg, frozenset(), "layers.0.mlp")
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
@@ -100,14 +93,15 @@ class EagleDraft(nn.Module):
         self.config, self.eagle3, self.target_layers = cfg, eagle3, target_layers
         self.embed_tokens = Embedding(cfg.vocab_size, h)
         self.fc = Linear((3 if eagle3 else 2) * h, h, bias=fc_bias)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, frozenset(), i) for i in range(cfg.num_layers))
+        layers = family(cfg.family)  # the draft's own family (a Llama, whatever the target's)
+        self.layers = nn.ModuleList(layers.decoder_layer(cfg, i, frozenset()) for i in range(cfg.num_layers))
         if eagle3:
             self.layers[0] = Eagle3FirstLayer(cfg, norm_before_residual)
             self.norm = RMSNorm(h, cfg.rms_norm_eps)
         elif not layer0_norm:  # EAGLE-1: the fc output enters layer 0 un-normed
             self.layers[0].input_layernorm = nn.Identity()
         self.lm_head = Linear(h, cfg.vocab_size)
-        self.register_buffer("rope_inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.register_buffer("rope_inv_freq", rope_inv_freq(cfg.rope, cfg.head_dim), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -191,7 +185,7 @@ def load_eagle_draft(path: Path, dtype: torch.dtype, target_layers: int | None =
         draft = EagleDraft(cfg, eagle3=eagle3, fc_bias="fc.bias" in names, layer0_norm=LAYER0_NORM in names,
                            target_layers=layers,
                            norm_before_residual=bool(ckpt.config.get("norm_before_residual"))).to(dtype)
-    draft.rope_inv_freq = rope_inv_freq(cfg)
+    draft.rope_inv_freq = rope_inv_freq(cfg.rope, cfg.head_dim)
     tensors = {}
     for name, slot in draft.state_dict().items():
         if name not in names:

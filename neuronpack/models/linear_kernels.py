@@ -25,7 +25,8 @@ from pathlib import Path
 from torch import nn
 
 from neuronpack.kernels import load_kernels
-from neuronpack.models.llama import Attention, Linear
+from neuronpack.models.attention import Attention
+from neuronpack.models.layers import Linear
 from neuronpack.models.quant import Int8Linear
 
 

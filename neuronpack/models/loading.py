@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING
 
 from neuronpack.errors import CheckpointError, UnsupportedModelError
 from neuronpack.models.config import ModelConfig
+from neuronpack.models.registry import family
 from neuronpack.progress import NullReporter, Reporter
 
 if TYPE_CHECKING:
     import torch
 
     from neuronpack.checkpoint import Checkpoint
-    from neuronpack.models.llama import LlamaForCausalLM
+    from neuronpack.models.decoder import CausalLM
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 INT8, FP8 = "I8", "F8_E4M3"
@@ -63,7 +64,7 @@ def load_model(
     *,
     max_seq_len: int | None = None,
     reporter: Reporter | None = None,
-) -> LlamaForCausalLM:
+) -> CausalLM:
     """Build the portable model for a checkpoint directory (or an open ``Checkpoint``) in ``dtype``.
 
     int8 linears stay int8; fp8 linears are dequantized to ``dtype`` (no CPU weight-only fp8 matmul) with a warning.
@@ -74,12 +75,15 @@ def load_model(
     """
     reporter = reporter or NullReporter()
     from neuronpack.checkpoint import open_checkpoint
-    from neuronpack.models.llama import build_model
+    from neuronpack.models.decoder import build_model
 
     ckpt = source if not isinstance(source, str | Path) else open_checkpoint(Path(source))
     cfg = ModelConfig.from_hf(ckpt.config, max_seq_len=max_seq_len)
     cfg = dataclasses.replace(cfg, tie_word_embeddings=cfg.tie_word_embeddings or ckpt.tied)
-    quantized = quantized_linears(ckpt)
+    names = CheckpointNames(ckpt, family(cfg.family))
+    if names.left_out:
+        reporter.warn(names.left_out)
+    quantized = {names.ours(prefix): kind for prefix, kind in quantized_linears(ckpt).items()}
     int8 = frozenset(p for p, kind in quantized.items() if kind == INT8)
     if any(kind == FP8 for kind in quantized.values()):
         reporter.warn("fp8 weights are dequantized at load: CPU PyTorch has no weight-only fp8 matmul")
@@ -87,21 +91,42 @@ def load_model(
     expected = model.state_dict()
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-    tensors = dict(_read_tensors(ckpt, expected, quantized, dtype, reporter))
+    tensors = dict(_read_tensors(ckpt, names, expected, quantized, dtype, reporter))
     model.load_state_dict(tensors, strict=False, assign=True)
     model.tie_weights()
     return model
 
 
-def model_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+def model_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
     """Every tensor the compiled graphs read, by name: parameters and buffers, the tied lm_head under both names."""
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     return {name: t.detach() for name, t in tensors.items()}
 
 
+class CheckpointNames:
+    """Our tensor names and the checkpoint's, which differ where a family reads part of another model (Gemma 3's
+    text decoder inside a multimodal checkpoint: ``language_model.model.*``); ``left_out``: what of the checkpoint
+    is not run, said by name (None: everything is)."""
+
+    def __init__(self, ckpt: Checkpoint, builder) -> None:
+        stored = set(ckpt.names())
+        self._theirs = builder.checkpoint_names(stored)  # ours -> theirs, where they differ
+        self._ours = {theirs: ours for ours, theirs in self._theirs.items()}
+        self.left_out: str | None = builder.left_out(stored)
+
+    def theirs(self, name: str) -> str:
+        return self._theirs.get(name, name)
+
+    def ours(self, prefix: str) -> str:
+        """Our name of a checkpoint module prefix (``language_model.model.layers.0.mlp.up_proj``)."""
+        weight = self._ours.get(prefix + ".weight")
+        return prefix if weight is None else weight[: -len(".weight")]
+
+
 def _read_tensors(
-    ckpt: Checkpoint, expected: dict, quantized: dict[str, str], dtype: torch.dtype, reporter: Reporter
+    ckpt: Checkpoint, names: CheckpointNames, expected: dict, quantized: dict[str, str], dtype: torch.dtype,
+    reporter: Reporter,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     import torch
 
@@ -111,9 +136,9 @@ def _read_tensors(
         for name, slot in expected.items():
             prefix, _, leaf = name.rpartition(".")
             kind = quantized.get(prefix)
-            tensor = _get(ckpt, name)
+            tensor = _get(ckpt, names.theirs(name))
             if kind == FP8 and leaf == "weight":
-                tensor = dequantize_fp8(tensor, _get(ckpt, f"{prefix}.scale"), dtype)
+                tensor = dequantize_fp8(tensor, _get(ckpt, names.theirs(f"{prefix}.scale")), dtype)
             elif kind == INT8 and leaf == "scale":
                 # Scales stay float32 (the kernel casts per call); a per-tensor [1] scale becomes per-channel.
                 tensor = tensor.to(torch.float32).reshape(-1, 1).expand(slot.shape).contiguous()

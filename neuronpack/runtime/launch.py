@@ -91,7 +91,8 @@ class ServeOptions:
     """Everything ``neuronpack serve`` takes besides the artifact. ``threads``, ``limits`` and a ``tool_call_parser``
     other than hermes are the built-in runtime's, and ``request_log`` (a Neuron server notes how vLLM gives the same
     sample); ``vllm_target`` and ``structured_outputs`` vLLM's (nxd / tnx); ``weights`` the vLLM Neuron plugin's
-    (vneuron). ``log_level``: uvicorn's."""
+    (vneuron). ``log_level``: uvicorn's. ``reasoning_parser``: vLLM's name of the parser that splits the model's
+    reasoning into ``reasoning_content`` (runtime/openai/reasoning.py)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -105,6 +106,7 @@ class ServeOptions:
     weights: str | None = None
     log_level: str = "info"
     request_log: RequestLogOptions | None = None
+    reasoning_parser: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ class TorchLaunch:
             argv += ["--api-key", o.api_key]
         if o.request_log is not None:
             argv += o.request_log.argv()
+        if o.reasoning_parser:
+            argv += ["--reasoning-parser", o.reasoning_parser]
         data = {"target": "neuronpack", "argv": argv, "env": {}, "cwd": None, "notes": self.notes}
         return data, " ".join(shlex.quote(a) for a in argv)
 
@@ -177,8 +181,18 @@ class TorchLaunch:
                          model_info={"root": str(self.artifact_dir)},
                          limits=ServerLimits(max_body_bytes=limits.max_body_bytes),
                          adapter_roots=dict(loaded.served_models().roots),
-                         request_log=self._request_log(loaded, reporter))
+                         request_log=self._request_log(loaded, reporter),
+                         chat_format=self._chat_format(loaded, reporter))
         return ServedApp(app, loaded, s)
+
+    def _chat_format(self, loaded: LoadedEngine, reporter: Reporter):
+        o = self.options
+        chat, line = chat_format_for(artifact_model_type(self.artifact_dir), o.reasoning_parser,
+                                     loaded.engine.tokenizer, where=str(self.artifact_dir),
+                                     tool_call_parser=o.tool_call_parser)
+        if line:
+            reporter.info(line)
+        return chat
 
     def _request_log(self, loaded: LoadedEngine, reporter: Reporter):
         """The server's RequestLog (None without ``--request-log``), and the line that says where it goes."""
@@ -234,16 +248,68 @@ def serve_launch(artifact_dir: Path, manifest: Manifest, options: ServeOptions) 
     return launch
 
 
+def chat_format_for(model_type: str | None, reasoning_parser: str | None, tokenizer: Any, *, where: str,
+                    tool_call_parser: str | None = None) -> tuple[Any, str | None]:
+    """How a model chats, and the line serve logs about it: gpt-oss (model_type gpt_oss) in harmony, as vLLM
+    switches on the model type (its reasoning parser openai_gptoss set by itself, its tool calls vLLM's ``openai``
+    parser's); any other model through its chat template (Hermes tool calls), with ``reasoning_parser``'s split when
+    given. ServeError for a parser that does not fit the model."""
+    from neuronpack.runtime.openai.chat_format import TemplateChat
+    from neuronpack.runtime.openai.reasoning import HARMONY_PARSER, ThinkParser
+
+    tools = "openai" if model_type == "gpt_oss" else "hermes"  # vLLM's names of the two tool-call parsers
+    if tool_call_parser not in (None, tools):
+        raise ServeError(f"this artifact's tool calls are read with {tools} (model type {model_type!r}), "
+                         f"not {tool_call_parser!r}", where="--tool-call-parser",
+                         fix=f"drop it or pass {tools}")
+    if model_type == "gpt_oss":
+        if reasoning_parser not in (None, HARMONY_PARSER):
+            raise ServeError(f"gpt-oss chats in harmony, whose reasoning parser is {HARMONY_PARSER}, not "
+                             f"{reasoning_parser!r}", where="--reasoning-parser",
+                             fix=f"drop the option or pass {HARMONY_PARSER}")
+        from neuronpack.runtime.openai.harmony import HarmonyChat
+
+        return HarmonyChat.load(tokenizer), f"chat format: harmony (gpt-oss), reasoning parser {HARMONY_PARSER}"
+    if reasoning_parser == HARMONY_PARSER:
+        raise ServeError(f"{HARMONY_PARSER} reads gpt-oss's harmony format, and this artifact's model type is "
+                         f"{model_type!r}", where="--reasoning-parser", fix="pass the parser of this model family")
+    if reasoning_parser is None:
+        return TemplateChat(), None
+    parser = ThinkParser.load(reasoning_parser, tokenizer.token_id, where=where)
+    return TemplateChat(parser), f"reasoning parser: {reasoning_parser} ({parser.tags.start}...{parser.tags.end} " \
+                                 "to reasoning_content)"
+
+
+def artifact_model_type(artifact_dir: Path) -> str | None:
+    """The ``model_type`` of an artifact's config.json (None when it has none)."""
+    import json
+
+    try:
+        config = json.loads((Path(artifact_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
+
+
 def refuse_options(framework: str, options: ServeOptions, *, where: str) -> None:
     """ServeError for a serve option that the server of a ``framework`` artifact would not honour."""
     limits = options.limits
+    if options.reasoning_parser is not None:
+        from neuronpack.runtime.openai.reasoning import check_reasoning_parser
+
+        check_reasoning_parser(options.reasoning_parser)
+        if framework != "torch":
+            raise ServeError("--reasoning-parser sets the built-in runtime's reasoning output, and this artifact is "
+                             "served by vLLM", where="--reasoning-parser",
+                             fix="drop it, and add vLLM's own --reasoning-parser to the command --print-command shows")
     if options.weights is not None and framework != "vneuron":
         raise ServeError("--weights applies to vneuron artifacts (the others carry or record their weights)",
                          where="--weights", fix="drop the option")
     if framework == "torch":
-        if options.tool_call_parser not in (None, "hermes"):
-            raise ServeError(f"the built-in server parses hermes tool calls only, not {options.tool_call_parser!r}",
-                             where="--tool-call-parser", fix="drop the option or pass hermes")
+        if options.tool_call_parser not in (None, "hermes", "openai"):
+            raise ServeError(f"the built-in server parses hermes tool calls only (and gpt-oss's harmony ones: vLLM's "
+                             f"openai), not {options.tool_call_parser!r}", where="--tool-call-parser",
+                             fix="drop the option or pass hermes")
         return
     if not limits.prefix_caching or limits.prefix_cache_memory != DEFAULT_PREFIX_CACHE_MIB:
         raise ServeError("--no-enable-prefix-caching and --prefix-cache-memory set the built-in runtime's prefix "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,11 @@ class ArtifactTokenizer:
         """The tokenizer as tokenizer.json text (what the grammar library builds its token trie from)."""
         return self._tok.to_str()
 
+    def token_id(self, text: str) -> int | None:
+        """The id of a token given by its text (an added token such as ``"</think>"``), or None when the vocabulary
+        has no such single token."""
+        return self._tok.token_to_id(text)
+
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens included (how logprobs name tokens, like vLLM).
 
@@ -94,10 +100,13 @@ class ArtifactTokenizer:
         return text
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> str:
+                            tools: list[dict[str, Any]] | None = None,
+                            template_kwargs: dict[str, Any] | None = None) -> str:
         """The prompt text for a conversation. InvalidRequestError (HTTP 400) when the model has no template or the
         template rejects the messages (``raise_exception`` in the template, wrong types); TokenizerError (HTTP 500)
-        when the template itself is broken (syntax error, a failure inside it).
+        when the template itself is broken (syntax error, a failure inside it). ``template_kwargs``: more variables
+        for the template (a request's ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``); those the
+        template does not read are dropped, as vLLM drops them.
 
         Example: ``tok.apply_chat_template([{"role": "user", "content": "Hi"}])``
         -> ``"<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n"``.
@@ -119,6 +128,7 @@ class ArtifactTokenizer:
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
+                **self.template_variables(template_kwargs or {}),
             )
         except TemplateSyntaxError as exc:
             raise TokenizerError(f"the chat template is broken: {exc}", where=self.where,
@@ -131,10 +141,46 @@ class ArtifactTokenizer:
                                  fix="recompile from a checkpoint with a working chat template") from None
         return rendered[0]
 
-    def encode_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Prompt ids for a conversation (and the tools a template renders): the template already holds the special
         tokens, so none are added."""
-        return self.encode(self.apply_chat_template(messages, tools=tools), add_special_tokens=False)
+        text = self.apply_chat_template(messages, tools=tools, template_kwargs=template_kwargs)
+        return self.encode(text, add_special_tokens=False)
+
+    def template_variables(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` restricted to the variables the chat template reads (vLLM's resolve_chat_template_kwargs keeps
+        those and apply_chat_template's own parameters, which the renderer here sets itself)."""
+        if not kwargs or not self.chat_template:
+            return {}
+        names = _template_variables(self.chat_template)
+        return {k: v for k, v in kwargs.items() if k in names and k not in _RENDERER_PARAMETERS}
+
+
+# What the renderer passes itself (render_jinja_template's parameters): a request's kwargs never replace them.
+_RENDERER_PARAMETERS = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                                  "chat_template", "tokenize"})
+
+
+@lru_cache(maxsize=8)
+def _template_variables(template: str) -> frozenset[str]:
+    """The variables a Jinja template reads from its context (a syntax error reads none: rendering reports it)."""
+    import jinja2
+    from jinja2 import meta
+    from jinja2.ext import Extension, loopcontrols
+
+    class Generation(Extension):  # transformers' {% generation %} blocks, parsed for their variables only
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    try:
+        ast = jinja2.Environment(extensions=[Generation, loopcontrols]).parse(template)
+    except jinja2.TemplateSyntaxError:
+        return frozenset()
+    return frozenset(meta.find_undeclared_variables(ast))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

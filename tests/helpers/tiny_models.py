@@ -25,7 +25,8 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-ARCHS = ("llama", "llama3", "mistral", "qwen2", "smollm")
+ARCHS = ("llama", "llama3", "mistral", "qwen2", "smollm", "qwen3", "gemma3")
+GEMMA3_WINDOW = 8  # the tiny Gemma 3's sliding window: shorter than the tests' prompts and generations
 
 
 def make_tokenizer(vocab_size: int = 384):
@@ -54,9 +55,9 @@ def make_tokenizer(vocab_size: int = 384):
 
 
 def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None, dtype: str = "float32",
-                layers: int = 2):
+                layers: int = 2, overrides: dict | None = None):
     """A transformers config of the given family, shrunk to 2 layers (``layers``) / hidden 64 (GQA: 4 query heads,
-    2 KV)."""
+    2 KV); ``overrides``: config attributes set on top (e.g. a Mistral's ``sliding_window``)."""
     import transformers
 
     common = dict(
@@ -86,9 +87,14 @@ def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=bool(tie),
                                        use_sliding_window=False)
-    elif arch == "qwen3":  # not in ARCHS: the portable backend does not build Qwen3 (q/k norms); Neuron tests do
+    elif arch == "qwen3":  # head_dim 16 of hidden 64 / 4 heads: explicit, as Qwen3's are
         cfg = transformers.Qwen3Config(**common, head_dim=16, rope_theta=1000000.0, tie_word_embeddings=bool(tie),
                                        use_sliding_window=False)
+    elif arch == "gemma3":
+        cfg = gemma3_config(common, tie=True if tie is None else tie)
+    elif arch == "gemma2":  # not in ARCHS: Gemma 3's base, here for its soft-capped attention
+        cfg = transformers.Gemma2Config(**{**common, "rms_norm_eps": 1e-6}, head_dim=16, query_pre_attn_scalar=24,
+                                        sliding_window=GEMMA3_WINDOW, tie_word_embeddings=True if tie is None else tie)
     elif arch == "smollm":
         # SmolLM2 is a Llama with tied embeddings and 3:1 grouped-query attention.
         cfg = transformers.LlamaConfig(**{**common, "num_attention_heads": 6, "num_key_value_heads": 2,
@@ -96,7 +102,23 @@ def tiny_config(arch: str = "llama", *, vocab_size: int, tie: bool | None = None
                                        tie_word_embeddings=True if tie is None else tie)
     else:
         raise ValueError(f"unknown tiny arch {arch!r}; choose from {ARCHS}")
+    for key, value in (overrides or {}).items():
+        setattr(cfg, key, value)
     return cfg
+
+
+def gemma3_config(common: dict, *, tie: bool, **overrides):
+    """A Gemma 3 text config: sliding layers (window ``GEMMA3_WINDOW``, rope theta 10k) and a last global layer
+    (theta 1M, linear rope scaling as Gemma 3 4B+), head_dim 16 with query_pre_attn_scalar 24 (not head_dim, so the
+    scale is exercised)."""
+    import transformers
+
+    layers = common["num_hidden_layers"]
+    layer_types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+    return transformers.Gemma3TextConfig(**{**common, "rms_norm_eps": 1e-6}, head_dim=16, query_pre_attn_scalar=24,
+                                         sliding_window=GEMMA3_WINDOW, layer_types=layer_types,
+                                         rope_scaling={"rope_type": "linear", "factor": 8.0},
+                                         tie_word_embeddings=tie, **overrides)
 
 
 def make_tiny_checkpoint(
@@ -108,13 +130,15 @@ def make_tiny_checkpoint(
     max_shard_size: str | None = None,
     seed: int = 0,
     layers: int = 2,
+    overrides: dict | None = None,
 ) -> Path:
-    """Write a random tiny model of ``arch`` with tokenizer files to ``out`` (safetensors; sharded if asked)."""
+    """Write a random tiny model of ``arch`` with tokenizer files to ``out`` (safetensors; sharded if asked);
+    ``overrides``: config attributes (see ``tiny_config``)."""
     import torch
     import transformers
 
     tokenizer = make_tokenizer()
-    cfg = tiny_config(arch, vocab_size=len(tokenizer), tie=tie, dtype=dtype, layers=layers)
+    cfg = tiny_config(arch, vocab_size=len(tokenizer), tie=tie, dtype=dtype, layers=layers, overrides=overrides)
     cfg.bos_token_id = tokenizer.bos_token_id
     cfg.eos_token_id = tokenizer.eos_token_id
     cfg.pad_token_id = tokenizer.pad_token_id

@@ -51,11 +51,39 @@ def test_unsupported_rope_type():
         ModelConfig.from_hf({**BASE, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
 
 
-def test_sliding_window_refused_unless_never_reached():
+def test_sliding_window_layers_unless_never_reached():
     hf = {**BASE, "model_type": "mistral", "sliding_window": 128}
-    with pytest.raises(UnsupportedModelError) as info:
-        ModelConfig.from_hf(hf, max_seq_len=256)
-    assert "128" in info.value.fix
-    assert ModelConfig.from_hf(hf, max_seq_len=128).sliding_window is None
+    cfg = ModelConfig.from_hf(hf, max_seq_len=256)  # Mistral: every layer a sliding window
+    assert cfg.sliding_window == 128 and cfg.layer_types == ("sliding_attention",) * 2
+    assert cfg.window(cfg.layer_kind(1)) == 128
+    assert ModelConfig.from_hf(hf, max_seq_len=128).sliding_window is None  # never reached: full attention
     # A window as long as the context is no window at all.
     assert ModelConfig.from_hf({**hf, "sliding_window": 512}).sliding_window is None
+    qwen = {**BASE, "model_type": "qwen2", "sliding_window": 64, "use_sliding_window": True, "max_window_layers": 1}
+    cfg = ModelConfig.from_hf(qwen)  # Qwen: the layers from max_window_layers on (or config.json's layer_types)
+    assert cfg.layer_types == ("full_attention", "sliding_attention") and cfg.sliding_window == 64
+    declared = ModelConfig.from_hf({**qwen, "layer_types": ["sliding_attention", "full_attention"]})
+    assert declared.layer_types == ("sliding_attention", "full_attention")
+    with pytest.raises(UnsupportedModelError, match="layer_types"):
+        ModelConfig.from_hf({**qwen, "layer_types": ["sliding_attention"]})
+
+
+def test_gemma3_reads_both_spellings_and_a_multimodal_text_config():
+    text = {**BASE, "model_type": "gemma3_text", "head_dim": 16, "num_hidden_layers": 6, "sliding_window": 32,
+            "query_pre_attn_scalar": 24, "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+    cfg = ModelConfig.from_hf(text)
+    assert cfg.family == "gemma3" and cfg.tie_word_embeddings  # Gemma ties unless told otherwise
+    assert cfg.layer_types == ("sliding_attention",) * 5 + ("full_attention",)  # every 6th layer global
+    assert cfg.rope == {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}
+    assert cfg.rope_for("sliding_attention") == {"rope_type": "default", "rope_theta": 10000.0}
+    assert cfg.scale == 24 ** -0.5 and cfg.hidden_act == "gelu_pytorch_tanh" and cfg.attn_softcap is None
+    old = {key: value for key, value in text.items() if key != "rope_parameters"}  # transformers 4.x spelling
+    old |= {"rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": {"type": "linear", "factor": 8.0}}
+    assert ModelConfig.from_hf(old) == cfg
+    multimodal = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": text,
+                  "vision_config": {"model_type": "siglip_vision_model"}}
+    assert ModelConfig.from_hf(multimodal) == cfg
+    with pytest.raises(UnsupportedModelError, match="bidirectional"):
+        ModelConfig.from_hf({**text, "use_bidirectional_attention": True})

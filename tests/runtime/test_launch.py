@@ -22,13 +22,19 @@ from tests.runtime.serving import LiveServer
 REFUSED = [  # (framework, options, what the one line names)
     ("torch", ServeOptions(weights="/models/llama"), "--weights applies to vneuron artifacts"),
     ("nxd", ServeOptions(weights="/models/llama"), "--weights applies to vneuron artifacts"),
-    ("torch", ServeOptions(tool_call_parser="mistral"), "parses hermes tool calls only, not 'mistral'"),
+    ("torch", ServeOptions(tool_call_parser="mistral"), "harmony ones: vLLM's openai), not 'mistral'"),
+    ("torch", ServeOptions(reasoning_parser="qwen4"), "reasoning parser 'qwen4' not found. Available parsers: "
+                                                      "cohere_command3, cohere_command4, deepseek_r1"),
+    ("torch", ServeOptions(reasoning_parser="granite"), "the built-in server implements qwen3, mimo, deepseek_r1, "
+                                                        "openai_gptoss only"),
+    ("nxd", ServeOptions(reasoning_parser="qwen3"), "served by vLLM"),
     ("nxd", ServeOptions(limits=ServeLimits(prefix_caching=False)), "set the built-in runtime's prefix cache"),
     ("tnx", ServeOptions(limits=ServeLimits(prefix_cache_memory=64)), "set the built-in runtime's prefix cache"),
     ("vneuron", ServeOptions(limits=ServeLimits(max_num_batched_tokens=16)), "sets the built-in runtime's scheduling"),
     ("vneuron", ServeOptions(vllm_target="vllm-neuron"), "served by the SDK 2.31+ vLLM Neuron plugin only"),
 ]
 TAKEN = [
+    ("torch", ServeOptions(reasoning_parser="deepseek_r1")),
     ("torch", ServeOptions(tool_call_parser="hermes", threads=1, limits=ServeLimits(prefix_caching=False,
                                                                                    max_num_batched_tokens=16))),
     ("nxd", ServeOptions(tool_call_parser="hermes3", vllm_target="vllm-v0", structured_outputs=True)),

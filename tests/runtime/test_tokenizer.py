@@ -69,3 +69,16 @@ def test_request_errors_and_server_faults_are_told_apart(tokenizer_dir, tmp_path
         (no_template / "chat_template.jinja").write_text(template)
         with pytest.raises(error, match=message):
             ArtifactTokenizer.from_dir(no_template).apply_chat_template(MESSAGES)
+
+
+def test_template_kwargs_reach_only_the_variables_a_template_reads(tokenizer_dir):
+    from neuronpack.runtime.tokenizer import ArtifactTokenizer
+
+    tok = ArtifactTokenizer.from_dir(tokenizer_dir)
+    tok.chat_template = ("{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+                         "{% if enable_thinking is defined and enable_thinking is false %}/no_think{% endif %}")
+    assert tok.template_variables({"enable_thinking": False, "unknown": 1, "messages": []}) == \
+        {"enable_thinking": False}
+    messages = [{"role": "user", "content": "Hi"}]
+    assert tok.apply_chat_template(messages, template_kwargs={"enable_thinking": False}) == "Hi/no_think"
+    assert tok.apply_chat_template(messages, template_kwargs={"unknown": 1}) == "Hi"

@@ -1,4 +1,5 @@
-"""The portable torch backend: torch.export + AOTInductor graphs of the compact Llama-family model, for any CPU.
+"""The portable torch backend: torch.export + AOTInductor graphs of the portable models (models/: one decoder,
+one module per family), for any CPU.
 
 ``TorchAotBackend`` implements the ``Backend`` protocol (build side); ``load_artifact`` returns the runtime-facing
 ``CompiledLM`` (prefill / decode over a KV cache it owns). Importing this package does not import torch, nor the

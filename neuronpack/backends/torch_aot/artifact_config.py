@@ -206,6 +206,9 @@ class ArtifactConfig:
     speculation: SpeculationSection | None
     target: Mapping[str, Any]
     lora: LoraConfig | None
+    # Positions a sliding-window layer's cache row keeps, a ring (its window + the speculation length: room for a
+    # verify step's rejected tokens); None: every layer keeps every position (absent from the file then)
+    kv_ring: int | None = None
     # What only the build knows (None before it: absent from compile_config)
     linear_kernels: bool | None = None  # the graphs' linears call torch.ops.neuronpack.* (aoti)
     layer_graphs: tuple[int, ...] | None = None
@@ -233,7 +236,7 @@ class ArtifactConfig:
         out = {"format": self.format, "format_version": self.format_version}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in out or (value is None and f.name in BUILT):
+            if f.name in out or (value is None and f.name in (*BUILT, "kv_ring")):
                 continue
             out[f.name] = _plain(value)
         return out

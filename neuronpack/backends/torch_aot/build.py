@@ -40,6 +40,7 @@ from neuronpack.backends.torch_aot.target import current_target, effective_compi
 from neuronpack.errors import CheckpointError, RecipeError
 from neuronpack.models.config import ModelConfig
 from neuronpack.models.loading import resolve_dtype
+from neuronpack.models.registry import family
 
 if TYPE_CHECKING:
     from neuronpack.backends.base import BuildRequest
@@ -55,7 +56,7 @@ def artifact_config(request: BuildRequest) -> ArtifactConfig:
     check_recipe(recipe)
     hf = read_hf_config(request.model_dir)
     cfg = ModelConfig.from_hf(hf, max_seq_len=plan.seq_len)
-    dtype = resolve_dtype(recipe.model.dtype, hf)
+    dtype = resolve_dtype(recipe.model.dtype, family(cfg.family).text_config(hf))
     compiler = effective_compiler(recipe.compiler)
     return ArtifactConfig(
         compiler=compiler,
@@ -86,7 +87,18 @@ def artifact_config(request: BuildRequest) -> ArtifactConfig:
         speculation=speculation_section(recipe, dtype),  # what the runtime speculates with (None: it does not)
         target=current_target(compiler, recipe.instance_for("torch")),
         lora=lora_section(recipe.lora, request.adapter_dirs()),
+        kv_ring=kv_ring(cfg, plan.seq_len, recipe.speculation),
     )
+
+
+def kv_ring(cfg: ModelConfig, seq_len: int, speculation) -> int | None:
+    """Positions a sliding-window layer's cache row keeps: its window, plus room for the tokens a verify step
+    writes past what it keeps (``speculation.length``), so no position inside a later step's window is
+    overwritten; None when that is no shorter than the sequence (or no layer has a window)."""
+    if cfg.sliding_window is None:
+        return None
+    ring = cfg.sliding_window + (speculation.length if speculation else 0)
+    return ring if ring < seq_len else None
 
 
 def speculation_section(recipe, dtype: str) -> SpeculationSection | None:
@@ -208,6 +220,6 @@ def write_weights(model, model_dir: Path, out: Path, reporter) -> None:
         tensors.pop("lm_head.weight", None)
     specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
     write_safetensors_sharded(out, specs, iter(tensors.items()), reporter=reporter)
-    hf = read_hf_config(model_dir)
+    hf = family(model.config.family).text_config(read_hf_config(model_dir))  # a multimodal checkpoint's decoder
     hf["tie_word_embeddings"] = model.config.tie_word_embeddings
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")

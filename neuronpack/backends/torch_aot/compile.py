@@ -65,7 +65,8 @@ def compile_graphs(model, plan, config: ArtifactConfig, staging: Path, reporter,
 def _limits(plan, config: ArtifactConfig):
     from neuronpack.backends.torch_aot.graphs import GraphLimits
 
-    return GraphLimits(batch_size=config.batch_size, max_tokens=config.max_step_tokens, max_seq=plan.seq_len)
+    return GraphLimits(batch_size=config.batch_size, max_tokens=config.max_step_tokens, max_seq=plan.seq_len,
+                       ring=config.kv_ring)
 
 
 def _parallel_workers() -> int:

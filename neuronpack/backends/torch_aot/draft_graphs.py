@@ -103,7 +103,8 @@ def _graph_and_inputs(draft: EagleDraft, name: str, limits: GraphLimits, kernels
 
 def _meta_copy(draft: EagleDraft) -> EagleDraft:
     """The draft's structure on the meta device (the graphs hold no weights)."""
-    from neuronpack.models.eagle import EagleDraft, rope_inv_freq
+    from neuronpack.models.eagle import EagleDraft
+    from neuronpack.models.rope import rope_inv_freq
 
     with torch.device("meta"):
         meta = EagleDraft(draft.config, eagle3=draft.eagle3, fc_bias=draft.fc.bias is not None,
@@ -111,7 +112,7 @@ def _meta_copy(draft: EagleDraft) -> EagleDraft:
                           target_layers=draft.target_layers,
                           norm_before_residual=getattr(draft.layers[0], "norm_before_residual", False))
     meta = meta.to(draft.dtype)
-    meta.rope_inv_freq = rope_inv_freq(draft.config)
+    meta.rope_inv_freq = rope_inv_freq(draft.config.rope, draft.config.head_dim)
     return meta.eval()
 
 

@@ -74,8 +74,8 @@ class CompiledLM:
     """The loaded model, its compiled graphs and the KV cache they share (kv_cache.py). A slot is a cache row: the
     runtime's RowAllocator keeps a step's rows packed into rows 0..n-1, so a step over n rows runs at batch n.
 
-    A step is ``LlamaForCausalLM.forward_step`` of the loaded model (its embedding, rotary tables and masks run
-    eagerly: a few small ops) with the compiled layer and head graphs in place of its modules."""
+    A step is ``CausalLM.forward_step`` (models/decoder.py) of the loaded model (its embedding, rotary tables and
+    masks run eagerly: a few small ops) with the compiled layer and head graphs in place of its modules."""
 
     def __init__(self, config: ArtifactConfig, model, runners: dict[str, Callable], eos: tuple[int, ...]):
         import torch
@@ -99,14 +99,17 @@ class CompiledLM:
         self._check = StepBounds.for_config(config)
         self._model = model  # its tensors are the graphs' weight inputs (AOTInductor holds no copy)
         model.use_position_tables(config.kv_cache_positions)  # every position a step can reach
-        self._lm_head = model.lm_head  # prompt logits: the head over every prompt row, only when asked
         suffix = [f".{g}" if g else "" for g in config.layer_graphs]
         self._layer_graphs = [(runners[L.LAYER_DECODE + s], runners[L.LAYER_STEP + s]) for s in suffix]
         self._layer_inputs = [layer_weights(model, i) for i in range(len(suffix))]
         self._head = runners[L.HEAD]
         self._draft_runners = {name: runners[name] for name in L.DRAFT_GRAPHS if name in runners}
         self._head_inputs = head_weights(model)
-        self._cache = KvCache.for_config(config)
+        cfg = model.config  # sliding-window layers keep a ring of positions when the artifact says so (kv_ring)
+        self._cache = KvCache.for_config(config, [i for i in range(cfg.num_layers)
+                                                  if cfg.window(cfg.layer_kind(i)) is not None])
+        # The positions a ringed layer attends to (the engine reuses a cached prefix only where a ring keeps it)
+        self.kv_window: int | None = cfg.sliding_window if config.kv_ring else None
         self._lora = config.lora is not None
 
     def draft_graphs(self, draft):
@@ -170,7 +173,7 @@ class CompiledLM:
         self._check.prefill([slot], [token_ids], [start])
         with torch.inference_mode():
             _, hidden = self._run_prefill([slot], [token_ids], [adapter], starts=[start])
-            return self._lm_head(hidden[0, : len(token_ids)]).float()
+            return self._model.logits(hidden[0, : len(token_ids)])
 
     def decode(self, tokens, positions, slots: Sequence[int] | None = None,
                adapters: Sequence[int] | None = None) -> torch.Tensor:
@@ -206,6 +209,10 @@ class CompiledLM:
         slots = list(slots)
         tokens, positions = self._check.verify(slots, token_rows, starts)
         n, width = tokens.shape
+        if self.kv_window is not None and width - 1 > self._cache.ring - self.kv_window:
+            # what a verify step writes past what it keeps must stay outside every later window (kv_cache.py)
+            raise ValueError(f"verify of {width} tokens per row: this artifact's sliding-window rings keep room for "
+                             f"{self._cache.ring - self.kv_window} drafts (its speculation length)")
         index = torch.arange(width).expand(n, width)  # a broadcast view: the runner makes it contiguous
         return self._run_rows(slots, tokens, positions, index, adapters, hidden_layers)
 
@@ -234,18 +241,20 @@ class CompiledLM:
         last = torch.tensor([[len(p) - 1] for p in prompts])
         if starts is not None and any(starts):
             return self._run_rows(list(slots), tokens, torch.tensor(list(starts), dtype=torch.long), last, adapters,
-                                  hidden_layers)
+                                  hidden_layers, [len(p) for p in prompts])
         starts = torch.zeros(len(prompts), dtype=torch.long)
         # Rows 0..n-1 are read, all masked (nothing lies below position 0); the KV goes to the prompts' own rows.
         lora = self._adapter_input(adapters, len(prompts))
         logits, hidden, new_k, new_v = self._step(tokens, starts, 1, last, self._cache.views(len(prompts)), *lora,
                                                   hidden_layers=hidden_layers)
-        self._cache.store(torch.tensor(list(slots)), starts, new_k, new_v)
+        self._cache.store(torch.tensor(list(slots)), starts, new_k, new_v, [len(p) for p in prompts])
         return logits, hidden
 
-    def _run_rows(self, slots: list[int], tokens, starts, logit_index, adapters=None, hidden_layers=None):
+    def _run_rows(self, slots: list[int], tokens, starts, logit_index, adapters=None, hidden_layers=None,
+                  lengths: Sequence[int] | None = None):
         """One step over cache rows ``slots``, the new KV stored; outputs in the order of ``slots``. Rows 0..n-1
-        (the runtime's, packed by its RowAllocator) run on views of the cache, in any order; other rows on copies."""
+        (the runtime's, packed by its RowAllocator) run on views of the cache, in any order; other rows on copies.
+        ``lengths``: each row's valid tokens (right-padded prompts; None: every token)."""
         import torch
 
         n = len(slots)
@@ -264,7 +273,9 @@ class CompiledLM:
             caches = self._cache.span(first, n) if packed else self._cache.gathered(slots)
             logits, hidden, new_k, new_v = self._step(tokens, starts, n_past, logit_index, caches, *lora,
                                                       hidden_layers=hidden_layers)
-            self._cache.store(torch.arange(first, first + n) if packed else torch.tensor(slots), starts, new_k, new_v)
+            rows = torch.arange(first, first + n) if packed else torch.tensor(slots)
+            in_rows = None if lengths is None else [lengths[slots.index(r)] for r in rows.tolist()]  # rows' order
+            self._cache.store(rows, starts, new_k, new_v, in_rows)
         if permuted:
             index = [s - first for s in slots]
             return logits[index], hidden[index]
@@ -289,7 +300,8 @@ class CompiledLM:
         inputs: dict[int, torch.Tensor] = {}  # with hidden_layers: layer -> the residual stream entering it
         run_layer = self._run_layer if not hidden_layers else self._capturing(inputs)
         logits, hidden, new_k, new_v = self._model.forward_step(
-            tokens, starts, n_past, k, v, logit_index, run_layer=run_layer, run_head=self._run_head, adapters=adapters)
+            tokens, starts, n_past, k, v, logit_index, run_layer=run_layer, run_head=self._run_head, adapters=adapters,
+            ring=self._cache.ring)
         if hidden_layers:
             hidden = torch.cat([inputs[i] for i in hidden_layers], dim=-1)
         return logits, hidden, new_k, new_v

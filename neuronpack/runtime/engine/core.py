@@ -128,7 +128,8 @@ class Engine:
             model.reserve_blocks(cache_blocks, self.prefix_caching.block_size)  # the pool that keeps prefixes
         self.scheduler: SlotScheduler[RequestState] = SlotScheduler(
             model.batch_size, speculation.length if speculation else 0, cache_blocks,
-            None if self.prefix_caching_off_reason else self.prefix_caching.block_size, max_chunk=self.runner.chunk)
+            None if self.prefix_caching_off_reason else self.prefix_caching.block_size, max_chunk=self.runner.chunk,
+            window=getattr(model, "kv_window", None))
         self._block_bytes = self.prefix_caching.block_bytes(getattr(model, "kv_token_bytes", 0))
         if not self.prefix_caching_off_reason:  # what the pool holds at most: the budget in whole blocks
             self.metrics.prefix_cache_budget.set(cache_blocks * self._block_bytes)

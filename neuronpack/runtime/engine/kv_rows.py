@@ -23,6 +23,11 @@ into the blocks being read), and the pool's copy of what the row now holds goes 
 (``BlockPool.demote``); a row taken in place saves what it kept beyond the new prompt's prefix only into free room
 when most of it is that prefix. Memory stays bounded by size rows + cache_blocks blocks whatever is cached.
 
+A model whose sliding-window layers keep only their window (``window``: a ring of the last positions per row, the
+torch backend's ``kv_ring``) has no pool (prefix_cache.py) and reuses a free row's prefix only where the ring still
+holds the window below the first uncached position: a prompt continuing the row's whole conversation, or a row
+whose sequence never passed the window (``_ring_keeps``).
+
 Nothing else tracks rows: the model's KV cache is addressed by row (and pool block) and only applies the copies it
 is given; the EAGLE proposer keeps its draft KV in the same rows (an EAGLE engine caches no prefix, so it only ever
 sees ``RowCopy`` moves).
@@ -95,7 +100,8 @@ class RowAllocator(Generic[K]):
     """Rows 0..size-1 of one compiled batch and the owner (a sequence) of each; with ``block_size`` (prefix caching
     on) the prefixes free rows keep, and a pool of ``cache_blocks`` blocks that only keep prefixes."""
 
-    def __init__(self, size: int, cache_blocks: int = 0, block_size: int | None = None) -> None:
+    def __init__(self, size: int, cache_blocks: int = 0, block_size: int | None = None,
+                 window: int | None = None) -> None:
         if size < 1:
             raise ValueError(f"a KV cache needs at least one row, got {size}")
         if cache_blocks < 0:
@@ -106,6 +112,7 @@ class RowAllocator(Generic[K]):
         self.pool = (BlockPool(cache_blocks, block_size, self._index.clock)
                      if self._index is not None and block_size is not None and cache_blocks else None)
         self._pending: list[Move] = []  # copies allocations asked for, until the scheduler takes them
+        self.window = window  # the model's sliding-window layers keep only this many positions (a ring): see _match
 
     @property
     def caching(self) -> bool:
@@ -289,10 +296,18 @@ class RowAllocator(Generic[K]):
         if self._index is None or len(tokens) < 2:
             return (None, 0), 0
         body = tokens[: len(tokens) - 1]
-        found = self._index.longest_match(body, salt)
+        found = self._index.longest_match(body, salt, usable=self._ring_keeps)
         in_row = (None, 0) if found is None else found
         in_pool = 0 if self.pool is None else len(self.pool.match(body, salt)) * self.pool.block_size
         return in_row, max(in_row[1], in_pool)
+
+    def _ring_keeps(self, entry, matched: int) -> bool:
+        """Whether a free row still holds the KV a prompt reusing ``matched`` positions of it needs. Rings of
+        ``window`` positions (plus room for a verify step's rejected tokens) keep, of a row that held
+        ``len(entry.tokens)`` positions, those from len - window on, so a prompt starting at ``matched`` finds the
+        window below it only when it continues the row (matched >= len - 1) or the ring never wrapped."""
+        held = len(entry.tokens)
+        return self.window is None or matched >= held - 1 or held <= self.window
 
     def _vacate(self, row: int, shared: int = 0) -> BlockCopy | None:
         """``row`` (a free batch row) is about to be overwritten: the copy saving the full blocks of the prefix it

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from neuronpack.runtime.limits import DEFAULT_PREFIX_CACHE_MIB
@@ -46,14 +46,16 @@ class PrefixCaching:
 
     def blocks_for(self, model, proposer=None) -> tuple[str | None, int]:
         """(why prefix caching is off for ``model`` and its speculation ``proposer``, or None; the pool blocks the
-        budget buys beyond the batch: 0 for a model whose KV cache has no pool, ``reserve_blocks``)."""
+        budget buys beyond the batch: 0 for a model whose KV cache has no pool, ``reserve_blocks``, and for one whose
+        sliding-window layers keep only their window, ``kv_window``: a pool block would need positions their rings
+        no longer hold, so those models reuse prefixes their free rows still hold whole, kv_rows.py)."""
         if not self.enabled:
             return "turned off (--no-enable-prefix-caching)", 0
         if proposer is not None and proposer.needs_hidden_states:
             return ("an EAGLE draft builds its KV of a prompt from the target's hidden states of that prompt, which "
                     "a cached prefix does not compute"), 0
-        if not hasattr(model, "reserve_blocks"):
-            return None, 0
+        if not hasattr(model, "reserve_blocks") or getattr(model, "kv_window", None):
+            return None, 0  # a model whose sliding-window layers keep only their window: prefixes in rows only
         return None, self.cache_blocks(getattr(model, "kv_token_bytes", 0))
 
     def block_bytes(self, token_bytes: int) -> int:
@@ -138,11 +140,11 @@ class PrefixIndex:
                         del self._by_hash[h]
         return entry
 
-    def longest_match(self, tokens: Sequence[int], salt: int, rows: Iterable[int] | None = None
-                      ) -> tuple[int, int] | None:
+    def longest_match(self, tokens: Sequence[int], salt: int, rows: Iterable[int] | None = None,
+                      usable: Callable[[Entry, int], bool] | None = None) -> tuple[int, int] | None:
         """(row, n): the row whose KV covers the longest prefix of ``tokens`` under ``salt`` and that prefix's
-        length n (at least one full block), among ``rows`` (default: every entry); None when no row shares a full
-        block. Ties go to the most recently used row."""
+        length n (at least one full block), among ``rows`` (default: every entry) and the entries ``usable(entry,
+        n)`` accepts (default: all); None when no row shares a full block. Ties go to the most recently used row."""
         allowed = None if rows is None else set(rows)
         candidates: set[int] = set()
         for h in block_hashes(tokens, salt, self.block_size):
@@ -156,8 +158,8 @@ class PrefixIndex:
         for row in candidates:
             entry = self._entries[row]
             matched = _common_prefix(entry.tokens, tokens)
-            if matched < self.block_size:  # a colliding hash: the tokens decide
-                continue
+            if matched < self.block_size or (usable is not None and not usable(entry, matched)):
+                continue  # a colliding hash (the tokens decide), or KV the row no longer holds
             key = (matched, entry.last_used, row)
             if best is None or key > best:
                 best = key

@@ -391,7 +391,7 @@ def new_request_state(request: GenerationRequest, sink: Callable[[StepOutput], N
     prompt = list(request.prompt_ids)
     output = SequenceOutput(rules, prompt, IncrementalDetokenizer(tokenizer, prompt))
     grammar = request.grammar
-    constraint = Constraint(grammar.new_matcher(), vocab_size, grammar.bound) if grammar else None
+    constraint = grammar.constraint(vocab_size) if grammar else None
     return RequestState(request.request_id, prompt, RowSampler(request.sampling.resolve(global_topk)), output, sink,
                         prompt_logprobs=request.prompt_logprobs, adapter=request.adapter, constraint=constraint,
                         spec=SpecStats.new(spec_length) if spec_length else None)

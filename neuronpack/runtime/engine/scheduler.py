@@ -84,10 +84,10 @@ class SlotScheduler(Generic[S]):
     """Waiting queue + the rows of one compiled batch + the prompts being prefilled chunk by chunk.
     ``spec_length``: speculation's draft length (0: none), the cap of each decode row's ``num_draft``;
     ``max_chunk``: the most prompt tokens of one sequence one prefill call takes (the largest context bucket; None:
-    any)."""
+    any); ``window``: the model's sliding-window layers keep only that many positions per row (``RowAllocator``)."""
 
     def __init__(self, batch_size: int, spec_length: int = 0, cache_blocks: int = 0,
-                 block_size: int | None = None, max_chunk: int | None = None) -> None:
+                 block_size: int | None = None, max_chunk: int | None = None, window: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
@@ -95,7 +95,7 @@ class SlotScheduler(Generic[S]):
         self.max_chunk = max_chunk
         self.waiting: deque[S] = deque()
         self.prefilling: list[Prefilling[S]] = []  # admission order
-        self.rows: RowAllocator[S] = RowAllocator(batch_size, cache_blocks, block_size)
+        self.rows: RowAllocator[S] = RowAllocator(batch_size, cache_blocks, block_size, window)
 
     @property
     def prefix_caching(self) -> bool:

@@ -1,6 +1,7 @@
 """What a request needs before it reaches the engine, done on the server's worker threads (never the event loop,
-never the engine loop): the chat prompt with its tools rendered through the chat template, and the compiled grammar
-of its structured-output fields or of a forced tool choice (``runtime/structured``).
+never the engine loop): the chat prompt with its tools (and ``chat_template_kwargs``) rendered through the chat
+template, and the compiled grammar of its structured-output fields or of a forced tool choice
+(``runtime/structured``).
 
 Example::
 
@@ -38,7 +39,7 @@ def chat_prompt(engine: Engine, body: ChatCompletionRequest, plan: ToolPlan | No
             tools = plan.template_tools()
         else:
             messages = plan.prompt_messages(messages, template)
-    return engine.tokenizer.encode_chat(messages, tools=tools), grammar
+    return engine.tokenizer.encode_chat(messages, tools=tools, template_kwargs=body.template_kwargs()), grammar
 
 
 def request_grammar(engine: Engine, spec: GrammarSpec | None) -> CompiledGrammar | None:

@@ -66,13 +66,12 @@ UNSUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
     "add_generation_prompt": lambda v: v in (None, True),
     "continue_final_message": _unset,
     "chat_template": lambda v: v is None,
-    "chat_template_kwargs": _unset,
     "documents": _unset,
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
-    "reasoning_effort": lambda v: v is None,
     "web_search_options": lambda v: v is None,
+    "thinking_token_budget": lambda v: v is None,  # vLLM's cap on reasoning tokens
 }
 
 
@@ -177,8 +176,13 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] | None = None
 
     def as_template_dict(self) -> dict[str, Any]:
-        """The message as the chat template sees it (text parts joined; other parts refused)."""
+        """The message as the chat template sees it (text parts joined; other parts refused). An assistant's
+        reasoning is given under both of its names (``reasoning_content``, which templates such as Qwen3's read, and
+        vLLM's newer ``reasoning``), whichever the client sent."""
         data = self.model_dump(exclude_none=True)
+        reasoning = data.get("reasoning_content", data.get("reasoning"))
+        if self.role == "assistant" and isinstance(reasoning, str):
+            data["reasoning_content"] = data["reasoning"] = reasoning
         if isinstance(self.content, list):
             texts = []
             for part in self.content:
@@ -190,12 +194,32 @@ class ChatMessage(BaseModel):
         return data
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # vLLM's values
+
+
 class ChatCompletionRequest(_SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM: more variables for the chat template
+    reasoning_effort: ReasoningEffort | None = None  # OpenAI's; the template (or harmony) gets it
+    include_reasoning: bool = True  # vLLM: false drops reasoning_content from the response
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's extra variables as vLLM builds them: ``chat_template_kwargs``, ``reasoning_effort``
+        over the same key there, and with an effort set, ``enable_thinking`` (effort "none": false) unless the
+        kwargs give it. InvalidRequestError for the keys vLLM refuses (``chat_template``, ``tokenize``)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        unexpected = sorted({"chat_template", "tokenize"} & kwargs.keys())
+        if unexpected:
+            raise InvalidRequestError(f"Found unexpected chat template kwargs from request: {unexpected}",
+                                      param="chat_template_kwargs", fix="Remove them: the server sets those itself")
+        if self.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = self.reasoning_effort
+            kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return kwargs
 
     @property
     def sampled_logprobs(self) -> int | None:
@@ -203,6 +227,7 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        self.template_kwargs()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs",
                                       fix="set logprobs: true, or drop top_logprobs")

@@ -35,7 +35,8 @@ from neuronpack.runtime.engine.stopping import FinishReason
 from neuronpack.runtime.limits import DEFAULT_SHUTDOWN_GRACE
 from neuronpack.runtime.openai import responses as resp
 from neuronpack.runtime.openai import schema as oa
-from neuronpack.runtime.openai.chat_prompt import chat_prompt, request_grammar
+from neuronpack.runtime.openai.chat_format import ChatFormat, PreparedChat, TemplateChat, chat_message
+from neuronpack.runtime.openai.chat_prompt import request_grammar
 from neuronpack.runtime.openai.http_errors import HTTPError, install_auth, install_error_handlers, raise_if_failed
 from neuronpack.runtime.openai.http_limits import BodySizeLimit, ServerLimits, serve_gracefully
 from neuronpack.runtime.openai.memory import release_memory_when_idle
@@ -43,7 +44,7 @@ from neuronpack.runtime.openai.openapi import declare_served_models
 from neuronpack.runtime.openai.request_log import RequestLog
 from neuronpack.runtime.openai.sse import chat_logprobs, sse, stream_chat, stream_completion
 from neuronpack.runtime.openai.streams import RequestGroup, run_unless_disconnected
-from neuronpack.runtime.openai.tool_stream import parse_message
+from neuronpack.runtime.openai.tools import ToolPlan
 from neuronpack.runtime.structured import CompiledGrammar
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
@@ -60,18 +61,21 @@ def create_app(
     limits: ServerLimits | None = None,
     adapter_roots: dict[str, str] | None = None,
     request_log: RequestLog | None = None,
+    chat_format: ChatFormat | None = None,
 ) -> FastAPI:
     """The FastAPI app for ``engine``. With ``manage_engine`` the app starts the engine thread on startup and stops it
     on shutdown. ``served_model_name`` (one or several names) is what requests must put in ``model``; the published
     OpenAPI document declares them. The engine's LoRA adapters are served under their own names too (vLLM's
     ``--lora-modules``; ``adapter_roots`` says where each lives, for ``/v1/models``): a request's ``model`` picks
     one. ``limits`` caps the request body (the engine's own limits bound the queue). ``request_log``: a line per
-    request the engine finishes (request_log.py), started and closed with the app.
+    request the engine finishes (request_log.py), started and closed with the app. ``chat_format``: how the model
+    chats (chat_format.py; default: its chat template, no reasoning parser).
 
     Example: ``TestClient(create_app(engine, served_model_name="tiny")).get("/v1/models").json()["data"][0]["id"]``
     is ``"tiny"``.
     """
     base = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+    chat = chat_format or TemplateChat()
     served = ServedModels(base, engine.adapter_names, roots=adapter_roots or {})
     # Tokenizing, chat templates (and memory releases) run on a few threads of the app's own rather than one pooled
     # thread per concurrent request: every thread that allocates gets a malloc arena whose freed memory stays resident
@@ -156,20 +160,21 @@ def create_app(
         adapter = _check_request(body, served)
         body.refuse_unsupported()
         plan = body.tool_plan()
-        prompt_ids, grammar = await off_loop(chat_prompt, engine, body, plan)
-        gen_requests = [_generation_request(body, prompt_ids, body.completion_limit, index=i, adapter=adapter,
-                                            grammar=grammar) for i in range(body.n)]
+        prepared = await off_loop(chat.prepare, engine, body, plan)
+        gen_requests = [_generation_request(body, prepared.prompt_ids, body.completion_limit, index=i, adapter=adapter,
+                                            grammar=prepared.grammar, stop_token_ids=prepared.stop_token_ids)
+                        for i in range(body.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         group = RequestGroup(engine, gen_requests, n=body.n, log=request_log)
         if body.stream:
-            return sse(group, stream_chat(group, body, request_id, plan))
+            return sse(group, stream_chat(group, body, request_id, lambda: chat.choice(body, plan, prepared),
+                                          reasoning=chat.reasoning))
         completed, outputs = await run_unless_disconnected(request, _collect(group, len(gen_requests)))
         if not completed:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         choices = [_Choice.gather(outs) for outs in outputs]
-        bodies = [resp.chat_choice(i, *parse_message(plan, c.text, c.finish_reason and c.finish_reason.value),
-                                   chat_logprobs(engine.tokenizer, body, c.logprobs), c.stop_reason)
-                  for i, c in enumerate(choices)]
+        bodies = [_chat_choice(engine, chat, body, plan, prepared, i, outs, c)
+                  for i, (outs, c) in enumerate(zip(outputs, choices, strict=True))]
         return JSONResponse(resp.chat_response(request_id, body.model, bodies, _usage(choices, body.n)))
 
     return app
@@ -222,15 +227,15 @@ def _refuse_lone_surrogates(value: Any, where: str) -> None:
 
 
 def _generation_request(body: Any, prompt_ids: list[int], max_tokens: int | None, *, index: int = 0,
-                        prompt_logprobs: int | None = None, adapter: int = 0,
-                        grammar: CompiledGrammar | None = None) -> GenerationRequest:
+                        prompt_logprobs: int | None = None, adapter: int = 0, grammar: CompiledGrammar | None = None,
+                        stop_token_ids: tuple[int, ...] = ()) -> GenerationRequest:
     return GenerationRequest(
         adapter=adapter,
         prompt_ids=tuple(prompt_ids),
         sampling=body.sampling_params(index),
         max_tokens=max_tokens,
         stop=body.stop_strings(),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
+        stop_token_ids=(*(body.stop_token_ids or ()), *stop_token_ids),
         ignore_eos=body.ignore_eos,
         include_stop_str_in_output=body.include_stop_str_in_output,
         prompt_logprobs=prompt_logprobs,
@@ -274,6 +279,17 @@ def _usage(choices: list[_Choice], n: int) -> dict[str, Any]:
     firsts = choices[::n]
     return oa.usage(sum(c.prompt_tokens for c in firsts), sum(c.completion_tokens for c in choices),
                     sum(c.cached_tokens for c in firsts))
+
+
+def _chat_choice(engine: Engine, chat: ChatFormat, body: oa.ChatCompletionRequest, plan: ToolPlan | None,
+                 prepared: PreparedChat, index: int, outs: list[StepOutput], choice: _Choice) -> dict[str, Any]:
+    """A non-streaming chat choice: its outputs through the same choice stream a stream uses, merged."""
+    stream = chat.choice(body, plan, prepared)
+    deltas = [d for out in outs for d in stream.feed(out)]
+    last, finish_reason = stream.finish(choice.finish_reason and choice.finish_reason.value)
+    message = chat_message([*deltas, *last], reasoning=chat.reasoning, had_reasoning=stream.had_reasoning)
+    return resp.chat_choice(index, message, finish_reason, chat_logprobs(engine.tokenizer, body, choice.logprobs),
+                            choice.stop_reason)
 
 
 def _completion_choice(engine: Engine, body: oa.CompletionRequest, index: int, choice: _Choice,

@@ -2,18 +2,18 @@
 produces them, then ``data: [DONE]``. A streaming response aborts its engine requests however it ends (the client
 went away, even before the first chunk). A request that fails mid-stream gets one error event and the stream ends.
 
-Chat chunks go through each choice's ``ToolCallStream``: plain ``content`` deltas, or with tools the ``tool_calls``
-deltas in OpenAI's shape (``tool_stream.py``).
+Chat chunks go through each choice's ``ChoiceStream`` (chat_format.py): plain ``content`` deltas, with tools the
+``tool_calls`` deltas in OpenAI's shape (``tool_stream.py``), with a reasoning parser ``reasoning_content`` deltas.
 
 Example::
 
-    return sse(group, stream_chat(group, body, request_id, tool_plan))
+    return sse(group, stream_chat(group, body, request_id, lambda: chat.choice(body, plan, prepared)))
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -22,10 +22,9 @@ from neuronpack.runtime.engine.logprobs import TokenLogprobs
 from neuronpack.runtime.engine.requests import StepOutput
 from neuronpack.runtime.openai import responses as resp
 from neuronpack.runtime.openai import schema as oa
+from neuronpack.runtime.openai.chat_format import ChoiceStream, wire_delta
 from neuronpack.runtime.openai.http_errors import HTTPError, raise_if_failed
 from neuronpack.runtime.openai.streams import RequestGroup
-from neuronpack.runtime.openai.tool_stream import ToolCallStream
-from neuronpack.runtime.openai.tools import ToolPlan
 
 
 class _GroupStreamingResponse(StreamingResponse):
@@ -103,10 +102,14 @@ async def stream_completion(
 
 
 async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, request_id: str,
-                      tool_plan: ToolPlan | None = None) -> AsyncIterator[dict[str, Any]]:
+                      new_choice: Callable[[], ChoiceStream], *, reasoning: bool = False
+                      ) -> AsyncIterator[dict[str, Any]]:
+    """A chat stream; ``reasoning``: the model's reasoning is parsed, so with ``include_reasoning`` false no chunk
+    carries logprobs (their token texts would leak it; vLLM hides them too)."""
     with_usage = body.include_usage
+    hide_logprobs = reasoning and not body.include_reasoning
     tokenizer = group.engine.tokenizer
-    streams = [ToolCallStream(tool_plan) for _ in range(body.n)]
+    streams = [new_choice() for _ in range(body.n)]
     for index in range(body.n):
         yield resp.chat_chunk(request_id, body.model, index, {"role": "assistant", "content": ""}, None,
                               with_usage_field=with_usage)
@@ -115,17 +118,17 @@ async def stream_chat(group: RequestGroup, body: oa.ChatCompletionRequest, reque
         if (error := stream_error(out)) is not None:
             yield error
             return
-        deltas = streams[index].feed(out.text)
+        deltas = streams[index].feed(out)
         finish_reason = out.finish_reason.value if out.finish_reason else None
         if finish_reason:
             last, finish_reason = streams[index].finish(finish_reason)
             deltas += last
-        logprobs = chat_logprobs(tokenizer, body, out.logprobs) if out.token_ids else None
+        logprobs = chat_logprobs(tokenizer, body, out.logprobs) if out.token_ids and not hide_logprobs else None
         if not deltas and (finish_reason or logprobs):
             deltas = [{}]
         for i, delta in enumerate(deltas):
             final = i == len(deltas) - 1
-            yield resp.chat_chunk(request_id, body.model, index, delta, finish_reason if final else None,
+            yield resp.chat_chunk(request_id, body.model, index, wire_delta(delta), finish_reason if final else None,
                                   logprobs=logprobs if i == 0 else None, stop_reason=out.stop_reason,
                                   with_usage_field=with_usage)
         if out.finish_reason:

@@ -120,12 +120,24 @@ def parse_message(plan: ToolPlan | None, text: str, finish_reason: str | None) -
     stream = ToolCallStream(plan)
     deltas = stream.feed(text)
     last, finish_reason = stream.finish(finish_reason)
-    content = "".join(d.get("content", "") for d in [*deltas, *last])
-    calls = [_whole_call(c) for d in [*deltas, *last] for c in d.get("tool_calls", ())]
+    return merge_deltas([*deltas, *last]), finish_reason
+
+
+def merge_deltas(deltas: list[Delta]) -> dict[str, Any]:
+    """A choice's deltas put together as its message: the content, and the tool calls by index (a call streamed in
+    pieces, its arguments after its name, becomes one). Content beside tool calls is stripped, None when empty."""
+    content = "".join(d.get("content") or "" for d in deltas)
+    calls: dict[int, dict[str, Any]] = {}
+    for entry in (c for d in deltas for c in d.get("tool_calls", ())):
+        call = calls.get(entry["index"])
+        if call is None:
+            calls[entry["index"]] = _whole_call(entry)
+        else:
+            call["function"]["arguments"] += entry.get("function", {}).get("arguments") or ""
     message: dict[str, Any] = {"role": "assistant", "content": (content.strip() or None) if calls else content}
     if calls:
-        message["tool_calls"] = calls
-    return message, finish_reason
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
 
 
 def _call_delta(index: int, call: dict[str, Any]) -> Delta:
@@ -133,7 +145,7 @@ def _call_delta(index: int, call: dict[str, Any]) -> Delta:
 
 
 def _whole_call(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k != "index"}
+    return {**{k: v for k, v in entry.items() if k != "index"}, "function": dict(entry["function"])}
 
 
 def _partial_tag(text: str) -> int:

@@ -4,6 +4,6 @@ fields that ask for grammars (response_format, tools) are the HTTP face's: runti
 tools.py."""
 
 from neuronpack.runtime.structured.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
-from neuronpack.runtime.structured.matcher import Constraint, Masks, mask_logits
+from neuronpack.runtime.structured.matcher import Constraint, Masks, ReasoningGate, mask_logits
 
-__all__ = ["CompiledGrammar", "Constraint", "GrammarCompiler", "GrammarSpec", "Masks", "mask_logits"]
+__all__ = ["CompiledGrammar", "Constraint", "GrammarCompiler", "GrammarSpec", "Masks", "ReasoningGate", "mask_logits"]

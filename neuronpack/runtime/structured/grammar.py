@@ -19,6 +19,7 @@ Example::
     compiler = GrammarCompiler(tokenizer.to_json_str, vocab_size=49152, eos_token_ids=[2])
     grammar = compiler.compile(GrammarSpec.json_schema({"type": "object"}, param="response_format"))
     matcher = grammar.new_matcher()
+    constraint = grammar.after(ReasoningGate((end_think_id,))).constraint(vocab_size)   # free until </think>
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from neuronpack.errors import InvalidRequestError
+from neuronpack.runtime.structured.matcher import Constraint, ReasoningGate
 
 if TYPE_CHECKING:
     import llguidance
@@ -82,15 +84,25 @@ class GrammarSpec:
 
 class CompiledGrammar:
     """A compiled grammar: a matcher in its start state that each request copies, and for JSON the bound on the
-    digits of its numbers (None for other grammars)."""
+    digits of its numbers (None for other grammars). ``gate``: it applies once a reasoning ends (``after``)."""
 
-    def __init__(self, spec: GrammarSpec, pristine: llguidance.LLMatcher, bound: NumberBound | None = None) -> None:
+    def __init__(self, spec: GrammarSpec, pristine: llguidance.LLMatcher, bound: NumberBound | None = None,
+                 gate: ReasoningGate | None = None) -> None:
         self.spec = spec
         self._pristine = pristine
         self.bound = bound
+        self.gate = gate
 
     def new_matcher(self) -> llguidance.LLMatcher:
         return self._pristine.deep_copy()
+
+    def after(self, gate: ReasoningGate | None) -> CompiledGrammar:
+        """This grammar, applying once ``gate`` opens (the compiled matcher is shared, not copied)."""
+        return self if gate is None else CompiledGrammar(self.spec, self._pristine, self.bound, gate)
+
+    def constraint(self, vocab_size: int) -> Constraint:
+        """A request's grammar state (a fresh matcher)."""
+        return Constraint(self.new_matcher(), vocab_size, self.bound, self.gate)
 
 
 class GrammarCompiler:

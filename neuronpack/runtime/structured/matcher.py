@@ -4,9 +4,10 @@
 allowed tokens at each position of a speculative draft (consuming the draft, then rolling back), ``trim`` cuts a
 draft at its first token the grammar refuses. For JSON it also follows the digit bound of numbers
 (``json_bounds.py``): every mask it gives refuses a digit past the bound, and ``trim`` cuts a draft there.
-``Masks`` (computed on a worker thread while the model runs) and ``mask_logits`` set every refused token's logit to
--inf for the constrained rows of a batch, so greedy, top-k / top-p, temperature, seeds and logprobs all act on the
-masked distribution.
+A reasoning model's grammar waits behind a ``ReasoningGate`` (grammar.py): its tokens are free until the reasoning
+ends. ``Masks`` (computed on a worker thread while the model runs) and ``mask_logits`` set every refused token's
+logit to -inf for the constrained rows of a batch, so greedy, top-k / top-p, temperature, seeds and logprobs all act
+on the masked distribution.
 
 Example::
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from neuronpack.runtime.structured.json_bounds import START
@@ -34,19 +36,50 @@ if TYPE_CHECKING:
     from neuronpack.runtime.structured.json_bounds import NumberBound
 
 
+@dataclass(frozen=True)
+class ReasoningGate:
+    """When a reasoning model's grammar starts (vLLM's structured outputs with a reasoning parser): after the token
+    sequence ``end`` (qwen3: ``</think>``; gpt-oss: ``<|start|>assistant<|channel|>final<|message|>``), looked for
+    in the prompt's last tokens (``tail``) and the output; the tokens up to and including it are free. ``ended``:
+    the prompt already ended the reasoning (e.g. ``enable_thinking`` false), the grammar applies from the first
+    token."""
+
+    end: tuple[int, ...]
+    tail: tuple[int, ...] = ()
+    ended: bool = False
+
+    @classmethod
+    def after_prompt(cls, end: tuple[int, ...], prompt_ids: list[int], ended: bool) -> ReasoningGate:
+        return cls(end, tuple(prompt_ids[len(prompt_ids) - len(end) + 1:]) if len(end) > 1 else (), ended)
+
+
 class Constraint:
     """A request's grammar matcher. ``done``: the grammar is complete (nothing more may follow); ``dead``: the
-    matcher failed (a refused token or a dead end), the request ends with "length"."""
+    matcher failed (a refused token or a dead end), the request ends with "length". With a ``gate`` (a reasoning
+    model), tokens are free until the reasoning ends (``gated``), and the grammar applies from the next one."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, bound: NumberBound | None = None) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, bound: NumberBound | None = None,
+                 gate: ReasoningGate | None = None) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.bound = bound
         self.scan = START  # where the generated text is, for the digit bound
+        self._end = gate.end if gate is not None and not gate.ended else None  # None: the grammar applies
+        self._window = tuple(gate.tail) if gate is not None else ()  # the last tokens seen, to find the end in
+
+    @property
+    def gated(self) -> bool:
+        """The reasoning has not ended yet: no token is refused."""
+        return self._end is not None
+
+    @property
+    def active(self) -> bool:
+        """The grammar decides the next token (not gated, not dead)."""
+        return self._end is None and not self.matcher.is_error()
 
     @property
     def done(self) -> bool:
-        return self.matcher.is_stopped()
+        return self._end is None and self.matcher.is_stopped()
 
     @property
     def dead(self) -> bool:
@@ -58,6 +91,11 @@ class Constraint:
 
     def consume(self, token: int) -> bool:
         """Advance over one emitted token; False (and ``dead``) when the grammar refuses it."""
+        if self._end is not None:
+            self._window, opened = _slide(self._window, token, self._end)
+            if opened:
+                self._end = None
+            return True
         ok = self.matcher.consume_token(token)
         if ok and self.bound is not None:
             self.scan = self.bound.advance(self.scan, token)
@@ -65,18 +103,25 @@ class Constraint:
 
     def trim(self, draft: Sequence[int]) -> int:
         """How many leading tokens of ``draft`` the grammar (and the digit bound) accepts."""
-        accepted = self.matcher.validate_tokens(list(draft)) if draft else 0
+        free, opens = self._free(draft)
+        if free == len(draft):  # the reasoning's own tokens are free (and the draft ends in them)
+            return free
+        rest = list(draft[free:])
+        accepted = self.matcher.validate_tokens(rest) if rest else 0
         if self.bound is None:
-            return accepted
+            return free + accepted
         state = self.scan
-        for n, token in enumerate(draft[:accepted]):
+        for n, token in enumerate(rest[:accepted]):
             if token in self.bound.forbidden(state):
-                return n
+                return free + n
             state = self.bound.advance(state, token)
-        return accepted
+        return free + accepted
 
     def fill(self, words: Tensor, row: int) -> None:
         """Row ``row`` of the int32 bitmask ``words`` := the tokens allowed next."""
+        if self._end is not None:
+            words[row].fill_(-1)  # every bit: the reasoning is free
+            return
         self._fill_at(words, row, self.scan)
 
     def _fill_at(self, words: Tensor, row: int, state) -> None:
@@ -87,6 +132,17 @@ class Constraint:
     def masks_along(self, draft: Sequence[int]) -> np.ndarray:
         """Allowed tokens before each draft token and after the last: bool [len(draft) + 1, vocab]. The draft must
         be accepted whole (``trim`` first); the matcher ends where it started."""
+        free, opens = self._free(draft)
+        if self._end is None:
+            return self._grammar_masks(draft)
+        import numpy as np
+
+        allowed = np.ones((len(draft) + 1, self.vocab_size), dtype=bool)  # the reasoning's own tokens are free
+        if opens:
+            allowed[free:] = self._grammar_masks(draft[free:])
+        return allowed
+
+    def _grammar_masks(self, draft: Sequence[int]) -> np.ndarray:
         import torch
 
         words = torch.empty(len(draft) + 1, _words(self.vocab_size), dtype=torch.int32)
@@ -101,6 +157,23 @@ class Constraint:
             self.matcher.rollback(len(draft))
         return _unpack(words, self.vocab_size)
 
+    def _free(self, draft: Sequence[int]) -> tuple[int, bool]:
+        """(how many leading draft tokens are free, whether the reasoning ends with the last of them)."""
+        if self._end is None:
+            return 0, False
+        window = self._window
+        for n, token in enumerate(draft):
+            window, opened = _slide(window, token, self._end)
+            if opened:
+                return n + 1, True
+        return len(draft), False
+
+
+def _slide(window: tuple[int, ...], token: int, end: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+    """The last ``len(end)`` tokens after ``token``, and whether they are ``end``."""
+    window = (*window, token)[-len(end):]
+    return window, window == end
+
 
 class Masks:
     """The allowed tokens of a batch's constrained rows, computed on a worker thread from ``start`` on, so they are
@@ -110,7 +183,7 @@ class Masks:
     (~1 ms for 8 rows of a 49k vocabulary), so the mask is computed in ``apply`` instead."""
 
     def __init__(self, constraints: Sequence[Constraint | None]) -> None:
-        self.rows = [i for i, c in enumerate(constraints) if c is not None and not c.dead]
+        self.rows = [i for i, c in enumerate(constraints) if c is not None and c.active]
         self._constraints = [constraints[i] for i in self.rows]
         self._vocab = constraints[self.rows[0]].vocab_size if self.rows else 0
         self._future: Future[np.ndarray] | None = None

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from neuronpack.errors import InvalidRequestError
-from neuronpack.runtime.structured import Constraint, GrammarCompiler, GrammarSpec, mask_logits
+from neuronpack.runtime.structured import Constraint, GrammarCompiler, GrammarSpec, ReasoningGate, mask_logits
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +49,33 @@ def test_masks_along_a_draft_follow_the_grammar_and_roll_back(compiler):
     logits = mask_logits(torch.zeros(2, tok.vocab_size), [constraint, None])  # the matcher is back at the start
     assert torch.isinf(logits[0]).sum() == tok.vocab_size - 1 and not torch.isinf(logits[1]).any()
     assert constraint.consume(a) and constraint.consume(b) and constraint.done
+
+
+def test_a_gated_grammar_lets_the_reasoning_through_then_applies(compiler):
+    """vLLM's reasoning + structured outputs: free tokens up to and including the end sequence (here "x y", its
+    first token already in the prompt's tail), the grammar from the next token on; drafts across the end too."""
+    grammars, tok = compiler
+    a, b, c, x, y = (tok.encode(t, add_special_tokens=False)[0] for t in "abcxy")
+    grammar = grammars.compile(GrammarSpec("regex", "ab|ac", "guided_regex"))
+    gate = ReasoningGate.after_prompt((x, y), [c, x], ended=False)
+    assert gate.tail == (x,)
+
+    def gated():
+        return grammar.after(gate).constraint(tok.vocab_size)
+
+    constraint = gated()
+    assert constraint.gated and not constraint.active and not constraint.done
+    assert torch.isfinite(mask_logits(torch.zeros(1, tok.vocab_size), [constraint])).all()  # nothing refused
+    assert constraint.consume(c) and constraint.consume(x) and constraint.gated  # "x" then "c x": not "x y" yet
+    assert constraint.consume(y) and constraint.active  # the end: the grammar applies from here
+    assert not torch.isinf(mask_logits(torch.zeros(1, tok.vocab_size), [constraint])[0, a])
+    assert constraint.consume(a) and constraint.consume(b) and constraint.done
+
+    draft = [c, c, x, y, a, b, a]
+    assert gated().trim(draft) == 6  # free up to "x y" (4 tokens), then "ab"; the third "a" is refused
+    masks = gated().masks_along(draft[:6])
+    assert masks[:4].all()  # the reasoning's own positions allow everything
+    assert masks[4].nonzero()[0].tolist() == [a] and set(masks[5].nonzero()[0].tolist()) == {b, c}
+    assert gated().trim([c, c, x]) == 3 and gated().masks_along([c, x]).all()  # still reasoning
+    ended = grammar.after(ReasoningGate((x, y), (), ended=True)).constraint(tok.vocab_size)
+    assert ended.active and ended.trim([x, y]) == 0  # the prompt closed the reasoning: constrained at once
