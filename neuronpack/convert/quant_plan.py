@@ -11,12 +11,12 @@ what NxD Inference keeps in float stays float (``keeps_float``): a MoE block's r
 scale; they are listed as ``expert_mlps`` / ``shared_experts`` in modules_to_not_convert, NxDI's module names),
 attention sinks and norms (1-D), and gpt-oss's released MXFP4 experts (``*_blocks`` / ``*_scales``, carried as
 they are: the one quantized input accepted). ``include_experts`` quantizes the float experts too, for the portable
-backend (its routed-experts kernel reads int8 experts); the nxd backend refuses such a checkpoint. An attention projection with a bias (Qwen2's q/k/v, all of gpt-oss's)
-is quantized like any Linear (the portable backend takes it), but NxD Inference cannot load it quantized: its
-attention rewrites those biases in its preshard hooks (modules/attention/gqa.py:326, for q/k/v and o) and NxD's
-quantized layers cannot take that (``set_bias_to_state_dict`` raises:
-neuronx_distributed/quantization/quantization_layers.py:419); ``biased_projections`` names them, and the nxd backend
-refuses such a quantization with the --skip that avoids it.
+backend (its routed-experts kernel reads int8 experts); the nxd backend refuses such a checkpoint.
+An attention projection with a bias (Qwen2's q/k/v, all of gpt-oss's) is quantized like any Linear (the portable
+backend takes it), but NxD Inference cannot load it quantized: its attention rewrites those biases in its preshard
+hooks (modules/attention/gqa.py:326, for q/k/v and o) and NxD's quantized layers cannot take that
+(``set_bias_to_state_dict`` raises: neuronx_distributed/quantization/quantization_layers.py:419);
+``biased_projections`` names them, and the nxd backend refuses such a quantization with the --skip that avoids it.
 A tied lm_head (no ``lm_head.weight``: the head is ``model.embed_tokens.weight``) with ``include_lm_head`` is untied:
 the output gains a quantized ``lm_head.weight`` made from the embedding matrix (``untie_from``), the embedding stays
 float for the token lookup, and config.json says ``tie_word_embeddings: false`` (NxDI then loads the head as its
