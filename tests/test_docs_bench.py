@@ -12,9 +12,10 @@ ROOT = Path(__file__).parents[1]
 BENCH_DOCS = ROOT / "docs" / "bench"
 # A citation: "docs/bench/<file>" anywhere, or a Markdown link "(bench/<file>)" from a page in docs/.
 CITED = re.compile(r"docs/bench/([\w./-]+?\.(?:json|png))|\]\(bench/([\w./-]+?\.(?:json|png))\)")
-# Where a bench names its output: save_results("x" / save_bar_plot("x", an --out / --name default, "x.json".
+# Where a bench names its output: save_results("x" / save_bar_plot("x", an --out / --name default, "x.json", a peers
+# shape's output (the last field of Shape(...) in bench/_peers_inputs.py).
 NAMED = re.compile(r"""save_(?:results|bar_plot)\(\s*["']([\w-]+)["']|"--(?:out|name)",\s*default="([\w-]+)"|"""
-                   r"""["'/]([\w-]+)\.(?:json|png)["']""")
+                   r"""["'/]([\w-]+)\.(?:json|png)["']|Shape\([^()\n]*,\s*"([\w-]+)"\)""")
 
 
 def bench_output_names() -> set[str]:
