@@ -15,7 +15,7 @@ CITED = re.compile(r"docs/bench/([\w./-]+?\.(?:json|png))|\]\(bench/([\w./-]+?\.
 # Where a bench names its output: save_results("x" / save_bar_plot("x", an --out / --name default, "x.json", a peers
 # shape's output (the last field of Shape(...) in bench/_peers_inputs.py).
 NAMED = re.compile(r"""save_(?:results|bar_plot)\(\s*["']([\w-]+)["']|"--(?:out|name)",\s*default="([\w-]+)"|"""
-                   r"""["'/]([\w-]+)\.(?:json|png)["']|Shape\([^()\n]*,\s*"([\w-]+)"\)""")
+                   r"""["'/]([\w-]+)\.(?:json|png)["']|Shape\(.*,\s*"([\w.-]+)"\),?$""", re.M)
 
 
 def bench_output_names() -> set[str]:
