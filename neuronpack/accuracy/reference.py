@@ -102,6 +102,8 @@ def dequantize_into(model, quantized_dir: Path | str):
     import torch
     from safetensors import safe_open
 
+    from neuronpack.convert.quant_math import dequantize
+
     weights = {}
     for shard in sorted(Path(quantized_dir).glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
@@ -121,7 +123,7 @@ def dequantize_into(model, quantized_dir: Path | str):
         if scale is not None and target not in own:
             raise AccuracyError(f"the reference model has no {target} for the quantized {name}", where=str(
                 quantized_dir), fix="score the quantized checkpoint against the model it was quantized from")
-        state[target] = value.float() * scale if scale is not None else value.float()
+        state[target] = dequantize(value, scale) if scale is not None else value.float()
     model.load_state_dict(state, strict=False)
     return model
 

@@ -47,6 +47,17 @@ class QuantizeOptions:
                    include_lm_head=bool(getattr(section, "include_lm_head", False)),
                    include_experts=bool(getattr(section, "include_experts", False)))
 
+    @classmethod
+    def from_checkpoint_config(cls, config: Any) -> QuantizeOptions | None:
+        """From the ``quantization`` section ``neuronpack quantize`` writes into a checkpoint's config.json
+        (convert/quant_stream.py); None for a checkpoint without one."""
+        section = config.get("quantization") if isinstance(config, dict) else None
+        if not isinstance(section, dict) or not section.get("dtype"):
+            return None
+        return cls(str(section["dtype"]), str(section.get("granularity") or "per-channel"),
+                   include_lm_head=bool(section.get("include_lm_head")),
+                   include_experts=bool(section.get("include_experts")))
+
     def as_dict(self) -> dict[str, Any]:
         out = {"dtype": self.dtype, "granularity": self.granularity, "skip": list(self.skip),
                "include_lm_head": self.include_lm_head}

@@ -244,12 +244,9 @@ def _quantize_options(recipe: Recipe, hf_config: dict):
     if recipe.quantization is not None:
         options, where = QuantizeOptions.from_recipe(recipe.quantization), "recipe [quantization] include_experts"
     else:
-        stored = hf_config.get("quantization")
-        if not isinstance(stored, dict) or not stored.get("dtype"):
+        options = QuantizeOptions.from_checkpoint_config(hf_config)
+        if options is None:
             return None
-        options = QuantizeOptions(str(stored["dtype"]), str(stored.get("granularity") or "per-channel"),
-                                  include_lm_head=bool(stored.get("include_lm_head")),
-                                  include_experts=bool(stored.get("include_experts")))
         where = "the checkpoint's config.json quantization.include_experts"
     if options.include_experts:  # NxDI's MoE converters fuse the experts from float weights and drop their scales
         raise RecipeError("NxD Inference cannot load quantized MoE experts (its converters fuse them from float "
